@@ -1,0 +1,1 @@
+"""Shared layer of the MLPerf HPC benchmarks: distribution, config, staging, logging, trainer."""

@@ -1,0 +1,235 @@
+"""Typed configuration: YAML files mapped onto frozen dataclasses.
+
+A config is a tree of frozen dataclasses. `load_config` reads a YAML file,
+applies dotted-key overrides (from the command line), converts every value to
+the type its field declares and rejects unknown keys, so a typo in a config
+or a flag fails at start-up instead of being silently ignored.
+"""
+
+import collections.abc
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, Mapping
+
+import yaml
+
+from common.errors import ConfigError
+
+
+def load_config(cls, path=None, overrides: Mapping[str, Any] | None = None):
+    """Builds a `cls` config from a YAML file and dotted-key overrides.
+
+    Args:
+      cls: the root config dataclass.
+      path: YAML file; None starts from the dataclass defaults.
+      overrides: {"data.batch_size": 4, ...}; values may be strings (as
+        typed on a command line) and are converted to the field's type.
+
+    Returns:
+      A frozen, validated instance of `cls`.
+
+    Raises:
+      ConfigError: unreadable file, unknown key, missing key or bad value.
+    """
+    raw = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path) as f:
+                raw = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {_one_line(e)}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value, cls)
+    cfg = _build(cls, raw, prefix="", source=source)
+    validate = getattr(cfg, "validate", None)
+    if validate is not None:
+        validate()
+    return cfg
+
+
+def to_dict(cfg) -> dict:
+    """The config as plain YAML-friendly Python values."""
+    def plain(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, Mapping):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return plain(cfg)
+
+
+def dump_config(cfg, path) -> None:
+    """Writes the resolved config as YAML (temporary name, then rename)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def replace(cfg, overrides: Mapping[str, Any]):
+    """A copy of `cfg` with dotted-key overrides applied and validated."""
+    raw = to_dict(cfg)
+    for dotted, value in overrides.items():
+        _set_dotted(raw, dotted, value, type(cfg))
+    new = _build(type(cfg), raw, prefix="", source="overrides")
+    if hasattr(new, "validate"):
+        new.validate()
+    return new
+
+
+def field_type(cls, dotted: str):
+    """The declared type of a dotted key, or ConfigError if there is no such key."""
+    node = cls
+    for part in dotted.split("."):
+        hints = _hints(node) if dataclasses.is_dataclass(node) else {}
+        if part not in hints:
+            raise ConfigError(f"unknown config key '{dotted}'")
+        node = hints[part]
+    return node
+
+
+def _set_dotted(raw: dict, dotted: str, value, cls) -> None:
+    field_type(cls, dotted)  # rejects unknown keys early, naming the flag's key
+    node = raw
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls, raw, prefix: str, source: str):
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config key '{prefix.rstrip('.') or '<root>'}' in {source} "
+                          f"must be a mapping, got {raw!r}")
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' in {source}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if f.name in raw:
+            kwargs[f.name] = _convert(raw[f.name], hints[f.name], key, source)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if dataclasses.is_dataclass(hints[f.name]):
+                kwargs[f.name] = _build(hints[f.name], {}, key + ".", source)
+            else:
+                raise ConfigError(f"missing config key '{key}' in {source}")
+    return cls(**kwargs)
+
+
+def _convert(value, tp, key: str, source: str):
+    """Converts `value` to type `tp`, accepting command-line strings."""
+    def bad(why=""):
+        return ConfigError(f"config key '{key}' in {source}: cannot use {value!r} "
+                           f"as {_type_name(tp)}{why}")
+
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value if value is not None else {}, key + ".", source)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+        for arg in [a for a in args if a is not type(None)]:
+            try:
+                return _convert(value, arg, key, source)
+            except ConfigError:
+                continue
+        raise bad()
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise bad(f" (choose one of {', '.join(map(repr, args))})")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            return value.lower() in ("true", "yes", "1", "on")
+        raise bad()
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad()
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                try:
+                    as_float = float(value)
+                except ValueError:
+                    raise bad() from None
+                if as_float.is_integer():
+                    return int(as_float)
+        raise bad()
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad() from None
+        raise bad()
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise bad()
+    if origin in (tuple, list, collections.abc.Sequence):
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()] if value.strip() else []
+        if not isinstance(value, (list, tuple)):
+            raise bad()
+        item = args[0] if args else Any
+        return tuple(_convert(v, item, f"{key}[{i}]", source) if item is not Any else v
+                     for i, v in enumerate(value))
+    if origin in (dict, collections.abc.Mapping):
+        if isinstance(value, str):
+            pairs = [p for p in value.split(",") if p.strip()]
+            try:
+                value = dict(p.split(":", 1) for p in pairs)
+            except ValueError:
+                raise bad(" (write key:value,key:value)") from None
+        if not isinstance(value, Mapping):
+            raise bad()
+        kt, vt = args if args else (Any, Any)
+        out = {}
+        for k, v in value.items():
+            out[_convert(k, kt, f"{key}.{k}", source) if kt is not Any else k] = (
+                _convert(v, vt, f"{key}.{k}", source) if vt is not Any else v)
+        # A read-only view keeps the frozen config frozen all the way down.
+        return types.MappingProxyType(out)
+    if tp is Any:
+        return value
+    raise bad(" (unsupported field type)")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())

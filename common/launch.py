@@ -1,0 +1,137 @@
+"""Entry point shared by every benchmark's train.py.
+
+  python <bench>/train.py CONFIG [--flag value ...] [--set key.sub=value ...]
+
+Works the same under `horovodrun -np N`, `mpirun -np N` and `srun`. A bad input
+ends the run with one line naming the culprit and a non-zero exit on the rank
+that found it; the process leaves at once (no Horovod shutdown handshake), so
+the launcher tears the other ranks down instead of leaving them waiting in a
+collective.
+"""
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+EXIT_INPUT_ERROR = 2
+EXIT_CRASH = 1
+
+
+def build_parser(task) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"{task.name}/train.py",
+                                     description=f"Train {task.name} (MLPerf HPC).")
+    parser.add_argument("config", help="YAML config file (see configs/)")
+    for flag in task.flags:
+        if flag.is_switch:
+            parser.add_argument(*flag.names, dest=flag.key, action="store_const", const=True,
+                                default=None, help=flag.help)
+        else:
+            parser.add_argument(*flag.names, dest=flag.key, default=None, metavar="VALUE", help=flag.help)
+    parser.add_argument("--set", dest="_set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. --set model.dropout=0.2 (repeatable)")
+    return parser
+
+
+def parse_overrides(task, argv) -> tuple[str, dict]:
+    from common.errors import ConfigError
+    args = build_parser(task).parse_args(argv)
+    overrides = {}
+    for item in args._set:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE, got '{item}'")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = value
+    for flag in task.flags:
+        value = getattr(args, flag.key)
+        if value is not None:
+            overrides[flag.key] = value
+    return args.config, overrides
+
+
+def _fail(rank_prefix: str, message: str, code: int) -> None:
+    print(f"error:{rank_prefix} {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def main(task, argv=None) -> int:
+    # Imports here so that `--help` and config errors answer without loading TensorFlow.
+    from common.config import dump_config, load_config
+    from common.errors import InputError
+
+    rank_prefix = ""
+    events = None
+    trainer = None
+    try:
+        config_path, overrides = parse_overrides(task, argv)
+        cfg = load_config(task.config_class, config_path, overrides)
+
+        from common.distribution import Distribution
+        from common.events import Events, ProgressPrinter
+        from common.mlperf_logger import MLPerfLogger
+        from common.trainer import Trainer, write_summary
+
+        dist = Distribution()
+        rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
+        output_dir = Path(cfg.output_dir)
+        listeners = []
+        if dist.is_root:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            dump_config(cfg, output_dir / "config.yaml")
+            submission = {"benchmark": task.name, "org": cfg.mlperf.org, "division": cfg.mlperf.division,
+                          "status": cfg.mlperf.status, "platform": cfg.mlperf.platform}
+            listeners = [MLPerfLogger(output_dir, submission, metric_key=task.metric(cfg).name),
+                         ProgressPrinter()]
+        events = Events(listeners)
+        trainer = Trainer(task, cfg, dist, events, output_dir)
+        result = trainer.run()
+        events.close()
+        if dist.is_root:
+            verdict = _report(task, cfg, result, output_dir)
+            write_summary(result, output_dir / "summary.json",
+                          {"benchmark": task.name, "ranks": dist.size, "nodes": dist.num_nodes,
+                           "controller": dist.controller(), "log_check": verdict})
+        return 0 if result.status == "success" else 3
+    except InputError as e:
+        _abort(events, trainer)
+        _fail(rank_prefix, " ".join(str(e).split()), EXIT_INPUT_ERROR)
+    except KeyboardInterrupt:
+        _abort(events, trainer)
+        _fail(rank_prefix, "interrupted", 130)
+    except Exception:
+        traceback.print_exc()
+        _abort(events, trainer)
+        _fail(rank_prefix, "crashed (traceback above)", EXIT_CRASH)
+    return EXIT_CRASH
+
+
+def _abort(events, trainer) -> None:
+    """Closes the MLPerf log of a failed run with run_stop status 'aborted'."""
+    if events is None:
+        return
+    try:
+        if trainer is not None and trainer.run_started:
+            events.on_run_stop("aborted", trainer.epoch)
+        events.close()
+    except Exception:  # the original error matters more than a failure to log it
+        pass
+
+
+def _report(task, cfg, result, output_dir) -> str:
+    from common.compliance import check_log
+    from common.mlperf_logger import LOG_NAME
+    log = output_dir / LOG_NAME
+    print(f"[done] {task.name}: {result.status}, {result.epochs} epoch(s), "
+          f"{task.metric(cfg).name} {result.metric:.4f}, time to train {result.time_to_train_s / 60:.3f} min")
+    print(f"[done] run directory: {output_dir.resolve()}")
+    if not cfg.runtime.check_log:
+        return "not checked"
+    passed, output = check_log(log, cfg.mlperf.ruleset)
+    if passed:
+        print(f"[done] MLPerf log {log} PASSED the compliance checker (hpc {cfg.mlperf.ruleset})")
+        return "passed"
+    print(f"[done] MLPerf log {log} FAILED the compliance checker (hpc {cfg.mlperf.ruleset}):")
+    print("\n".join("    " + line for line in output.splitlines()[-15:]))
+    return "failed"

@@ -1,0 +1,107 @@
+"""Maps trainer events to MLPerf log lines (`mlperf_logging.mllog`).
+
+Only rank 0 writes. The log grows in `<output-dir>/mlperf.log.partial` and is
+renamed to `mlperf.log` once the run has stopped, so `mlperf.log` is always a
+finished log. A log already there (a resumed run) is kept as mlperf.log.1, .2...
+"""
+
+import logging
+import os
+from pathlib import Path
+
+from mlperf_logging.mllog.mllog import MLLogger
+
+from common.events import Listener, RunInfo
+
+LOG_NAME = "mlperf.log"
+
+
+class MLPerfLogger(Listener):
+    """Listener that writes the MLPerf log of one run.
+
+    Args:
+      output_dir: where mlperf.log goes.
+      submission: the submission_* keys (benchmark, org, division, status, platform).
+      metric_key: the key of the quality metric ('eval_error', 'eval_accuracy').
+      echo: also print the :::MLLOG lines on stdout, as reference runs do.
+    """
+
+    def __init__(self, output_dir, submission: dict, metric_key: str, echo: bool = False):
+        self.metric_key = metric_key
+        self.final = Path(output_dir) / LOG_NAME
+        self.partial = Path(output_dir) / (LOG_NAME + ".partial")
+        self.partial.unlink(missing_ok=True)
+        # A private logging.Logger per run keeps runs in one process (tests) apart.
+        logger = logging.getLogger(f"mlperf.{id(self)}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        self._handler = logging.FileHandler(self.partial)
+        logger.addHandler(self._handler)
+        if echo:
+            logger.addHandler(logging.StreamHandler())
+        self._logger = logger
+        self._ml = MLLogger(logger=logger, default_stack_offset=2,
+                            root_dir=str(Path(__file__).resolve().parents[1]))
+        self._submission = dict(submission)
+        self._closed = False
+
+    def _event(self, key, value=None, **metadata):
+        self._ml.event(key=key, value=value, metadata=metadata or None)
+
+    def on_init_start(self):
+        self._event("cache_clear", True)
+        self._ml.start(key="init_start")
+        for key in ("benchmark", "org", "division", "status", "platform"):
+            self._event(f"submission_{key}", self._submission[key])
+
+    def on_init_stop(self, info: RunInfo):
+        self._event("seed", info.seed)
+        self._event("number_of_nodes", info.num_nodes)
+        self._event("accelerators_per_node", info.accelerators_per_node)
+        self._event("global_batch_size", info.global_batch_size)
+        self._event("train_samples", info.train_samples)
+        self._event("eval_samples", info.eval_samples)
+        for key, value in info.hyperparameters.items():
+            self._event(key, value)
+        self._ml.end(key="init_stop")
+
+    def on_staging_start(self):
+        self._ml.start(key="staging_start")
+
+    def on_staging_stop(self, stats):
+        self._ml.end(key="staging_stop", metadata={k: stats[k] for k in ("files", "bytes", "seconds", "gb_per_s")})
+
+    def on_run_start(self):
+        self._ml.start(key="run_start")
+
+    def on_epoch_start(self, epoch):
+        self._ml.start(key="epoch_start", metadata={"epoch_num": epoch})
+
+    def on_epoch_stop(self, epoch, train):
+        self._ml.end(key="epoch_stop", metadata={"epoch_num": epoch})
+        self._event("train_loss", train["loss"], epoch_num=epoch)
+        self._event("tracked_stats", {"throughput": train["samples_per_s"]}, step=epoch)
+
+    def on_eval_start(self, epoch):
+        self._ml.start(key="eval_start", metadata={"epoch_num": epoch})
+
+    def on_eval_stop(self, epoch, value):
+        self._ml.end(key="eval_stop", metadata={"epoch_num": epoch})
+        self._event(self.metric_key, value, epoch_num=epoch)
+
+    def on_run_stop(self, status, epoch):
+        self._ml.end(key="run_stop", metadata={"status": status, "epoch_num": epoch})
+
+    def close(self):
+        """Closes the file and moves it to its final name (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._handler.close()
+        self._logger.removeHandler(self._handler)
+        if self.final.exists():
+            n = 1
+            while self.final.with_name(f"{LOG_NAME}.{n}").exists():
+                n += 1
+            os.replace(self.final, self.final.with_name(f"{LOG_NAME}.{n}"))
+        os.replace(self.partial, self.final)

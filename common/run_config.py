@@ -1,0 +1,45 @@
+"""Config sections every benchmark shares: training loop, runtime, staging, MLPerf."""
+
+import dataclasses
+from typing import Literal, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLoopConfig:
+    n_epochs: int = 100
+    seed: int = 0
+    checkpoint_every: int = 0        # epochs between checkpoints; 0 = none
+    keep_checkpoints: int = 2
+    resume: bool = False             # continue from the newest checkpoint in output_dir
+    eval_every: int = 1              # epochs between evaluations
+    stop_at_target: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    # Mixed precision: bf16 on CPUs (AMX), fp16 with loss scaling or bf16 on GPUs.
+    amp: bool = False
+    amp_dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    xla: bool = False                # jit_compile the train step
+    intra_op_threads: int = 0        # 0 = this node's cores divided by its local ranks
+    inter_op_threads: int = 2
+    gradient_compression: Literal["none", "fp16"] = "none"
+    record_shards: bool = False      # write each rank's file list to shards/ (tests, audits)
+    check_log: bool = True           # run the MLPerf compliance checker on rank 0 at the end
+
+
+@dataclasses.dataclass(frozen=True)
+class StagingConfig:
+    stage_dir: Optional[str] = None  # node-local directory; None = read data_dir in place
+    decompress: bool = False         # write GZIP TFRecords uncompressed while staging
+    # Keep decoded samples in memory after the first epoch: 'auto' when they fit.
+    cache: Literal["auto", "true", "false"] = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPerfConfig:
+    org: str = "reference"
+    division: Literal["closed", "open"] = "closed"
+    status: Literal["onprem", "cloud", "preview", "research"] = "research"
+    platform: str = "unknown"
+    ruleset: str = "3.0.0"

@@ -1,0 +1,45 @@
+"""Which files each rank reads.
+
+The file list is shuffled with a seed that all ranks share *before* it is cut
+into shards, so the shards are disjoint and cover the selection exactly once.
+(The reference shuffled per rank with different seeds, so shards overlapped.)
+Shards are contiguous by rank, and ranks are numbered node by node, so a
+node's ranks read one contiguous block: that block is what the node stages.
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from common.errors import InputError
+
+
+def list_files(directory, suffixes) -> list[str]:
+    """Sorted files in `directory` whose names end with one of `suffixes`."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise InputError(f"data directory not found: {d}")
+    files = sorted(str(p) for p in d.iterdir() if p.is_file() and p.name.endswith(tuple(suffixes)))
+    if not files:
+        raise InputError(f"no {'/'.join(suffixes)} files in data directory {d}")
+    return files
+
+
+def check_divisible(n_samples: int, size: int, batch_size: int, key: str) -> None:
+    """Every rank must run the same number of full batches, or collectives deadlock."""
+    per_step = size * batch_size
+    if n_samples <= 0 or n_samples % per_step:
+        raise InputError(
+            f"{key}={n_samples} is not divisible by ranks x local batch = {size} x {batch_size} = {per_step}; "
+            f"use a multiple of {per_step}")
+
+
+def select_and_shard(files, n_samples: int, rank: int, size: int, seed: int, key: str) -> list[str]:
+    """The `rank`-th of `size` disjoint shards of a seeded selection of `n_samples` files."""
+    if n_samples > len(files):
+        raise InputError(f"{key}={n_samples} but only {len(files)} files were found "
+                         f"in {Path(files[0]).parent if files else 'the data directory'}")
+    order = np.random.default_rng(seed).permutation(len(files))[:n_samples]
+    selected = [files[i] for i in order]
+    per_rank = n_samples // size
+    return selected[rank * per_rank:(rank + 1) * per_rank]

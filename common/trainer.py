@@ -1,0 +1,253 @@
+"""The generic training loop shared by every benchmark.
+
+Canonical Horovod order: configure the device by local rank, build the model,
+scale the LR with the global batch, average gradients, broadcast the initial
+state from rank 0, average metrics, write on rank 0 only. The trainer emits
+events; listeners (MLPerf log, progress lines) act on them.
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from common import runtime as runtime_lib
+from common.checkpoint import Checkpointer
+from common.errors import InputError
+from common.events import RunInfo
+from common.staging import stage_files
+from common.task import Shards
+
+
+@dataclasses.dataclass
+class RunResult:
+    status: str = "aborted"
+    epochs: int = 0
+    metric: float = float("nan")
+    time_to_train_s: float = float("nan")
+    num_params: int = 0
+    epoch_samples_per_s: list = dataclasses.field(default_factory=list)
+    staging: dict = dataclasses.field(default_factory=dict)
+    weights_in_sync: bool = True
+    runtime: dict = dataclasses.field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, task, cfg, dist, events, output_dir, print_fn=print):
+        self.task = task
+        self.cfg = cfg
+        self.dist = dist
+        self.events = events
+        self.output_dir = Path(output_dir)
+        self.print = print_fn if dist.is_root else (lambda *a, **k: None)
+        self.result = RunResult()
+        self.run_started = False
+        self.epoch = 0
+
+    # ---------------------------------------------------------------- set-up
+    def _init(self):
+        cfg, dist, task = self.cfg, self.dist, self.task
+        self.result.runtime = runtime_lib.configure(cfg.runtime, dist)
+        tf.keras.utils.set_random_seed(cfg.train.seed)
+        self.print(f"[init] {dist.describe()}; runtime {self.result.runtime}")
+
+        self.shards = task.shard(cfg, dist.rank, dist.size)
+        global_batch = self.shards.local_batch_size * dist.size
+        self.steps_per_epoch = self.shards.n_train // global_batch
+        self.valid_steps = self.shards.n_valid // global_batch
+
+        self.model = task.build_model(cfg)
+        self.result.num_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+        self.print(f"[init] model {self.model.name}: {self.result.num_params:,} trainable parameters")
+        self.optimizer, self.schedule = task.build_optimizer(cfg, global_batch, self.steps_per_epoch)
+        if cfg.runtime.amp and tf.keras.mixed_precision.global_policy().compute_dtype == "float16":
+            self.optimizer = tf.keras.mixed_precision.LossScaleOptimizer(self.optimizer)
+        self.optimizer.build(self.model.trainable_variables)
+        self.loss_fn = task.loss(cfg)
+        self.metric = task.metric(cfg)
+        self.target = task.target(cfg)
+
+        self.checkpointer = Checkpointer(self.output_dir / "checkpoints", self.model, self.optimizer,
+                                         keep=cfg.train.keep_checkpoints)
+        self.start_epoch = 0
+        if cfg.train.resume:
+            latest = self.checkpointer.latest()
+            if latest is None:
+                raise InputError(f"--resume: no checkpoint in {self.checkpointer.directory}")
+            self.start_epoch = self.checkpointer.restore(latest)
+            self.print(f"[init] resumed from {latest} (epoch {self.start_epoch})")
+        # Every rank starts from rank 0's weights and optimizer state.
+        self.dist.broadcast_variables(self.model.variables + self.optimizer.variables)
+
+        self._build_steps()
+        if cfg.runtime.record_shards:
+            self._record_shards()
+        return RunInfo(
+            benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
+            accelerators_per_node=runtime_lib.accelerators_per_node(self.result.runtime["device"], dist),
+            global_batch_size=global_batch, train_samples=self.shards.n_train,
+            eval_samples=self.shards.n_valid,
+            hyperparameters=task.mlperf_hyperparameters(cfg, global_batch),
+            target_name=self.metric.name, target=self.target)
+
+    def _build_steps(self):
+        model, optimizer, loss_fn, dist = self.model, self.optimizer, self.loss_fn, self.dist
+        compression = self.cfg.runtime.gradient_compression
+        scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+        self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                pred = model(x, training=True)
+                loss = loss_fn(y, pred)
+                if model.losses:
+                    loss += tf.add_n(model.losses)
+                objective = optimizer.get_scaled_loss(loss) if scaled else loss
+            grads = tape.gradient(objective, model.trainable_variables)
+            if scaled:
+                grads = optimizer.get_unscaled_gradients(grads)
+            grads = dist.average_gradients(grads, compression)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            self.loss_sum.assign_add(tf.cast(loss, tf.float64))
+
+        def eval_step(x, y):
+            pred = model(x, training=False)
+            return tf.cast(self.metric.update(y, tf.cast(pred, tf.float32)), tf.float64)
+
+        self.train_step = tf.function(train_step, jit_compile=self.cfg.runtime.xla)
+        self.eval_step = tf.function(eval_step, jit_compile=self.cfg.runtime.xla)
+
+    def _trace(self, train_ds):
+        # Tracing builds the graphs without running them on any data, so it is
+        # init work under the MLPerf rules (no training sample is touched).
+        spec = train_ds.element_spec
+        self.train_step.get_concrete_function(*spec)
+        self.eval_step.get_concrete_function(*spec)
+
+    def _record_shards(self):
+        d = self.output_dir / "shards"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f"rank-{self.dist.rank:05d}.json.tmp"
+        tmp.write_text(json.dumps({"rank": self.dist.rank, "host": self.dist.hostname,
+                                   "train": self.shards.train_files, "valid": self.shards.valid_files}))
+        os.replace(tmp, d / f"rank-{self.dist.rank:05d}.json")
+
+    def _stage(self):
+        cfg, dist = self.cfg, self.dist
+        stage_dir = Path(cfg.staging.stage_dir)
+
+        def progress(done, total, nbytes):
+            self.print(f"[staging] rank 0: {done}/{total} files, {nbytes / 1e6:.1f} MB")
+
+        start = time.perf_counter()
+        train, st = stage_files(self.shards.train_files, stage_dir, cfg.staging.decompress, progress)
+        valid, sv = stage_files(self.shards.valid_files, stage_dir, cfg.staging.decompress, progress)
+        seconds = time.perf_counter() - start
+        # Staging ends when the slowest rank is done; bytes add up over ranks.
+        nbytes, nfiles, nskipped = dist.allreduce_sum([st.bytes + sv.bytes, st.files + sv.files,
+                                                       st.skipped + sv.skipped])
+        seconds = float(dist.allreduce_max([seconds])[0])
+        self.shards = dataclasses.replace(self.shards, train_files=train, valid_files=valid)
+        return {"files": int(nfiles), "skipped": int(nskipped), "bytes": int(nbytes), "seconds": seconds,
+                "gb_per_s": nbytes / 1e9 / seconds if seconds > 0 else 0.0}
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> RunResult:
+        cfg, events = self.cfg, self.events
+        events.on_init_start()
+        info = self._init()
+        train_ds, _ = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size)
+        self._trace(train_ds)
+        events.on_init_stop(info)
+
+        if cfg.staging.stage_dir:
+            events.on_staging_start()
+            self.result.staging = self._stage()
+            events.on_staging_stop(self.result.staging)
+        train_ds, valid_ds = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size)
+
+        events.on_run_start()
+        self.run_started = True
+        run_start = time.perf_counter()
+        train_iter = iter(train_ds)
+        epoch = self.start_epoch
+        for epoch in range(self.start_epoch + 1, cfg.train.n_epochs + 1):
+            self.epoch = epoch
+            events.on_epoch_start(epoch)
+            train = self._train_epoch(train_iter, epoch)
+            self.result.epoch_samples_per_s.append(train["samples_per_s"])
+            events.on_epoch_stop(epoch, train)
+            if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.n_epochs:
+                events.on_eval_start(epoch)
+                value = self._evaluate(valid_ds)
+                events.on_eval_stop(epoch, value)
+                self.result.metric = value
+                if cfg.train.stop_at_target and self._reached(value):
+                    self.result.status = "success"
+                    break
+            if cfg.train.checkpoint_every and epoch % cfg.train.checkpoint_every == 0 and self.dist.is_root:
+                self.checkpointer.save(epoch)
+        if cfg.train.checkpoint_every and self.dist.is_root:
+            self.checkpointer.save(epoch)
+        if not cfg.train.stop_at_target and self._reached(self.result.metric):
+            self.result.status = "success"
+        self.result.epochs = epoch
+        self.result.time_to_train_s = time.perf_counter() - run_start
+        events.on_run_stop(self.result.status, epoch)
+        self.result.weights_in_sync = self._weights_in_sync()
+        return self.result
+
+    def _reached(self, value) -> bool:
+        return value <= self.target if self.metric.lower_is_better else value >= self.target
+
+    def _train_epoch(self, train_iter, epoch) -> dict:
+        self.loss_sum.assign(0.0)
+        start = time.perf_counter()
+        with self._naming_bad_files(self.shards.train_files):
+            for _ in range(self.steps_per_epoch):
+                self.train_step(*next(train_iter))
+            loss = float(self.loss_sum.numpy()) / self.steps_per_epoch
+        seconds = time.perf_counter() - start
+        loss = float(self.dist.allreduce_mean([loss])[0])
+        return {"loss": loss, "seconds": seconds, "lr": self.schedule.at_step((epoch - 1) * self.steps_per_epoch),
+                "samples_per_s": self.shards.n_train / seconds}
+
+    def _evaluate(self, valid_ds) -> float:
+        sums = 0.0
+        with self._naming_bad_files(self.shards.valid_files):
+            for x, y in valid_ds:
+                sums = sums + self.eval_step(x, y).numpy()
+        return float(self.metric.finalize(self.dist.allreduce_sum(sums)))
+
+    @contextlib.contextmanager
+    def _naming_bad_files(self, files):
+        """Turns a TensorFlow read/parse error into an InputError naming the bad file."""
+        try:
+            yield
+        except tf.errors.OpError:
+            found = self.task.find_bad_file(self.cfg, files) if self.task.find_bad_file else None
+            if found:
+                raise InputError(found) from None
+            raise
+
+    def _weights_in_sync(self) -> bool:
+        """All ranks must end with identical weights; a cheap fingerprint checks it."""
+        flat = [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in self.model.trainable_variables]
+        w = tf.concat(flat, 0).numpy()
+        probe = np.random.default_rng(1234).standard_normal(w.shape[0])
+        fingerprint = np.array([w.sum(), np.abs(w).sum(), float(w @ probe)])
+        gathered = self.dist.allgather(fingerprint)
+        return bool(np.all(gathered == gathered[0]))
+
+
+def write_summary(result: RunResult, path, extra: dict) -> None:
+    """rank 0: the run's figures as JSON (temporary name, then rename)."""
+    data = dataclasses.asdict(result) | extra
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=float))
+    os.replace(tmp, path)

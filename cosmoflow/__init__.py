@@ -1,0 +1,1 @@
+"""CosmoFlow: a 3D CNN regressing 4 cosmological parameters from dark-matter volumes."""

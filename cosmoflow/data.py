@@ -1,0 +1,109 @@
+"""Reader for the public CosmoFlow TFRecords (see records.py for the format).
+
+Preprocessing ops are small pure functions, usable eagerly and inside
+`tf.data.Dataset.map`; `make_dataset` chains them for one rank's files.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def detect_compression(path) -> str:
+    """'GZIP' if the file starts with the gzip magic bytes, else '' (uncompressed)."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return "GZIP" if f.read(2) == _GZIP_MAGIC else ""
+
+
+def resolve_compression(setting: str, files) -> str:
+    if setting == "auto":
+        return detect_compression(files[0])
+    return "GZIP" if setting == "GZIP" else ""
+
+
+def parse_example(serialized, sample_shape):
+    """One serialized Example -> (int16 volume of `sample_shape`, float32 targets [4])."""
+    features = tf.io.parse_single_example(serialized, {
+        "x": tf.io.FixedLenFeature([], tf.string),
+        "y": tf.io.FixedLenFeature([4], tf.float32),
+    })
+    x = tf.reshape(tf.io.decode_raw(features["x"], tf.int16), sample_shape)
+    return x, features["y"]
+
+
+def log_transform(x):
+    """v1.0+ normalization: log(1 + counts)."""
+    return tf.math.log1p(tf.cast(x, tf.float32))
+
+
+def mean_normalize(x):
+    """v0.7 normalization: counts divided by the sample's mean count."""
+    x = tf.cast(x, tf.float32)
+    return x / tf.reduce_mean(x)
+
+
+TRANSFORMS = {"log": log_transform, "mean": mean_normalize}
+
+
+def make_dataset(files, sample_shape, batch_size: int, compression: str = "", transform: str = "log",
+                 training: bool = True, seed: int = 0, cache: bool = False, shuffle_buffer: int = 0,
+                 parallelism: int = 4, prefetch: int = 4) -> tf.data.Dataset:
+    """The input pipeline of one rank.
+
+    Args:
+      files: this rank's shard (one sample per file, as in the public data).
+      training: shuffle every epoch and repeat forever; else one ordered pass.
+      cache: keep decoded int16 samples in memory after the first pass.
+    Returns:
+      Batches (x float32 [B, *sample_shape], y float32 [B, 4]), full batches only.
+    """
+    sample_shape = tuple(int(s) for s in sample_shape)
+    files = list(files)
+    apply = TRANSFORMS[transform]
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training and not cache:
+        # Shuffle the file order (cheap) before reading; with one sample per
+        # file this is a full shuffle of the shard, new every epoch.
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+                       cycle_length=max(1, parallelism), num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=not training)
+    ds = ds.map(lambda s: parse_example(s, sample_shape), num_parallel_calls=tf.data.AUTOTUNE)
+    if cache:
+        ds = ds.cache()
+        if training:
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if training and shuffle_buffer > 0:
+        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    if training:
+        ds = ds.repeat()
+    ds = ds.map(lambda x, y: (apply(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    return ds.prefetch(prefetch)
+
+
+def find_bad_file(files, sample_shape):
+    """Reads `files` one by one; returns 'PATH: reason' for the first unreadable one, else None."""
+    expected = int(np.prod(sample_shape)) * 2
+    for path in files:
+        try:
+            compression = detect_compression(path)
+            n = 0
+            for record in tf.data.TFRecordDataset(path, compression_type=compression):
+                n += 1
+                features = tf.io.parse_single_example(record, {
+                    "x": tf.io.FixedLenFeature([], tf.string),
+                    "y": tf.io.FixedLenFeature([4], tf.float32)})
+                got = len(features["x"].numpy())
+                if got != expected:
+                    return (f"{path}: sample 'x' holds {got // 2} int16 values, expected "
+                            f"{expected // 2} for shape {list(sample_shape)}")
+            if n == 0:
+                return f"{path}: no records"
+        except tf.errors.NotFoundError:
+            return f"{path}: file not found"
+        except tf.errors.OpError as e:
+            return f"{path}: unreadable TFRecord ({e.message.splitlines()[0]})"
+    return None

@@ -1,0 +1,111 @@
+"""CosmoFlow as a Task for the common trainer: single-replica view of training."""
+
+import numpy as np
+import tensorflow as tf
+
+from common.lr_schedules import EpochWarmupStepDecay, scale_lr
+from common.memory import fits_in_memory
+from common.sharding import check_divisible, list_files, select_and_shard
+from common.task import EvalMetric, Flag, Shards, Task
+from cosmoflow import data, model
+from cosmoflow.config import CosmoFlowConfig
+
+# The reference's flag names, each mapped onto the config key it overrides.
+FLAGS = (
+    Flag(("--output-dir", "-o"), "output_dir", "run directory (log, config, checkpoints)"),
+    Flag(("--data-dir",), "data.data_dir", "directory with train/ and validation/"),
+    Flag(("--n-train",), "data.n_train", "training samples"),
+    Flag(("--n-valid",), "data.n_valid", "validation samples"),
+    Flag(("--batch-size",), "data.batch_size", "local (per rank) batch size"),
+    Flag(("--n-epochs",), "train.n_epochs", "maximum epochs"),
+    Flag(("--stage-dir",), "staging.stage_dir", "node-local directory to stage the data into"),
+    Flag(("--seed",), "train.seed", "random seed (shared by all ranks)"),
+    Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
+    Flag(("--amp",), "runtime.amp", "mixed precision (bf16 on CPU, fp16 on GPU)", is_switch=True),
+    Flag(("--xla",), "runtime.xla", "XLA-compile the train step", is_switch=True),
+    Flag(("--checkpoint-every",), "train.checkpoint_every", "epochs between checkpoints (0: none)"),
+)
+
+
+def shard(cfg: CosmoFlowConfig, rank: int, size: int) -> Shards:
+    d = cfg.data
+    check_divisible(d.n_train, size, d.batch_size, "n_train")
+    check_divisible(d.n_valid, size, d.batch_size, "n_valid")
+    train = list_files(f"{d.data_dir}/train", data.SUFFIXES)
+    valid = list_files(f"{d.data_dir}/validation", data.SUFFIXES)
+    seed = cfg.train.seed
+    return Shards(train_files=select_and_shard(train, d.n_train, rank, size, seed, "n_train"),
+                  valid_files=select_and_shard(valid, d.n_valid, rank, size, seed + 1, "n_valid"),
+                  n_train=d.n_train, n_valid=d.n_valid, local_batch_size=d.batch_size)
+
+
+def make_datasets(cfg: CosmoFlowConfig, shards: Shards, rank: int, local_size: int):
+    d = cfg.data
+    sample_bytes = int(np.prod(d.sample_shape)) * 2
+    n_local = len(shards.train_files) + len(shards.valid_files)
+    cache = {"true": True, "false": False}.get(cfg.staging.cache)
+    if cache is None:
+        cache = fits_in_memory(n_local * sample_bytes, local_size)
+    common = dict(sample_shape=d.sample_shape, batch_size=d.batch_size, transform=d.transform,
+                  cache=cache, parallelism=d.read_parallelism, prefetch=d.prefetch)
+    train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
+                              compression=data.resolve_compression(d.compression, shards.train_files),
+                              shuffle_buffer=d.shuffle_buffer, **common)
+    valid = data.make_dataset(shards.valid_files, training=False,
+                              compression=data.resolve_compression(d.compression, shards.valid_files), **common)
+    return train, valid
+
+
+def build_optimizer(cfg: CosmoFlowConfig, global_batch_size: int, steps_per_epoch: int):
+    o = cfg.optimizer
+    peak = scale_lr(o.base_lr, global_batch_size, o.base_batch_size, o.scaling)
+    schedule = EpochWarmupStepDecay(peak_lr=peak, init_lr=o.base_lr * o.warmup_factor,
+                                    warmup_epochs=o.warmup_epochs, decay=o.decay_schedule,
+                                    steps_per_epoch=steps_per_epoch)
+    return tf.keras.optimizers.SGD(learning_rate=schedule, momentum=o.momentum), schedule
+
+
+def loss(cfg):
+    del cfg
+    return lambda y, pred: tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - y))
+
+
+def metric(cfg) -> EvalMetric:
+    """Mean absolute error over all samples and the 4 parameters (lower is better)."""
+    del cfg
+    return EvalMetric(
+        name="eval_error",
+        update=lambda y, pred: tf.stack([tf.reduce_sum(tf.abs(pred - y)), tf.cast(tf.size(y), tf.float32)]),
+        finalize=lambda sums: float(sums[0] / sums[1]),
+        lower_is_better=True)
+
+
+def mlperf_hyperparameters(cfg: CosmoFlowConfig, global_batch_size: int) -> dict:
+    o = cfg.optimizer
+    boundaries = sorted(o.decay_schedule)
+    return {
+        "opt_name": o.name,
+        "opt_base_learning_rate": scale_lr(o.base_lr, global_batch_size, o.base_batch_size, o.scaling),
+        "opt_learning_rate_warmup_epochs": o.warmup_epochs,
+        "opt_learning_rate_warmup_factor": o.warmup_factor,
+        "opt_learning_rate_decay_boundary_epochs": boundaries,
+        "opt_learning_rate_decay_factor": [o.decay_schedule[b] for b in boundaries],
+        "dropout": cfg.model.dropout,
+        "opt_weight_decay": cfg.model.l2,
+    }
+
+
+TASK = Task(
+    name="cosmoflow",
+    config_class=CosmoFlowConfig,
+    flags=FLAGS,
+    shard=shard,
+    make_datasets=make_datasets,
+    build_model=model.from_config,
+    build_optimizer=build_optimizer,
+    loss=loss,
+    metric=metric,
+    target=lambda cfg: cfg.target_mae,
+    mlperf_hyperparameters=mlperf_hyperparameters,
+    find_bad_file=lambda cfg, files: data.find_bad_file(files, cfg.data.sample_shape),
+)

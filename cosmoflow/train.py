@@ -1,0 +1,25 @@
+"""Train CosmoFlow.
+
+  python cosmoflow/train.py cosmoflow/configs/cosmoflow_synthetic_cpu.yaml --data-dir data/cosmo
+  horovodrun -np 4 python cosmoflow/train.py CONFIG ...      # or mpirun / srun
+"""
+
+import os
+import sys
+from pathlib import Path
+
+# Run from a checkout without installing: make the repository importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# TensorFlow reads this at import; INFO lines from every rank drown the progress output.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+from common.launch import main  # noqa: E402
+
+
+def _task():
+    from cosmoflow.task import TASK
+    return TASK
+
+
+if __name__ == "__main__":
+    sys.exit(main(_task()))

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs the pinned stack of requirements.txt.
+#
+#   tools/install.sh            # CPU TensorFlow
+#   VARIANT=gpu tools/install.sh  # tensorflow[and-cuda] at the same pin, Horovod with NCCL
+#
+# Idempotent: a stamp file records the hash of requirements.txt and this script,
+# so a second call returns at once. Each step says what failed.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+variant="${VARIANT:-cpu}"
+reqs="$root/requirements.txt"
+stamp="$venv/.installed"
+want="$(cat "$reqs" "$0" | sha256sum | cut -d' ' -f1)-$variant"
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  exit 0
+fi
+
+step() { printf '[install] %s\n' "$*"; }
+fail() { printf '[install] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
+
+step "python: $($python --version 2>&1)"
+"$python" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 9) and sys.version_info[:2] <= (3, 11) else 1)' \
+  || fail "python" "TensorFlow 2.15.1 needs Python 3.9-3.11; set PYTHON=python3.11"
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  step "creating $venv"
+  "$python" -m venv "$venv" || fail "venv" "python -m venv failed (Debian: apt-get install python3-venv)"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+"${pip[@]}" install -q --upgrade pip wheel setuptools || fail "pip upgrade" "could not upgrade pip/wheel/setuptools"
+
+tf_pin="$(grep -E '^tensorflow-cpu==' "$reqs")"
+hvd_pin="$(grep -E '^horovod==' "$reqs")"
+[[ -n "$tf_pin" && -n "$hvd_pin" ]] || fail "requirements" "requirements.txt must pin tensorflow-cpu and horovod"
+base_reqs="$(mktemp)"
+trap 'rm -f "$base_reqs"' EXIT
+grep -vE '^horovod==' "$reqs" > "$base_reqs"
+if [[ "$variant" == gpu ]]; then
+  sed -i "s/^tensorflow-cpu==/tensorflow[and-cuda]==/" "$base_reqs"
+fi
+
+step "installing Python packages (TensorFlow ${tf_pin#*==}, $variant)"
+"${pip[@]}" install -q -r "$base_reqs" || fail "pip install -r requirements.txt" "see pip's message above"
+
+hvd_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
+if command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+  hvd_env+=(HOROVOD_WITH_MPI=1); mpi_note="with MPI ($(mpirun --version 2>&1 | head -n1))"
+else
+  hvd_env+=(HOROVOD_WITHOUT_MPI=1); mpi_note="without MPI (no mpicxx found; Debian: apt-get install libopenmpi-dev)"
+fi
+if [[ "$variant" == gpu ]]; then
+  hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
+fi
+command -v cmake >/dev/null 2>&1 || fail "horovod" "cmake is required to build Horovod (apt-get install cmake)"
+command -v g++ >/dev/null 2>&1 || fail "horovod" "a C++ compiler is required to build Horovod (apt-get install g++)"
+
+step "building ${hvd_pin} from source against TensorFlow, Gloo $mpi_note (about 5 minutes on 2 cores)"
+log="$venv/horovod-build.log"
+if ! env "${hvd_env[@]}" MAKEFLAGS="-j$(nproc)" "${pip[@]}" install -v --no-build-isolation --no-cache-dir \
+      --force-reinstall --no-deps "$hvd_pin" > "$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  fail "horovod build" "full log in $log"
+fi
+"$venv/bin/python" -c 'import horovod.tensorflow as hvd; hvd.init(); assert hvd.size() == 1' \
+  || fail "horovod check" "horovod.tensorflow does not import; full build log in $log"
+step "horovod controllers and frameworks:"
+"$venv/bin/horovodrun" --check-build | sed -n '/Available Frameworks/,$p'
+
+echo "$want" > "$stamp"
+step "done: $venv"
