@@ -16,6 +16,13 @@ def configure(runtime, dist) -> dict:
     intra = runtime.intra_op_threads or max(1, cores // dist.local_size)
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
+    return {"device": device, "intra_op_threads": intra, "inter_op_threads": runtime.inter_op_threads,
+            "precision": set_precision(runtime, device), "xla": runtime.xla,
+            "gradient_compression": runtime.gradient_compression}
+
+
+def set_precision(runtime, device: str) -> str:
+    """Sets the Keras dtype policy for models built from now on; returns its name."""
     precision = "float32"
     if runtime.amp:
         dtype = runtime.amp_dtype
@@ -23,12 +30,11 @@ def configure(runtime, dist) -> dict:
             dtype = "float16" if device == "gpu" else "bfloat16"
         precision = f"mixed_{dtype}"
     tf.keras.mixed_precision.set_global_policy(precision)
-    return {"device": device, "intra_op_threads": intra, "inter_op_threads": runtime.inter_op_threads,
-            "precision": precision, "xla": runtime.xla, "gradient_compression": runtime.gradient_compression}
+    return precision
 
 
 def accelerators_per_node(device: str, dist) -> int:
-    """0 on CPU-only nodes, as the MLPerf HPC rules ask; else GPUs used per node."""
+    """0 on CPU-only nodes, as the MLPerf HPC rules ask; else the GPUs used on this node."""
     if device != "gpu":
         return 0
-    return min(dist.local_size, len(tf.config.list_physical_devices("GPU")) * dist.local_size)
+    return dist.local_size

@@ -21,6 +21,7 @@ from common.checkpoint import Checkpointer
 from common.errors import InputError
 from common.events import RunInfo
 from common.staging import stage_files
+from common.steps import make_eval_step, make_train_step
 from common.task import Shards
 
 
@@ -96,31 +97,10 @@ class Trainer:
             target_name=self.metric.name, target=self.target)
 
     def _build_steps(self):
-        model, optimizer, loss_fn, dist = self.model, self.optimizer, self.loss_fn, self.dist
-        compression = self.cfg.runtime.gradient_compression
-        scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
-        self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                pred = model(x, training=True)
-                loss = loss_fn(y, pred)
-                if model.losses:
-                    loss += tf.add_n(model.losses)
-                objective = optimizer.get_scaled_loss(loss) if scaled else loss
-            grads = tape.gradient(objective, model.trainable_variables)
-            if scaled:
-                grads = optimizer.get_unscaled_gradients(grads)
-            grads = dist.average_gradients(grads, compression)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            self.loss_sum.assign_add(tf.cast(loss, tf.float64))
-
-        def eval_step(x, y):
-            pred = model(x, training=False)
-            return tf.cast(self.metric.update(y, tf.cast(pred, tf.float32)), tf.float64)
-
-        self.train_step = tf.function(train_step, jit_compile=self.cfg.runtime.xla)
-        self.eval_step = tf.function(eval_step, jit_compile=self.cfg.runtime.xla)
+        rt = self.cfg.runtime
+        self.train_step = make_train_step(self.model, self.optimizer, self.loss_fn, self.dist,
+                                          rt.gradient_compression, rt.xla)
+        self.eval_step = make_eval_step(self.model, self.metric, rt.xla)
 
     def _trace(self, train_ds):
         # Tracing builds the graphs without running them on any data, so it is
@@ -206,12 +186,13 @@ class Trainer:
         return value <= self.target if self.metric.lower_is_better else value >= self.target
 
     def _train_epoch(self, train_iter, epoch) -> dict:
-        self.loss_sum.assign(0.0)
         start = time.perf_counter()
+        losses = []
         with self._naming_bad_files(self.shards.train_files):
             for _ in range(self.steps_per_epoch):
-                self.train_step(*next(train_iter))
-            loss = float(self.loss_sum.numpy()) / self.steps_per_epoch
+                # Keep the loss tensors: reading one would wait for its step.
+                losses.append(self.train_step(*next(train_iter)))
+            loss = float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
         seconds = time.perf_counter() - start
         loss = float(self.dist.allreduce_mean([loss])[0])
         return {"loss": loss, "seconds": seconds, "lr": self.schedule.at_step((epoch - 1) * self.steps_per_epoch),

@@ -4,6 +4,8 @@ Preprocessing ops are small pure functions, usable eagerly and inside
 `tf.data.Dataset.map`; `make_dataset` chains them for one rank's files.
 """
 
+import re
+
 import numpy as np
 import tensorflow as tf
 
@@ -105,5 +107,12 @@ def find_bad_file(files, sample_shape):
         except tf.errors.NotFoundError:
             return f"{path}: file not found"
         except tf.errors.OpError as e:
-            return f"{path}: unreadable TFRecord ({e.message.splitlines()[0]})"
+            return f"{path}: unreadable TFRecord ({_tf_reason(e)})"
     return None
+
+
+def _tf_reason(error) -> str:
+    """The human part of a TensorFlow error message (no op names or device strings)."""
+    text = re.sub(r"\{\{.*?\}\}", "", error.message.splitlines()[0])
+    text = re.sub(r"\s*\[Op:.*$", "", text)
+    return " ".join(text.split()) or type(error).__name__

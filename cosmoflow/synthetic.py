@@ -15,6 +15,7 @@ parameter from the field, so a run can reach the MLPerf target (MAE <= 0.124).
 """
 
 import argparse
+import json
 import multiprocessing
 import os
 import sys
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+MARKER = ".synthetic.json"
+FORMAT_VERSION = 1  # bump when the generator's output changes
 GROWTH = np.array([0.55, 0.7, 0.85, 1.0])  # amplitude of each channel ("redshift")
 
 
@@ -70,7 +73,17 @@ def _write_one(job) -> int:
 
 def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, gzip: bool = True,
              workers: int = 0, progress=print) -> None:
-    """Writes DATA/train/*.tfrecord and DATA/validation/*.tfrecord, one sample per file."""
+    """Writes DATA/train/*.tfrecord and DATA/validation/*.tfrecord, one sample per file.
+
+    Returns at once if `output_dir` already holds a complete data set made with
+    the same arguments (a marker file is written last).
+    """
+    marker = Path(output_dir) / MARKER
+    spec = json.dumps(dict(size=size, n_train=n_train, n_valid=n_valid, seed=seed, gzip=gzip,
+                           version=FORMAT_VERSION), sort_keys=True)
+    if marker.exists() and marker.read_text() == spec:
+        progress(f"[synthetic] {output_dir} already holds this data set; nothing to do")
+        return
     rng = np.random.default_rng(seed)
     jobs = []
     for split, count in (("train", n_train), ("validation", n_valid)):
@@ -93,6 +106,7 @@ def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, g
             if done % report_every == 0 or done == len(jobs):
                 progress(f"[synthetic] {done}/{len(jobs)} samples, {total_bytes / 2**20:.1f} MiB, "
                          f"{time.time() - start:.1f} s")
+    marker.write_text(spec)
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,100 @@
+"""CosmoFlow throughput: training samples/s and input-pipeline samples/s, fp32 and --amp.
+
+  python bench/cosmoflow_throughput.py                      # 128^3 x 4, the reference model
+  python bench/cosmoflow_throughput.py --size 32 --config cosmoflow/configs/cosmoflow_synthetic_cpu.yaml
+
+Writes synthetic samples in the public format (once, into --data-dir), then
+  - input pipeline: reads, decompresses, parses and log-transforms batches with
+    the training pipeline, no model;
+  - training: the compiled train step of the trainer on batches held in memory,
+    so the figure is compute only; warm-up steps are not timed.
+Prints one line per measurement and a table at the end.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="cosmoflow/configs/cosmoflow_closed.yaml")
+    p.add_argument("--size", type=int, default=128, help="sample edge (must suit the config's model)")
+    p.add_argument("--data-dir", default="data/bench_cosmoflow")
+    p.add_argument("--n-samples", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--modes", default="fp32,amp", help="comma-separated: fp32, amp")
+    args = p.parse_args(argv)
+
+    import numpy as np
+    import tensorflow as tf
+
+    from common import runtime
+    from common.config import load_config
+    from common.distribution import Distribution
+    from common.steps import make_train_step
+    from cosmoflow import data, synthetic
+    from cosmoflow.task import TASK
+
+    data_dir = Path(args.data_dir) / f"size{args.size}"
+    synthetic.generate(data_dir, args.size, args.n_samples, 0, seed=0)
+    files = sorted(str(f) for f in (data_dir / "train").glob("*.tfrecord"))
+    shape = (args.size,) * 3 + (4,)
+    dist = Distribution()
+    base = load_config(TASK.config_class, args.config, {"data.data_dir": str(data_dir)})
+    device = runtime.configure(base.runtime, dist)["device"]
+    results = []
+
+    # Input pipeline alone (no cache: every sample is read, inflated and parsed).
+    ds = data.make_dataset(files, shape, args.batch_size, "GZIP", training=True, seed=0)
+    it = iter(ds)
+    for _ in range(2):
+        next(it)
+    n_batches = max(1, (2 * args.n_samples) // args.batch_size)
+    start = time.perf_counter()
+    for _ in range(n_batches):
+        next(it)[0].numpy()
+    rate = n_batches * args.batch_size / (time.perf_counter() - start)
+    print(f"[bench] input pipeline {shape}: {rate:.1f} samples/s", flush=True)
+    results.append(("input pipeline (gzip TFRecord -> log1p batches)", "-", rate))
+
+    batch = next(it)
+    for mode in args.modes.split(","):
+        overrides = {"data.data_dir": str(data_dir), "data.sample_shape": ",".join(map(str, shape)),
+                     "data.batch_size": args.batch_size, "runtime.amp": mode == "amp"}
+        cfg = load_config(TASK.config_class, args.config, overrides)
+        precision = runtime.set_precision(cfg.runtime, device)
+        model = TASK.build_model(cfg)
+        optimizer, _ = TASK.build_optimizer(cfg, args.batch_size, 100)
+        if precision == "mixed_float16":
+            optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+        step = make_train_step(model, optimizer, TASK.loss(cfg), dist)
+        for _ in range(args.warmup_steps):
+            step(*batch)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loss = step(*batch)
+        float(loss)
+        rate = args.steps * args.batch_size / (time.perf_counter() - start)
+        params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+        print(f"[bench] training {shape}, {params:,} params, {precision}: {rate:.2f} samples/s",
+              flush=True)
+        results.append((f"training, batch {args.batch_size}, {params:,} params", precision, rate))
+        tf.keras.backend.clear_session()
+
+    print(f"\nCosmoFlow throughput on {os.cpu_count()} CPU core(s), sample {shape}, TensorFlow {tf.__version__}")
+    print(f"{'measurement':58s} {'precision':16s} {'samples/s':>10s}")
+    for what, precision, rate in results:
+        print(f"{what:58s} {precision:16s} {rate:10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

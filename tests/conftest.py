@@ -1,0 +1,26 @@
+import os
+
+import pytest
+
+from tests import helpers
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# Small enough to write in seconds, large enough that the tiny config reaches
+# the MLPerf target (MAE <= 0.124) in a few epochs.
+TINY = dict(size=32, n_train=2048, n_valid=256, seed=7)
+
+
+@pytest.fixture(scope="session")
+def cosmo_data(tmp_path_factory):
+    """A synthetic CosmoFlow data set in the public layout, made once per test session."""
+    from cosmoflow import synthetic
+    out = tmp_path_factory.mktemp("cosmo_synth")
+    synthetic.generate(out, TINY["size"], TINY["n_train"], TINY["n_valid"], seed=TINY["seed"],
+                       progress=lambda msg: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    return helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml"

@@ -1,0 +1,48 @@
+"""Shared test helpers: writing CosmoFlow records with TensorFlow's own writer, running train.py."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+
+
+def write_tfrecord(path, x: np.ndarray, y, gzip: bool = True) -> None:
+    """One sample in the public layout, written with tf.io.TFRecordWriter directly
+    (not with the project's writer, so the reader is checked against the format)."""
+    import tensorflow as tf
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.astype(np.int16).tobytes()])),
+        "y": tf.train.Feature(float_list=tf.train.FloatList(value=list(np.asarray(y, np.float32)))),
+    }))
+    with tf.io.TFRecordWriter(str(path), tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "")) as w:
+        w.write(example.SerializeToString())
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    e["PYTHONPATH"] = str(REPO)
+    return e
+
+
+def run(cmd, timeout=600, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def train_cmd(bench: str, config, *args) -> list:
+    return [PYTHON, REPO / bench / "train.py", config, *args]
+
+
+def horovodrun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
+    return run([HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *cmd], timeout=timeout)
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "error:" in line]

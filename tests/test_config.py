@@ -1,0 +1,84 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.config import dump_config, load_config, replace, to_dict
+from common.errors import ConfigError
+from cosmoflow.config import CosmoFlowConfig
+from tests.helpers import REPO
+
+
+def write(tmp_path, text) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_yaml_and_overrides_are_typed(tmp_path):
+    p = write(tmp_path, "data:\n  data_dir: /d\n  batch_size: 4\noptimizer:\n  decay_schedule: {3: 0.5}\n")
+    cfg = load_config(CosmoFlowConfig, p, {"data.n_train": "64", "optimizer.base_lr": "1e-3",
+                                           "runtime.amp": "true", "data.sample_shape": "16,16,16,4",
+                                           "model.n_conv_layers": "4"})
+    assert cfg.data.batch_size == 4 and cfg.data.n_train == 64
+    assert cfg.optimizer.base_lr == pytest.approx(1e-3)
+    assert cfg.runtime.amp is True
+    assert cfg.data.sample_shape == (16, 16, 16, 4)
+    assert dict(cfg.optimizer.decay_schedule) == {3: 0.5}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.data.batch_size = 3
+
+
+@pytest.mark.parametrize("text, override, culprit", [
+    ("data:\n  data_dir: /d\n  batch_sise: 4\n", {}, "data.batch_sise"),
+    ("data:\n  data_dir: /d\n", {"model.nope": 1}, "model.nope"),
+    ("data:\n  data_dir: /d\nbogus: 1\n", {}, "bogus"),
+    ("data:\n  data_dir: /d\n  batch_size: four\n", {}, "data.batch_size"),
+    ("data:\n  data_dir: /d\nruntime:\n  amp_dtype: fp8\n", {}, "runtime.amp_dtype"),
+    ("data: {}\n", {}, "data.data_dir"),
+])
+def test_bad_keys_and_values_name_the_key(tmp_path, text, override, culprit):
+    with pytest.raises(ConfigError, match=culprit.replace(".", r"\.")):
+        load_config(CosmoFlowConfig, write(tmp_path, text), override)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(CosmoFlowConfig, tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(CosmoFlowConfig, write(tmp_path, "data: [unclosed\n"))
+
+
+def test_validation_rejects_impossible_model(tmp_path):
+    p = write(tmp_path, "data:\n  data_dir: /d\n  sample_shape: [24, 24, 24, 4]\n")
+    with pytest.raises(ConfigError, match="n_conv_layers"):
+        load_config(CosmoFlowConfig, p)
+
+
+def test_dump_round_trip(tmp_path):
+    cfg = load_config(CosmoFlowConfig, None, {"data.data_dir": "/d", "train.seed": 5})
+    dump_config(cfg, tmp_path / "resolved.yaml")
+    again = load_config(CosmoFlowConfig, tmp_path / "resolved.yaml")
+    assert to_dict(again) == to_dict(cfg)
+    assert replace(cfg, {"train.seed": 6}).train.seed == 6
+
+
+SHIPPED = sorted(REPO.glob("*/configs/*.yaml")) + sorted((REPO / "tests" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_config_loads(path):
+    from common.launch import parse_overrides  # noqa: F401  (import check)
+    bench = path.name.split("_")[0]
+    config_class = {"cosmoflow": CosmoFlowConfig}[bench]
+    cfg = load_config(config_class, path, {"data.data_dir": "/data"})
+    text = path.read_text()
+    # Each config opens with the command that runs it.
+    assert f"{bench}/train.py" in text.split("\n\n")[0] or f"{bench}/train.py" in text[:600]
+    assert yaml.safe_load(text)
+    assert cfg.output_dir
+
+
+def test_shipped_configs_exist():
+    assert any("cosmoflow_closed" in p.name for p in SHIPPED)

@@ -1,0 +1,123 @@
+"""Whole runs of cosmoflow/train.py on synthetic data: one rank, resumed, and bad input."""
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from common.compliance import check_log
+from common.sharding import list_files, select_and_shard
+from tests import helpers
+
+
+def test_single_rank_run_reaches_target_and_log_passes_checker(cosmo_data, tiny_config, tmp_path):
+    out = tmp_path / "run"
+    proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "147,740 trainable parameters" in proc.stdout
+    assert "PASSED the compliance checker" in proc.stdout
+
+    resolved = yaml.safe_load((out / "config.yaml").read_text())
+    assert resolved["data"]["data_dir"] == str(cosmo_data)
+    assert resolved["data"]["n_train"] == 2048 and resolved["model"]["conv_size"] == 8
+    assert resolved["train"]["seed"] == 0  # defaults are written out too
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "success" and summary["metric"] <= 0.124
+    assert summary["log_check"] == "passed"
+    ckpts = sorted((out / "checkpoints").iterdir())
+    assert ckpts and ckpts[-1].name == f"epoch-{summary['epochs']:05d}"
+    assert (ckpts[-1] / "ckpt.index").exists()
+
+    passed, output = check_log(out / "mlperf.log")
+    assert passed, output
+    log = (out / "mlperf.log").read_text()
+    assert '"key": "run_stop"' in log and '"status": "success"' in log
+    assert not (out / "mlperf.log.partial").exists()
+
+
+def test_resume_continues_from_the_checkpoint(cosmo_data, tiny_config, tmp_path):
+    out = tmp_path / "run"
+    common = ["--data-dir", cosmo_data, "--output-dir", out, "--n-train", "256", "--n-valid", "64",
+              "--set", "train.stop_at_target=false", "--checkpoint-every", "1"]
+    first = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--n-epochs", "2"))
+    assert first.returncode == 3, first.stderr[-2000:]  # ran to the end without reaching the target
+    assert (out / "checkpoints" / "epoch-00002").is_dir()
+    second = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--n-epochs", "3", "--resume"))
+    assert "resumed from" in second.stdout and "(epoch 2)" in second.stdout, second.stdout + second.stderr
+    log = (out / "mlperf.log").read_text()
+    assert '"epoch_num": 3' in log and '"epoch_num": 1}' not in log
+    assert (out / "mlperf.log.1").exists()  # the first run's log is kept
+    assert (out / "checkpoints" / "epoch-00003").is_dir()
+
+
+def copy_subset(src, dst, n_train, n_valid):
+    for split, n in (("train", n_train), ("validation", n_valid)):
+        (dst / split).mkdir(parents=True)
+        for p in sorted((src / split).glob("*.tfrecord"))[:n]:
+            shutil.copy(p, dst / split / p.name)
+
+
+def truncate(path):
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+
+
+def test_truncated_gzip_record_is_named(cosmo_data, tiny_config, tmp_path):
+    data = tmp_path / "data"
+    copy_subset(cosmo_data, data, 32, 16)
+    victim = sorted((data / "train").glob("*.tfrecord"))[5]
+    truncate(victim)
+    proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", data, "--output-dir",
+                                         tmp_path / "run", "--n-train", "32", "--n-valid", "16"))
+    assert proc.returncode == 2
+    errors = helpers.error_lines(proc.stderr)
+    assert len(errors) == 1 and str(victim) in errors[0] and "truncated record" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    # The aborted run's log is closed with run_stop 'aborted', not lost.
+    assert '"status": "aborted"' in (tmp_path / "run" / "mlperf.log").read_text()
+
+
+def test_truncated_file_found_while_staging_with_decompression(cosmo_data, tiny_config, tmp_path):
+    data = tmp_path / "data"
+    copy_subset(cosmo_data, data, 16, 8)
+    victim = sorted((data / "validation").glob("*.tfrecord"))[2]
+    truncate(victim)
+    proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", data, "--output-dir",
+                                         tmp_path / "run", "--n-train", "16", "--n-valid", "8",
+                                         "--stage-dir", tmp_path / "stage", "--set", "staging.decompress=true"))
+    assert proc.returncode == 2
+    errors = helpers.error_lines(proc.stderr)
+    assert len(errors) == 1 and f"cannot stage {victim}" in errors[0], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--data-dir", "{tmp}/nowhere"], "data directory not found: {tmp}/nowhere/train"),
+    (["--n-train", "100"], "n_train=100 is not divisible by ranks x local batch = 1 x 8 = 8"),
+    (["--set", "model.conv_sise=4"], "unknown config key 'model.conv_sise'"),
+    (["--batch-size", "eight"], "config key 'data.batch_size'"),
+    (["--n-valid", "100000"], "n_valid=100000 but only 256 files"),
+])
+def test_bad_input_gives_one_line_and_nonzero_exit(cosmo_data, tiny_config, tmp_path, args, expected):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "--data-dir" not in args:
+        args += ["--data-dir", str(cosmo_data)]
+    proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--output-dir", tmp_path / "run", *args),
+                       timeout=120)
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    errors = helpers.error_lines(proc.stderr)
+    assert len(errors) == 1 and expected.replace("{tmp}", str(tmp_path)) in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_key_in_config_file(tmp_path, cosmo_data, tiny_config):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(tiny_config.read_text().replace("  dropout: 0.0", "  dropout: 0.0\n  dropuot: 0.1"))
+    proc = helpers.run(helpers.train_cmd("cosmoflow", bad, "--data-dir", cosmo_data), timeout=120)
+    assert proc.returncode == 2
+    assert helpers.error_lines(proc.stderr) == [f"error: unknown config key 'model.dropuot' in {bad}"]
+
+
+def shard_of(data, rank, size, n_train, seed=0):
+    return select_and_shard(list_files(data / "train", (".tfrecord",)), n_train, rank, size, seed, "n_train")

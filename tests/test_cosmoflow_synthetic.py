@@ -1,0 +1,43 @@
+import json
+
+import numpy as np
+
+from cosmoflow import data, synthetic
+
+
+def test_field_statistics_follow_the_parameters():
+    rng = np.random.default_rng(0)
+    base = np.zeros(4)
+
+    def stats(y):
+        x = np.log1p(synthetic.make_sample(np.asarray(y, float), 32, rng).astype(np.float64))
+        g = x[..., 3]
+        small_scale = np.mean(np.diff(g, axis=0) ** 2) / g.var()
+        return x.mean(), x[..., 3].std() - x[..., 0].std(), small_scale
+
+    lo, hi = base.copy(), base.copy()
+    lo[0], hi[0] = -1, 1
+    assert stats(hi)[0] > stats(lo)[0] + 0.3          # y0: density
+    lo, hi = base.copy(), base.copy()
+    lo[1], hi[1] = -1, 1
+    assert stats(hi)[1] > stats(lo)[1]                # y1: amplitude grows more with "time"
+    lo, hi = base.copy(), base.copy()
+    lo[2], hi[2] = -1, 1
+    assert stats(hi)[2] > stats(lo)[2] * 1.2          # y2: more small-scale power
+
+
+def test_writes_public_layout_and_skips_a_second_time(tmp_path):
+    messages = []
+    synthetic.generate(tmp_path, size=8, n_train=6, n_valid=2, seed=1, workers=1, progress=messages.append)
+    train = sorted((tmp_path / "train").glob("*.tfrecord"))
+    valid = sorted((tmp_path / "validation").glob("*.tfrecord"))
+    assert len(train) == 6 and len(valid) == 2
+    assert data.detect_compression(train[0]) == "GZIP"
+    assert data.find_bad_file([str(p) for p in train + valid], (8, 8, 8, 4)) is None
+    ys = np.concatenate([y.numpy() for _, y in data.make_dataset([str(p) for p in train], (8, 8, 8, 4), 6,
+                                                                 "GZIP", training=False)])
+    assert ys.shape == (6, 4) and np.all(np.abs(ys) <= 1) and len(np.unique(ys[:, 0])) == 6
+    assert json.loads((tmp_path / synthetic.MARKER).read_text())["n_train"] == 6
+    messages.clear()
+    synthetic.generate(tmp_path, size=8, n_train=6, n_valid=2, seed=1, workers=1, progress=messages.append)
+    assert messages == [f"[synthetic] {tmp_path} already holds this data set; nothing to do"]
