@@ -51,7 +51,8 @@ class Distribution:
         return "gpu"
 
     def barrier(self) -> None:
-        hvd.barrier()
+        """Returns once every rank has called it (horovod.tensorflow has no barrier op)."""
+        hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()
 
     def allreduce_sum(self, values) -> np.ndarray:
         """Sums a float64 vector over all ranks (eager; for metrics, not gradients)."""

@@ -93,6 +93,9 @@ def main(task, argv=None) -> int:
             write_summary(result, output_dir / "summary.json",
                           {"benchmark": task.name, "ranks": dist.size, "nodes": dist.num_nodes,
                            "controller": dist.controller(), "log_check": verdict})
+        # Every rank waits for rank 0's report: a rank that exits first with a
+        # non-zero status would make the launcher kill rank 0 mid-write.
+        dist.barrier()
         return 0 if result.status == "success" else 3
     except InputError as e:
         _abort(events, trainer)

@@ -86,8 +86,6 @@ class Trainer:
         self.dist.broadcast_variables(self.model.variables + self.optimizer.variables)
 
         self._build_steps()
-        if cfg.runtime.record_shards:
-            self._record_shards()
         return RunInfo(
             benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
             accelerators_per_node=runtime_lib.accelerators_per_node(self.result.runtime["device"], dist),
@@ -149,13 +147,15 @@ class Trainer:
             events.on_staging_start()
             self.result.staging = self._stage()
             events.on_staging_stop(self.result.staging)
+        if cfg.runtime.record_shards:
+            self._record_shards()  # the paths actually read, staged or not
         train_ds, valid_ds = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size)
 
         events.on_run_start()
         self.run_started = True
         run_start = time.perf_counter()
         train_iter = iter(train_ds)
-        epoch = self.start_epoch
+        epoch = saved = self.start_epoch
         for epoch in range(self.start_epoch + 1, cfg.train.n_epochs + 1):
             self.epoch = epoch
             events.on_epoch_start(epoch)
@@ -172,8 +172,9 @@ class Trainer:
                     break
             if cfg.train.checkpoint_every and epoch % cfg.train.checkpoint_every == 0 and self.dist.is_root:
                 self.checkpointer.save(epoch)
-        if cfg.train.checkpoint_every and self.dist.is_root:
-            self.checkpointer.save(epoch)
+                saved = epoch
+        if cfg.train.checkpoint_every and self.dist.is_root and saved != epoch:
+            self.checkpointer.save(epoch)  # the final state, unless just saved
         if not cfg.train.stop_at_target and self._reached(self.result.metric):
             self.result.status = "success"
         self.result.epochs = epoch

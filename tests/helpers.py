@@ -44,5 +44,21 @@ def horovodrun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
     return run([HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *cmd], timeout=timeout)
 
 
+def mpirun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
+    # CI runs as root; OpenMPI refuses that unless told it is deliberate.
+    return run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "-x", "PYTHONPATH",
+                "-x", "TF_CPP_MIN_LOG_LEVEL", *cmd], timeout=timeout)
+
+
+def horovod_has_mpi() -> bool:
+    """Whether Horovod was built with the MPI controller and mpirun exists."""
+    import shutil
+    probe = run([PYTHON, "-c", "import horovod.tensorflow as h; print(h.mpi_built())"], timeout=120)
+    return shutil.which("mpirun") is not None and probe.stdout.strip().endswith("True")
+
+
+LAUNCHERS = {"gloo": horovodrun, "mpi": mpirun}
+
+
 def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if "error:" in line]

@@ -121,3 +121,14 @@ def test_unknown_key_in_config_file(tmp_path, cosmo_data, tiny_config):
 
 def shard_of(data, rank, size, n_train, seed=0):
     return select_and_shard(list_files(data / "train", (".tfrecord",)), n_train, rank, size, seed, "n_train")
+
+
+def test_amp_runs_in_bfloat16_on_cpu(cosmo_data, tiny_config, tmp_path):
+    out = tmp_path / "run"
+    proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out,
+                                         "--n-train", "64", "--n-valid", "32", "--n-epochs", "1", "--amp",
+                                         "--set", "runtime.check_log=false"))
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runtime"]["precision"] == "mixed_bfloat16"
+    assert summary["epochs"] == 1 and 0 < summary["metric"] < 2

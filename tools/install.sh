@@ -14,7 +14,10 @@ python="${PYTHON:-python3}"
 variant="${VARIANT:-cpu}"
 reqs="$root/requirements.txt"
 stamp="$venv/.installed"
-want="$(cat "$reqs" "$0" | sha256sum | cut -d' ' -f1)-$variant"
+# Horovod is rebuilt when OpenMPI appears or goes, so the MPI controller follows the machine.
+has_mpi=no
+if command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then has_mpi=yes; fi
+want="$(cat "$reqs" "$0" | sha256sum | cut -d' ' -f1)-$variant-mpi:$has_mpi"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
@@ -48,7 +51,7 @@ step "installing Python packages (TensorFlow ${tf_pin#*==}, $variant)"
 "${pip[@]}" install -q -r "$base_reqs" || fail "pip install -r requirements.txt" "see pip's message above"
 
 hvd_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
-if command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+if [[ "$has_mpi" == yes ]]; then
   hvd_env+=(HOROVOD_WITH_MPI=1); mpi_note="with MPI ($(mpirun --version 2>&1 | head -n1))"
 else
   hvd_env+=(HOROVOD_WITHOUT_MPI=1); mpi_note="without MPI (no mpicxx found; Debian: apt-get install libopenmpi-dev)"
