@@ -32,7 +32,8 @@ class RunResult:
     metric: float = float("nan")
     time_to_train_s: float = float("nan")
     num_params: int = 0
-    epoch_samples_per_s: list = dataclasses.field(default_factory=list)
+    # One entry per epoch: epoch, seconds since run_start, train loss, samples/s, lr, metric (if evaluated).
+    history: list = dataclasses.field(default_factory=list)
     staging: dict = dataclasses.field(default_factory=dict)
     weights_in_sync: bool = True
     runtime: dict = dataclasses.field(default_factory=dict)
@@ -160,16 +161,19 @@ class Trainer:
             self.epoch = epoch
             events.on_epoch_start(epoch)
             train = self._train_epoch(train_iter, epoch)
-            self.result.epoch_samples_per_s.append(train["samples_per_s"])
             events.on_epoch_stop(epoch, train)
+            record = {"epoch": epoch, "loss": train["loss"], "samples_per_s": train["samples_per_s"],
+                      "lr": train["lr"]}
+            self.result.history.append(record)
             if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.n_epochs:
                 events.on_eval_start(epoch)
                 value = self._evaluate(valid_ds)
                 events.on_eval_stop(epoch, value)
-                self.result.metric = value
-                if cfg.train.stop_at_target and self._reached(value):
-                    self.result.status = "success"
-                    break
+                self.result.metric = record["metric"] = value
+            record["time_s"] = time.perf_counter() - run_start
+            if "metric" in record and cfg.train.stop_at_target and self._reached(record["metric"]):
+                self.result.status = "success"
+                break
             if cfg.train.checkpoint_every and epoch % cfg.train.checkpoint_every == 0 and self.dist.is_root:
                 self.checkpointer.save(epoch)
                 saved = epoch

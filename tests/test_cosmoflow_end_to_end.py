@@ -30,6 +30,11 @@ def test_single_rank_run_reaches_target_and_log_passes_checker(cosmo_data, tiny_
     assert ckpts and ckpts[-1].name == f"epoch-{summary['epochs']:05d}"
     assert (ckpts[-1] / "ckpt.index").exists()
 
+    import matplotlib.image
+    curve = matplotlib.image.imread(out / "training_curve.png")
+    assert curve.shape[0] > 100 and curve.shape[1] > 100
+    assert len(summary["history"]) == summary["epochs"] and summary["history"][-1]["metric"] <= 0.124
+
     passed, output = check_log(out / "mlperf.log")
     assert passed, output
     log = (out / "mlperf.log").read_text()

@@ -62,17 +62,27 @@ fi
 command -v cmake >/dev/null 2>&1 || fail "horovod" "cmake is required to build Horovod (apt-get install cmake)"
 command -v g++ >/dev/null 2>&1 || fail "horovod" "a C++ compiler is required to build Horovod (apt-get install g++)"
 
-step "building ${hvd_pin} from source against TensorFlow, Gloo $mpi_note (about 5 minutes on 2 cores)"
-log="$venv/horovod-build.log"
-if ! env "${hvd_env[@]}" MAKEFLAGS="-j$(nproc)" "${pip[@]}" install -v --no-build-isolation --no-cache-dir \
-      --force-reinstall --no-deps "$hvd_pin" > "$log" 2>&1; then
-  tail -n 30 "$log" >&2
-  fail "horovod build" "full log in $log"
+# Horovod is rebuilt only when what it links against changes (TensorFlow pin,
+# variant, MPI present or not), not for every edit of requirements.txt.
+hvd_stamp="$venv/.horovod-built"
+hvd_want="$hvd_pin $tf_pin $variant mpi:$has_mpi"
+if [[ -f "$hvd_stamp" && "$(cat "$hvd_stamp")" == "$hvd_want" ]] \
+    && "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
+  step "${hvd_pin} already built for this TensorFlow and MPI setting"
+else
+  step "building ${hvd_pin} from source against TensorFlow, Gloo $mpi_note (about 5 minutes on 2 cores)"
+  log="$venv/horovod-build.log"
+  if ! env "${hvd_env[@]}" MAKEFLAGS="-j$(nproc)" "${pip[@]}" install -v --no-build-isolation --no-cache-dir \
+        --force-reinstall --no-deps "$hvd_pin" > "$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    fail "horovod build" "full log in $log"
+  fi
+  "$venv/bin/python" -c 'import horovod.tensorflow as hvd; hvd.init(); assert hvd.size() == 1' \
+    || fail "horovod check" "horovod.tensorflow does not import; full build log in $log"
+  echo "$hvd_want" > "$hvd_stamp"
 fi
-"$venv/bin/python" -c 'import horovod.tensorflow as hvd; hvd.init(); assert hvd.size() == 1' \
-  || fail "horovod check" "horovod.tensorflow does not import; full build log in $log"
 step "horovod controllers and frameworks:"
-"$venv/bin/horovodrun" --check-build | sed -n '/Available Frameworks/,$p'
+TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build | sed -n '/Available Controllers/,$p'
 
 echo "$want" > "$stamp"
 step "done: $venv"
