@@ -15,6 +15,15 @@ import sys
 import traceback
 from pathlib import Path
 
+from common.compliance import check_log
+from common.config import dump_config, load_config
+from common.distribution import Distribution
+from common.errors import ConfigError, InputError
+from common.events import Events, ProgressPrinter
+from common.mlperf_logger import LOG_NAME, MLPerfLogger
+from common.plots import plot_training_curve
+from common.trainer import Trainer, write_summary
+
 EXIT_INPUT_ERROR = 2
 EXIT_CRASH = 1
 
@@ -35,7 +44,6 @@ def build_parser(task) -> argparse.ArgumentParser:
 
 
 def parse_overrides(task, argv) -> tuple[str, dict]:
-    from common.errors import ConfigError
     args = build_parser(task).parse_args(argv)
     overrides = {}
     for item in args._set:
@@ -57,22 +65,13 @@ def _fail(rank_prefix: str, message: str, code: int) -> None:
 
 
 def main(task, argv=None) -> int:
-    # Imports here so that `--help` and config errors answer without loading TensorFlow.
-    from common.config import dump_config, load_config
-    from common.errors import InputError
-
+    """Parses flags, trains `task`, reports; returns the process exit code."""
     rank_prefix = ""
     events = None
     trainer = None
     try:
         config_path, overrides = parse_overrides(task, argv)
         cfg = load_config(task.config_class, config_path, overrides)
-
-        from common.distribution import Distribution
-        from common.events import Events, ProgressPrinter
-        from common.mlperf_logger import MLPerfLogger
-        from common.trainer import Trainer, write_summary
-
         dist = Distribution()
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
         output_dir = Path(cfg.output_dir)
@@ -123,14 +122,11 @@ def _abort(events, trainer) -> None:
 
 
 def _report(task, cfg, result, output_dir) -> str:
-    from common.compliance import check_log
-    from common.mlperf_logger import LOG_NAME
-    log = output_dir / LOG_NAME
+    log = (output_dir / LOG_NAME).resolve()
     print(f"[done] {task.name}: {result.status}, {result.epochs} epoch(s), "
           f"{task.metric(cfg).name} {result.metric:.4f}, time to train {result.time_to_train_s / 60:.3f} min")
     print(f"[done] run directory: {output_dir.resolve()}")
     if result.history:
-        from common.plots import plot_training_curve
         metric = task.metric(cfg)
         plot_training_curve(result.history, metric.name, task.target(cfg),
                             f"{task.name}: {result.status} after {result.epochs} epoch(s), "

@@ -61,7 +61,6 @@ class Trainer:
         self.shards = task.shard(cfg, dist.rank, dist.size)
         global_batch = self.shards.local_batch_size * dist.size
         self.steps_per_epoch = self.shards.n_train // global_batch
-        self.valid_steps = self.shards.n_valid // global_batch
 
         self.model = task.build_model(cfg)
         self.result.num_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))

@@ -14,12 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from common.launch import main  # noqa: E402
-
-
-def _task():
-    from cosmoflow.task import TASK
-    return TASK
-
+from cosmoflow.task import TASK  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(_task()))
+    sys.exit(main(TASK))
