@@ -43,21 +43,20 @@ class Listener:
     def close(self): ...
 
 
-class Events(Listener):
-    """Fans every event out to a list of listeners."""
+class Events:
+    """Fans every Listener event out to a list of listeners, in order."""
 
     def __init__(self, listeners):
         self.listeners = list(listeners)
 
-    def __getattribute__(self, name):
-        if name.startswith("on_") or name == "close":
-            listeners = object.__getattribute__(self, "listeners")
+    def __getattr__(self, name):
+        if not hasattr(Listener, name):
+            raise AttributeError(name)
 
-            def fan_out(*args, **kwargs):
-                for listener in listeners:
-                    getattr(listener, name)(*args, **kwargs)
-            return fan_out
-        return object.__getattribute__(self, name)
+        def fan_out(*args, **kwargs):
+            for listener in self.listeners:
+                getattr(listener, name)(*args, **kwargs)
+        return fan_out
 
 
 class ProgressPrinter(Listener):

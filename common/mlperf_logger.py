@@ -14,6 +14,7 @@ from mlperf_logging.mllog.mllog import MLLogger
 from common.events import Listener, RunInfo
 
 LOG_NAME = "mlperf.log"
+_CALLER_OFFSET = 3
 
 
 class MLPerfLogger(Listener):
@@ -23,10 +24,9 @@ class MLPerfLogger(Listener):
       output_dir: where mlperf.log goes.
       submission: the submission_* keys (benchmark, org, division, status, platform).
       metric_key: the key of the quality metric ('eval_error', 'eval_accuracy').
-      echo: also print the :::MLLOG lines on stdout, as reference runs do.
     """
 
-    def __init__(self, output_dir, submission: dict, metric_key: str, echo: bool = False):
+    def __init__(self, output_dir, submission: dict, metric_key: str):
         self.metric_key = metric_key
         self.final = Path(output_dir) / LOG_NAME
         self.partial = Path(output_dir) / (LOG_NAME + ".partial")
@@ -37,16 +37,16 @@ class MLPerfLogger(Listener):
         logger.setLevel(logging.INFO)
         self._handler = logging.FileHandler(self.partial)
         logger.addHandler(self._handler)
-        if echo:
-            logger.addHandler(logging.StreamHandler())
         self._logger = logger
-        self._ml = MLLogger(logger=logger, default_stack_offset=2,
+        # Offsets so that each line's metadata names the trainer's call site,
+        # past the event fan-out and this listener.
+        self._ml = MLLogger(logger=logger, default_stack_offset=_CALLER_OFFSET,
                             root_dir=str(Path(__file__).resolve().parents[1]))
         self._submission = dict(submission)
         self._closed = False
 
     def _event(self, key, value=None, **metadata):
-        self._ml.event(key=key, value=value, metadata=metadata or None)
+        self._ml.event(key=key, value=value, metadata=metadata or None, stack_offset=_CALLER_OFFSET + 1)
 
     def on_init_start(self):
         self._event("cache_clear", True)
