@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common.compliance import check_log
 from common.config import dump_config, load_config
-from common.distribution import Distribution
+from common.distribution import Distribution, launcher_env
 from common.errors import ConfigError, InputError
 from common.events import Events, ProgressPrinter
 from common.mlperf_logger import LOG_NAME, MLPerfLogger
@@ -91,7 +91,8 @@ def main(task, argv=None) -> int:
             verdict = _report(task, cfg, result, output_dir)
             write_summary(result, output_dir / "summary.json",
                           {"benchmark": task.name, "ranks": dist.size, "nodes": dist.num_nodes,
-                           "controller": dist.controller(), "log_check": verdict})
+                           "controller": dist.controller(), "launcher": launcher_env(),
+                           "log_check": verdict})
         # Every rank waits for rank 0's report: a rank that exits first with a
         # non-zero status would make the launcher kill rank 0 mid-write.
         dist.barrier()

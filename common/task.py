@@ -1,7 +1,7 @@
 """What a benchmark hands the generic trainer: the single-replica view of training."""
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -73,4 +73,3 @@ class Task:
     target: Callable
     mlperf_hyperparameters: Callable
     find_bad_file: Optional[Callable] = None
-    extra: dict = dataclasses.field(default_factory=dict)
