@@ -72,9 +72,7 @@ def main(argv=None) -> int:
         cfg = load_config(TASK.config_class, args.config, overrides)
         precision = runtime.set_precision(cfg.runtime, device)
         model = TASK.build_model(cfg)
-        optimizer, _ = TASK.build_optimizer(cfg, args.batch_size, 100)
-        if precision == "mixed_float16":
-            optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+        optimizer = runtime.wrap_optimizer(TASK.build_optimizer(cfg, args.batch_size, 100)[0])
         step = make_train_step(model, optimizer, TASK.loss(cfg), dist)
         for _ in range(args.warmup_steps):
             step(*batch)

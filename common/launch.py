@@ -124,12 +124,12 @@ def _abort(events, trainer) -> None:
 
 def _report(task, cfg, result, output_dir) -> str:
     log = (output_dir / LOG_NAME).resolve()
+    metric_name = task.metric(cfg).name
     print(f"[done] {task.name}: {result.status}, {result.epochs} epoch(s), "
-          f"{task.metric(cfg).name} {result.metric:.4f}, time to train {result.time_to_train_s / 60:.3f} min")
+          f"{metric_name} {result.metric:.4f}, time to train {result.time_to_train_s / 60:.3f} min")
     print(f"[done] run directory: {output_dir.resolve()}")
     if result.history:
-        metric = task.metric(cfg)
-        plot_training_curve(result.history, metric.name, task.target(cfg),
+        plot_training_curve(result.history, metric_name, task.target(cfg),
                             f"{task.name}: {result.status} after {result.epochs} epoch(s), "
                             f"{result.time_to_train_s / 60:.2f} min", output_dir / "training_curve.png")
     if not cfg.runtime.check_log:

@@ -33,6 +33,13 @@ def set_precision(runtime, device: str) -> str:
     return precision
 
 
+def wrap_optimizer(optimizer):
+    """Adds dynamic loss scaling when the global policy computes in float16 (bf16 needs none)."""
+    if tf.keras.mixed_precision.global_policy().compute_dtype == "float16":
+        return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
 def accelerators_per_node(device: str, dist) -> int:
     """0 on CPU-only nodes, as the MLPerf HPC rules ask; else the GPUs used on this node."""
     if device != "gpu":

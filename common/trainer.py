@@ -65,9 +65,8 @@ class Trainer:
         self.model = task.build_model(cfg)
         self.result.num_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
         self.print(f"[init] model {self.model.name}: {self.result.num_params:,} trainable parameters")
-        self.optimizer, self.schedule = task.build_optimizer(cfg, global_batch, self.steps_per_epoch)
-        if cfg.runtime.amp and tf.keras.mixed_precision.global_policy().compute_dtype == "float16":
-            self.optimizer = tf.keras.mixed_precision.LossScaleOptimizer(self.optimizer)
+        optimizer, self.schedule = task.build_optimizer(cfg, global_batch, self.steps_per_epoch)
+        self.optimizer = runtime_lib.wrap_optimizer(optimizer)
         self.optimizer.build(self.model.trainable_variables)
         self.loss_fn = task.loss(cfg)
         self.metric = task.metric(cfg)

@@ -69,13 +69,19 @@ def truncate(path):
     path.write_bytes(raw[: len(raw) // 2])
 
 
-def test_truncated_gzip_record_is_named(cosmo_data, tiny_config, tmp_path):
+def run_with_truncated_file(cosmo_data, tiny_config, tmp_path, split, index, n_train, n_valid, *extra):
+    """Runs train.py on a copy of the data in which one file is cut in half; returns (proc, the file)."""
     data = tmp_path / "data"
-    copy_subset(cosmo_data, data, 32, 16)
-    victim = sorted((data / "train").glob("*.tfrecord"))[5]
+    copy_subset(cosmo_data, data, n_train, n_valid)
+    victim = sorted((data / split).glob("*.tfrecord"))[index]
     truncate(victim)
     proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", data, "--output-dir",
-                                         tmp_path / "run", "--n-train", "32", "--n-valid", "16"))
+                                         tmp_path / "run", "--n-train", n_train, "--n-valid", n_valid, *extra))
+    return proc, victim
+
+
+def test_truncated_gzip_record_is_named(cosmo_data, tiny_config, tmp_path):
+    proc, victim = run_with_truncated_file(cosmo_data, tiny_config, tmp_path, "train", 5, 32, 16)
     assert proc.returncode == 2
     errors = helpers.error_lines(proc.stderr)
     assert len(errors) == 1 and str(victim) in errors[0] and "truncated record" in errors[0], proc.stderr[-2000:]
@@ -85,13 +91,8 @@ def test_truncated_gzip_record_is_named(cosmo_data, tiny_config, tmp_path):
 
 
 def test_truncated_file_found_while_staging_with_decompression(cosmo_data, tiny_config, tmp_path):
-    data = tmp_path / "data"
-    copy_subset(cosmo_data, data, 16, 8)
-    victim = sorted((data / "validation").glob("*.tfrecord"))[2]
-    truncate(victim)
-    proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", data, "--output-dir",
-                                         tmp_path / "run", "--n-train", "16", "--n-valid", "8",
-                                         "--stage-dir", tmp_path / "stage", "--set", "staging.decompress=true"))
+    proc, victim = run_with_truncated_file(cosmo_data, tiny_config, tmp_path, "validation", 2, 16, 8,
+                                           "--stage-dir", tmp_path / "stage", "--set", "staging.decompress=true")
     assert proc.returncode == 2
     errors = helpers.error_lines(proc.stderr)
     assert len(errors) == 1 and f"cannot stage {victim}" in errors[0], proc.stderr[-2000:]
