@@ -8,9 +8,14 @@ VARIANT ?= cpu
 COSMO_DATA ?= data/cosmoflow_synth32
 COSMO_CONFIG ?= cosmoflow/configs/cosmoflow_synthetic_cpu.yaml
 RUN_DIR ?= runs/cosmoflow-$(shell date +%Y%m%d-%H%M%S)
+DEEPCAM_DATA ?= data/deepcam_synth
+DEEPCAM_CONFIG ?= deepcam/configs/deepcam_synthetic_cpu.yaml
+DEEPCAM_RUN_DIR ?= runs/deepcam-$(shell date +%Y%m%d-%H%M%S)
 NP ?= 1
+# How NP ranks are started on this machine (Gloo needs no MPI).
+LAUNCH = $(if $(filter 1,$(NP)),,$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo)
 
-.PHONY: install run data test bench clean
+.PHONY: install run data run-deepcam data-deepcam test bench bench-deepcam clean
 
 install:
 	@VENV=$(VENV) VARIANT=$(VARIANT) bash tools/install.sh
@@ -19,18 +24,24 @@ data: install
 	@$(PY) -m cosmoflow.synthetic --output-dir $(COSMO_DATA) --size 32 --n-train 4096 --n-valid 512
 
 run: data
-	@if [ "$(NP)" = 1 ]; then \
-	  $(PY) cosmoflow/train.py $(COSMO_CONFIG) --data-dir $(COSMO_DATA) --output-dir $(RUN_DIR); \
-	else \
-	  $(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	    $(PY) cosmoflow/train.py $(COSMO_CONFIG) --data-dir $(COSMO_DATA) --output-dir $(RUN_DIR); \
-	fi
+	@$(LAUNCH) $(PY) cosmoflow/train.py $(COSMO_CONFIG) --data-dir $(COSMO_DATA) --output-dir $(RUN_DIR)
+
+data-deepcam: install
+	@$(PY) -m deepcam.synthetic --output-dir $(DEEPCAM_DATA) --height 128 --width 192 \
+	  --n-train 512 --n-valid 64 --cyclone-fraction 0.003
+
+run-deepcam: data-deepcam
+	@$(LAUNCH) $(PY) deepcam/train.py $(DEEPCAM_CONFIG) --data_dir_prefix $(DEEPCAM_DATA) \
+	  --output_dir $(DEEPCAM_RUN_DIR)
 
 test: install
 	@$(PY) -m pytest tests $(PYTEST_ARGS)
 
 bench: install
 	@$(PY) bench/cosmoflow_throughput.py
+
+bench-deepcam: install
+	@$(PY) bench/deepcam_throughput.py
 
 clean:
 	rm -rf runs data

@@ -14,7 +14,6 @@ Prints one line per measurement and a table at the end.
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,10 +35,11 @@ def main(argv=None) -> int:
     import numpy as np
     import tensorflow as tf
 
+    from bench.timing import pipeline_samples_per_s, print_table, train_samples_per_s
     from common import runtime
     from common.config import load_config
     from common.distribution import Distribution
-    from common.steps import make_train_step
+    from common.steps import TrainStep
     from cosmoflow import data, synthetic
     from cosmoflow.task import TASK
 
@@ -55,13 +55,7 @@ def main(argv=None) -> int:
     # Input pipeline alone (no cache: every sample is read, inflated and parsed).
     ds = data.make_dataset(files, shape, args.batch_size, "GZIP", training=True, seed=0)
     it = iter(ds)
-    for _ in range(2):
-        next(it)
-    n_batches = max(1, (2 * args.n_samples) // args.batch_size)
-    start = time.perf_counter()
-    for _ in range(n_batches):
-        next(it)[0].numpy()
-    rate = n_batches * args.batch_size / (time.perf_counter() - start)
+    rate = pipeline_samples_per_s(it, args.batch_size, max(1, (2 * args.n_samples) // args.batch_size))
     print(f"[bench] input pipeline {shape}: {rate:.1f} samples/s", flush=True)
     results.append(("input pipeline (gzip TFRecord -> log1p batches)", "-", rate))
 
@@ -71,26 +65,18 @@ def main(argv=None) -> int:
                      "data.batch_size": args.batch_size, "runtime.amp": mode == "amp"}
         cfg = load_config(TASK.config_class, args.config, overrides)
         precision = runtime.set_precision(cfg.runtime, device)
-        model = TASK.build_model(cfg)
+        model = TASK.build_model(cfg, dist.rank_group(1))
         optimizer = runtime.wrap_optimizer(TASK.build_optimizer(cfg, args.batch_size, 100)[0])
-        step = make_train_step(model, optimizer, TASK.loss(cfg), dist)
-        for _ in range(args.warmup_steps):
-            step(*batch)
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            loss = step(*batch)
-        float(loss)
-        rate = args.steps * args.batch_size / (time.perf_counter() - start)
+        step = TrainStep(model, optimizer, TASK.loss(cfg), dist)
+        rate = train_samples_per_s(step, batch, args.batch_size, args.warmup_steps, args.steps)
         params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
         print(f"[bench] training {shape}, {params:,} params, {precision}: {rate:.2f} samples/s",
               flush=True)
         results.append((f"training, batch {args.batch_size}, {params:,} params", precision, rate))
         tf.keras.backend.clear_session()
 
-    print(f"\nCosmoFlow throughput on {os.cpu_count()} CPU core(s), sample {shape}, TensorFlow {tf.__version__}")
-    print(f"{'measurement':58s} {'precision':16s} {'samples/s':>10s}")
-    for what, precision, rate in results:
-        print(f"{what:58s} {precision:16s} {rate:10.2f}")
+    print_table(f"CosmoFlow throughput on {os.cpu_count()} CPU core(s), sample {shape}, "
+                f"TensorFlow {tf.__version__}", results)
     return 0
 
 

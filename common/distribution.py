@@ -12,17 +12,20 @@ import os
 import socket
 
 import numpy as np
-import tensorflow as tf
-
 import horovod
 import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from common.errors import ConfigError
 
 
 class Distribution:
     """Rank, size, node layout and collectives of the current job."""
 
     def __init__(self):
-        hvd.init()
+        # Dynamic process sets let groups of ranks (sync batch norm) be made
+        # once the job size is known; plain collectives are unaffected.
+        hvd.init(process_sets="dynamic")
         self.rank = hvd.rank()
         self.size = hvd.size()
         self.local_rank = hvd.local_rank()
@@ -89,9 +92,41 @@ class Distribution:
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         return hvd.grouped_allreduce(grads, op=hvd.Average, compression=comp)
 
+    def rank_group(self, group_size: int) -> "RankGroup":
+        """This rank's group of `group_size` consecutive ranks (for sync batch norm).
+
+        Every rank must call it with the same size, in the same order relative
+        to other collectives: registering a Horovod process set is collective.
+        """
+        if group_size < 1 or self.size % group_size:
+            raise ConfigError(f"group size {group_size} does not divide the {self.size} ranks of this job")
+        if group_size == 1:
+            return RankGroup(1, None)
+        if group_size == self.size:
+            return RankGroup(group_size, hvd.global_process_set)
+        sets = [hvd.add_process_set(list(range(first, first + group_size)))
+                for first in range(0, self.size, group_size)]
+        # Registration returns before every rank has it; a collective over all
+        # ranks makes sure no group allreduce runs against an unknown set.
+        self.barrier()
+        return RankGroup(group_size, sets[self.rank // group_size])
+
     def describe(self) -> str:
         return (f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
                 f"Horovod {horovod.__version__} over {self.controller()}")
+
+
+class RankGroup:
+    """A group of ranks that sums tensors among themselves (inside tf.function too)."""
+
+    def __init__(self, size: int, process_set):
+        self.size = size
+        self._process_set = process_set
+
+    def sum(self, tensor):
+        if self._process_set is None:
+            return tensor
+        return hvd.allreduce(tensor, op=hvd.Sum, process_set=self._process_set)
 
 
 def launcher_env() -> dict:

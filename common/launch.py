@@ -54,7 +54,7 @@ def parse_overrides(task, argv) -> tuple[str, dict]:
     for flag in task.flags:
         value = getattr(args, flag.key)
         if value is not None:
-            overrides[flag.key] = value
+            overrides.update(flag.parse(value) if flag.parse else {flag.key: value})
     return args.config, overrides
 
 
@@ -74,7 +74,8 @@ def main(task, argv=None) -> int:
         cfg = load_config(task.config_class, config_path, overrides)
         dist = Distribution()
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
-        output_dir = Path(cfg.output_dir)
+        # A run tag (DeepCAM's --run_tag) names a run folder inside output_dir.
+        output_dir = Path(cfg.output_dir) / getattr(cfg, "run_tag", "")
         listeners = []
         if dist.is_root:
             output_dir.mkdir(parents=True, exist_ok=True)

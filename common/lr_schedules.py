@@ -67,3 +67,68 @@ class EpochWarmupStepDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
     def get_config(self):
         return dict(peak_lr=self.peak_lr, init_lr=self.init_lr, warmup_epochs=self.warmup_epochs,
                     decay=dict(self.decay), steps_per_epoch=self.steps_per_epoch)
+
+
+class StepWarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """DeepCAM's step-based schedules with the reference's linear warmup.
+
+    Warmup (step <= warmup_steps), as the reference's schedulers: with
+    warmup_factor 1 the LR rises linearly from 0 to start_lr; otherwise from
+    start_lr to start_lr * warmup_factor. After warmup, from the LR reached
+    (`peak`), either
+      'multistep': peak * decay_rate ** (number of milestones m with
+                   step >= warmup_steps + 1 + m); milestones count in steps
+                   after warmup, as the reference shifts them;
+      'cosine_annealing': eta_min + (peak - eta_min) * (1 + cos(pi * t / t_max)) / 2
+                   with t = step - warmup_steps (periodic in 2 t_max, as torch).
+    `step` is the optimizer step (0 for the first update).
+    """
+
+    def __init__(self, kind: str, start_lr: float, warmup_steps: int = 0, warmup_factor: float = 1.0,
+                 milestones=(), decay_rate: float = 0.1, t_max: int = 1, eta_min: float = 0.0):
+        super().__init__()
+        if kind not in ("multistep", "cosine_annealing"):
+            raise ValueError(f"unknown LR schedule type '{kind}' (multistep, cosine_annealing)")
+        self.kind = kind
+        self.start_lr = float(start_lr)
+        self.warmup_steps = int(warmup_steps)
+        self.warmup_factor = float(warmup_factor)
+        self.milestones = tuple(sorted(int(m) for m in milestones))
+        self.decay_rate = float(decay_rate)
+        self.t_max = int(t_max)
+        self.eta_min = float(eta_min)
+        self.peak_lr = self.start_lr * (self.warmup_factor if self.warmup_steps else 1.0)
+
+    def _warmup(self, step):
+        fraction = step / self.warmup_steps
+        if self.warmup_factor == 1.0:
+            return self.start_lr * fraction
+        return self.start_lr * ((self.warmup_factor - 1.0) * fraction + 1.0)
+
+    def at_step(self, step: int) -> float:
+        if self.warmup_steps and step <= self.warmup_steps:
+            return self._warmup(step)
+        t = step - self.warmup_steps
+        if self.kind == "multistep":
+            passed = sum(1 for m in self.milestones if t >= m + 1)
+            return self.peak_lr * self.decay_rate ** passed
+        return self.eta_min + (self.peak_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.t_max)) / 2
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        t = step - self.warmup_steps
+        if self.kind == "multistep":
+            passed = tf.zeros([])
+            for m in self.milestones:
+                passed += tf.cast(t >= m + 1, tf.float32)
+            after = self.peak_lr * tf.pow(self.decay_rate, passed)
+        else:
+            after = self.eta_min + (self.peak_lr - self.eta_min) * (1 + tf.cos(math.pi * t / self.t_max)) / 2
+        if not self.warmup_steps:
+            return after
+        return tf.where(step <= self.warmup_steps, self._warmup(step), after)
+
+    def get_config(self):
+        return dict(kind=self.kind, start_lr=self.start_lr, warmup_steps=self.warmup_steps,
+                    warmup_factor=self.warmup_factor, milestones=self.milestones,
+                    decay_rate=self.decay_rate, t_max=self.t_max, eta_min=self.eta_min)

@@ -11,8 +11,11 @@ class TrainLoopConfig:
     checkpoint_every: int = 0        # epochs between checkpoints; 0 = none
     keep_checkpoints: int = 2
     resume: bool = False             # continue from the newest checkpoint in output_dir
+    resume_from: Optional[str] = None  # or from this checkpoint folder (checkpoints/epoch-NNNNN)
     eval_every: int = 1              # epochs between evaluations
     stop_at_target: bool = True
+    # Local batches whose gradients are summed before each optimizer step.
+    gradient_accumulation_frequency: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,9 @@ class Flag:
     key: str
     help: str = ""
     is_switch: bool = False   # a flag without value that sets True
+    # Turns the flag's value into {config key: value}, for flags that set
+    # several keys at once (DeepCAM's --lr_schedule type=multistep,milestones=...).
+    parse: Optional[Callable[[str], dict]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +55,8 @@ class Task:
       shard: (cfg, rank, size) -> Shards.
       make_datasets: (cfg, Shards with readable paths, rank, local_size) -> (train_ds, valid_ds);
         train_ds repeats forever, valid_ds is one pass.
-      build_model: cfg -> tf.keras.Model.
+      build_model: (cfg, bn_group) -> tf.keras.Model; bn_group is the RankGroup
+        that shares batch-norm statistics (see batchnorm_group_size).
       build_optimizer: (cfg, global_batch_size, steps_per_epoch) -> (optimizer, schedule)
         where schedule.at_step(step) gives the LR for logging.
       loss: cfg -> (y, pred) -> scalar loss.
@@ -60,6 +64,7 @@ class Task:
       target: cfg -> target value of the metric.
       mlperf_hyperparameters: (cfg, global_batch_size) -> {mllog key: value}.
       find_bad_file: (cfg, files) -> message naming the first unreadable file, or None.
+      batchnorm_group_size: cfg -> ranks that share batch-norm statistics (1: local).
     """
     name: str
     config_class: type
@@ -73,3 +78,4 @@ class Task:
     target: Callable
     mlperf_hyperparameters: Callable
     find_bad_file: Optional[Callable] = None
+    batchnorm_group_size: Callable = lambda cfg: 1

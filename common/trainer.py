@@ -21,8 +21,7 @@ from common.checkpoint import Checkpointer
 from common.errors import InputError
 from common.events import RunInfo
 from common.staging import stage_files
-from common.steps import make_eval_step, make_train_step
-from common.task import Shards
+from common.steps import TrainStep, make_eval_step
 
 
 @dataclasses.dataclass
@@ -59,10 +58,13 @@ class Trainer:
         self.print(f"[init] {dist.describe()}; runtime {self.result.runtime}")
 
         self.shards = task.shard(cfg, dist.rank, dist.size)
-        global_batch = self.shards.local_batch_size * dist.size
+        # Gradient accumulation makes each optimizer step see n local batches.
+        global_batch = self.shards.local_batch_size * dist.size * cfg.train.gradient_accumulation_frequency
         self.steps_per_epoch = self.shards.n_train // global_batch
 
-        self.model = task.build_model(cfg)
+        # Collective (registers a process set): every rank, same order.
+        bn_group = dist.rank_group(task.batchnorm_group_size(cfg))
+        self.model = task.build_model(cfg, bn_group)
         self.result.num_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
         self.print(f"[init] model {self.model.name}: {self.result.num_params:,} trainable parameters")
         optimizer, self.schedule = task.build_optimizer(cfg, global_batch, self.steps_per_epoch)
@@ -75,12 +77,14 @@ class Trainer:
         self.checkpointer = Checkpointer(self.output_dir / "checkpoints", self.model, self.optimizer,
                                          keep=cfg.train.keep_checkpoints)
         self.start_epoch = 0
-        if cfg.train.resume:
-            latest = self.checkpointer.latest()
-            if latest is None:
+        if cfg.train.resume or cfg.train.resume_from:
+            source = cfg.train.resume_from or self.checkpointer.latest()
+            if source is None:
                 raise InputError(f"--resume: no checkpoint in {self.checkpointer.directory}")
-            self.start_epoch = self.checkpointer.restore(latest)
-            self.print(f"[init] resumed from {latest} (epoch {self.start_epoch})")
+            if not Path(source).is_dir():
+                raise InputError(f"checkpoint not found: {source}")
+            self.start_epoch = self.checkpointer.restore(source)
+            self.print(f"[init] resumed from {source} (epoch {self.start_epoch})")
         # Every rank starts from rank 0's weights and optimizer state.
         self.dist.broadcast_variables(self.model.variables + self.optimizer.variables)
 
@@ -94,16 +98,17 @@ class Trainer:
             target_name=self.metric.name, target=self.target)
 
     def _build_steps(self):
-        rt = self.cfg.runtime
-        self.train_step = make_train_step(self.model, self.optimizer, self.loss_fn, self.dist,
-                                          rt.gradient_compression, rt.xla)
+        cfg = self.cfg
+        rt = cfg.runtime
+        self.train_step = TrainStep(self.model, self.optimizer, self.loss_fn, self.dist,
+                                    rt.gradient_compression, rt.xla, cfg.train.gradient_accumulation_frequency)
         self.eval_step = make_eval_step(self.model, self.metric, rt.xla)
 
     def _trace(self, train_ds):
         # Tracing builds the graphs without running them on any data, so it is
         # init work under the MLPerf rules (no training sample is touched).
         spec = train_ds.element_spec
-        self.train_step.get_concrete_function(*spec)
+        self.train_step.trace(spec)
         self.eval_step.get_concrete_function(*spec)
 
     def _record_shards(self):
@@ -194,7 +199,7 @@ class Trainer:
         with self._naming_bad_files(self.shards.train_files):
             for _ in range(self.steps_per_epoch):
                 # Keep the loss tensors: reading one would wait for its step.
-                losses.append(self.train_step(*next(train_iter)))
+                losses.append(self.train_step(train_iter))
             loss = float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
         seconds = time.perf_counter() - start
         loss = float(self.dist.allreduce_mean([loss])[0])

@@ -15,16 +15,14 @@ parameter from the field, so a run can reach the MLPerf target (MAE <= 0.124).
 """
 
 import argparse
-import json
-import multiprocessing
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-MARKER = ".synthetic.json"
+from common.datagen import already_written, write_files
+
 FORMAT_VERSION = 1  # bump when the generator's output changes
 GROWTH = np.array([0.55, 0.7, 0.85, 1.0])  # amplitude of each channel ("redshift")
 
@@ -78,10 +76,8 @@ def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, g
     Returns at once if `output_dir` already holds a complete data set made with
     the same arguments (a marker file is written last).
     """
-    marker = Path(output_dir) / MARKER
-    spec = json.dumps(dict(size=size, n_train=n_train, n_valid=n_valid, seed=seed, gzip=gzip,
-                           version=FORMAT_VERSION), sort_keys=True)
-    if marker.exists() and marker.read_text() == spec:
+    spec = dict(size=size, n_train=n_train, n_valid=n_valid, seed=seed, gzip=gzip, version=FORMAT_VERSION)
+    if already_written(output_dir, spec):
         progress(f"[synthetic] {output_dir} already holds this data set; nothing to do")
         return
     rng = np.random.default_rng(seed)
@@ -93,20 +89,7 @@ def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, g
         seeds = rng.integers(0, 2**63 - 1, size=count)
         jobs += [(str(split_dir / f"synth_{split}_{i:07d}.tfrecord"), ys[i], size, int(seeds[i]), gzip)
                  for i in range(count)]
-    workers = workers or min(len(os.sched_getaffinity(0)), 8)
-    start = time.time()
-    done = total_bytes = 0
-    report_every = max(1, len(jobs) // 10)
-    # 'spawn': the workers import TensorFlow themselves instead of inheriting a
-    # forked copy of the parent's TensorFlow runtime (which can deadlock).
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        for nbytes in pool.imap_unordered(_write_one, jobs, chunksize=8):
-            done += 1
-            total_bytes += nbytes
-            if done % report_every == 0 or done == len(jobs):
-                progress(f"[synthetic] {done}/{len(jobs)} samples, {total_bytes / 2**20:.1f} MiB, "
-                         f"{time.time() - start:.1f} s")
-    marker.write_text(spec)
+    write_files(output_dir, spec, jobs, _write_one, workers, progress)
 
 
 def main(argv=None) -> int:

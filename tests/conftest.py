@@ -24,3 +24,23 @@ def cosmo_data(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_config():
     return helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml"
+
+
+# DeepCAM: 64x96 samples with events enlarged (tiny objects learn slowly at this size);
+# the tiny config reaches IoU 0.82 on them in about 8 epochs.
+DEEPCAM_TINY = dict(height=64, width=96, n_train=256, n_valid=32, seed=11, cyclone_fraction=0.01,
+                    river_fraction=0.03)
+
+
+@pytest.fixture(scope="session")
+def deepcam_data(tmp_path_factory):
+    """A synthetic DeepCAM data set (train/, validation/, stats.h5), made once per test session."""
+    from deepcam import synthetic
+    out = tmp_path_factory.mktemp("deepcam_synth")
+    synthetic.generate(out, progress=lambda *a, **k: None, **DEEPCAM_TINY)
+    return out
+
+
+@pytest.fixture(scope="session")
+def deepcam_config():
+    return helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"

@@ -1,4 +1,7 @@
-"""Run under a launcher by test_horovod.py: exercises Distribution's collectives, prints JSON."""
+"""Run under a launcher by test_horovod.py: exercises Distribution's collectives.
+
+Each rank writes its results to OUT_DIR/rank-N.json (ranks' stdout lines can interleave).
+"""
 
 import json
 import sys
@@ -9,13 +12,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tensorflow as tf  # noqa: E402
 
 from common.distribution import Distribution  # noqa: E402
+from common.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
 dist = Distribution()
+# Groups of 2 ranks: a process set when the job is larger than 2.
+group = dist.rank_group(2)
+group_sum = group.sum(tf.constant([float(dist.rank)]))
+# Every rank feeds a batch filled with its rank: the group's mean is the pair's
+# mean, so the normalized output is -1 on the lower rank and +1 on the upper.
+bn = GroupBatchNormalization(group, epsilon=1e-6)
+bn_out = tf.function(lambda x: bn(x, training=True))(tf.fill([2, 3, 3, 4], float(dist.rank)))
 v = tf.Variable([float(dist.rank + 1)] * 3)
 dist.broadcast_variables([v])
 grads = dist.average_gradients([tf.constant([float(dist.rank)] * 2)])
 dist.barrier()
-print(json.dumps({
+Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(json.dumps({
     "rank": dist.rank, "size": dist.size, "local_rank": dist.local_rank, "nodes": dist.num_nodes,
     "mean": dist.allreduce_mean([dist.rank, 10.0]).tolist(),
     "max": dist.allreduce_max([dist.rank]).tolist(),
@@ -23,4 +34,6 @@ print(json.dumps({
     "object": dist.broadcast_object({"from": dist.rank}),
     "broadcast": v.numpy().tolist(),
     "grad": grads[0].numpy().tolist(),
-}), flush=True)
+    "group_sum": group_sum.numpy().tolist(),
+    "group_bn": float(tf.reduce_mean(bn_out)),
+}))

@@ -7,6 +7,7 @@ import yaml
 from common.config import dump_config, load_config, replace, to_dict
 from common.errors import ConfigError
 from cosmoflow.config import CosmoFlowConfig
+from deepcam.config import DeepCAMConfig
 from tests.helpers import REPO
 
 
@@ -69,9 +70,8 @@ SHIPPED = sorted(REPO.glob("*/configs/*.yaml")) + sorted((REPO / "tests" / "conf
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shipped_config_loads(path):
-    from common.launch import parse_overrides  # noqa: F401  (import check)
     bench = path.name.split("_")[0]
-    config_class = {"cosmoflow": CosmoFlowConfig}[bench]
+    config_class = {"cosmoflow": CosmoFlowConfig, "deepcam": DeepCAMConfig}[bench]
     cfg = load_config(config_class, path, {"data.data_dir": "/data"})
     text = path.read_text()
     # Each config opens with the command that runs it.

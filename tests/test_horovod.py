@@ -62,11 +62,15 @@ def test_bad_file_on_one_rank_ends_both_ranks(cosmo_data, tiny_config, tmp_path,
     assert len(errors) == 1 and victim in errors[0], output[-3000:]
 
 
-def test_distribution_collectives(launcher):
-    proc = helpers.LAUNCHERS[launcher](2, [helpers.PYTHON, helpers.REPO / "tests" / "dist_probe.py"], timeout=180)
+def run_probe(launcher, ranks, out_dir):
+    proc = helpers.LAUNCHERS[launcher](ranks, [helpers.PYTHON, helpers.REPO / "tests" / "dist_probe.py", out_dir],
+                                       timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line[line.index("{"):] for line in proc.stdout.splitlines() if '"rank"' in line]
-    results = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
+    return [json.loads(p.read_text()) for p in sorted(out_dir.glob("rank-*.json"))]
+
+
+def test_distribution_collectives(launcher, tmp_path):
+    results = run_probe(launcher, 2, tmp_path)
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:
         assert r["size"] == 2 and r["nodes"] == 1 and r["local_rank"] == r["rank"]
@@ -76,3 +80,13 @@ def test_distribution_collectives(launcher):
         assert r["object"] == {"from": 0}
         assert r["broadcast"] == [1.0, 1.0, 1.0]   # rank 0's initial value everywhere
         assert r["grad"] == [0.5, 0.5]             # average of 0 and 1
+
+
+def test_rank_groups_and_group_batch_norm_over_process_sets(launcher, tmp_path):
+    results = run_probe(launcher, 4, tmp_path)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    for r in results:
+        pair = r["rank"] // 2
+        assert r["group_sum"] == [4.0 * pair + 1.0]          # {0, 1} -> 1, {2, 3} -> 5
+        assert r["group_bn"] == pytest.approx(-1.0 if r["rank"] % 2 == 0 else 1.0, abs=1e-3)
+        assert r["mean"] == [1.5, 10.0]                     # plain collectives still span all 4

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.lr_schedules import EpochWarmupStepDecay, scale_lr
+from common.lr_schedules import EpochWarmupStepDecay, StepWarmupSchedule, scale_lr
 
 
 def test_reference_closed_schedule_values():
@@ -44,3 +44,34 @@ def test_optimizer_uses_the_schedule():
         opt.apply_gradients([(tf.constant(1.0), v)])
         lrs.append(before - float(v.numpy()))
     np.testing.assert_allclose(lrs, [0.01, 0.01, 0.1, 0.1], rtol=1e-5)
+
+
+def test_deepcam_multistep_with_warmup_step_by_step():
+    s = StepWarmupSchedule("multistep", 0.0055, warmup_steps=400, warmup_factor=1.0, milestones=[800],
+                           decay_rate=0.1)
+    assert s.at_step(0) == 0.0
+    assert s.at_step(200) == pytest.approx(0.00275)
+    assert s.at_step(400) == pytest.approx(0.0055)
+    # Milestones count after warmup, shifted by one as the reference's scheduler.
+    assert s.at_step(400 + 800) == pytest.approx(0.0055)
+    assert s.at_step(400 + 801) == pytest.approx(0.00055)
+    factor = StepWarmupSchedule("multistep", 0.001, warmup_steps=10, warmup_factor=2.0, milestones=[5, 10],
+                                decay_rate=0.5)
+    assert factor.at_step(0) == pytest.approx(0.001)        # from start_lr ...
+    assert factor.at_step(10) == pytest.approx(0.002)       # ... to start_lr x factor
+    assert factor.at_step(16) == pytest.approx(0.001) and factor.at_step(21) == pytest.approx(0.0005)
+    for sched in (s, factor):
+        for step in (0, 1, 199, 400, 401, 1200, 1201, 5000):
+            assert float(sched(step)) == pytest.approx(sched.at_step(step), rel=1e-5, abs=1e-12)
+
+
+def test_deepcam_cosine_annealing_with_warmup():
+    s = StepWarmupSchedule("cosine_annealing", 0.002, warmup_steps=100, t_max=1000, eta_min=1e-5)
+    assert s.at_step(50) == pytest.approx(0.001)
+    assert s.at_step(100) == pytest.approx(0.002)
+    assert s.at_step(600) == pytest.approx(1e-5 + (0.002 - 1e-5) / 2)
+    assert s.at_step(1100) == pytest.approx(1e-5)
+    for step in (0, 77, 100, 101, 600, 1100, 1700):
+        assert float(s(step)) == pytest.approx(s.at_step(step), rel=1e-5)
+    with pytest.raises(ValueError, match="cosine"):
+        StepWarmupSchedule("poly", 0.1)

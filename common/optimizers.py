@@ -1,0 +1,84 @@
+"""Optimizers with the semantics of the PyTorch references (Adam, AdamW, LAMB).
+
+Keras' Adam(weight_decay=...) decays weights decoupled from the gradient, like
+AdamW; PyTorch's Adam adds weight_decay * w to the gradient (an L2 term).
+`AdamL2` restores that, so a recipe tuned on the reference means the same here.
+LAMB follows NVIDIA apex FusedLAMB, the reference's: bias-corrected Adam moments
+with gradient averaging, decoupled weight decay, a per-tensor trust ratio
+||w|| / ||update|| (applied when weight decay is on, as apex does), and the
+global gradient norm clipped to `max_grad_norm` before anything else.
+"""
+
+import tensorflow as tf
+
+
+class AdamL2(tf.keras.optimizers.Adam):
+    """Adam with PyTorch's coupled weight decay: g <- g + weight_decay * w."""
+
+    def __init__(self, l2: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.l2 = float(l2)
+
+    def update_step(self, gradient, variable):
+        if self.l2:
+            gradient = gradient + tf.cast(self.l2, variable.dtype) * variable
+        super().update_step(gradient, variable)
+
+    def get_config(self):
+        return super().get_config() | {"l2": self.l2}
+
+
+class LAMB(tf.keras.optimizers.Optimizer):
+    """Layer-wise adaptive moments (You et al. 2019), apex FusedLAMB flavour.
+
+    Args:
+      learning_rate: float or schedule.
+      beta_1, beta_2, epsilon: Adam moments; epsilon is added to sqrt(v_hat).
+      weight_decay_rate: decoupled decay added to the update before the trust ratio.
+      max_grad_norm: gradients are scaled so their global norm is at most this.
+    """
+
+    def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+                 weight_decay_rate=0.0, max_grad_norm=1.0, name="LAMB", **kwargs):
+        super().__init__(name=name, global_clipnorm=max_grad_norm or None, **kwargs)
+        self._learning_rate = self._build_learning_rate(learning_rate)
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.weight_decay_rate = weight_decay_rate
+        self.max_grad_norm = max_grad_norm
+
+    def build(self, var_list):
+        super().build(var_list)
+        if hasattr(self, "_built") and self._built:
+            return
+        self._built = True
+        self._m = [self.add_variable_from_reference(v, "m") for v in var_list]
+        self._v = [self.add_variable_from_reference(v, "v") for v in var_list]
+
+    def update_step(self, gradient, variable):
+        dtype = variable.dtype
+        lr = tf.cast(self.learning_rate, dtype)
+        step = tf.cast(self.iterations + 1, dtype)
+        b1, b2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        index = self._index_dict[self._var_key(variable)]
+        m, v = self._m[index], self._v[index]
+        m.assign(b1 * m + (1.0 - b1) * gradient)
+        v.assign(b2 * v + (1.0 - b2) * tf.square(gradient))
+        m_hat = m / (1.0 - tf.pow(b1, step))
+        v_hat = v / (1.0 - tf.pow(b2, step))
+        update = m_hat / (tf.sqrt(v_hat) + tf.cast(self.epsilon, dtype))
+        if self.weight_decay_rate:
+            update += tf.cast(self.weight_decay_rate, dtype) * variable
+            w_norm, u_norm = tf.norm(variable), tf.norm(update)
+            ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, tf.ones_like(w_norm))
+        else:
+            ratio = tf.constant(1.0, dtype)
+        variable.assign_sub(lr * ratio * update)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("global_clipnorm", None)
+        return config | {"learning_rate": self._serialize_hyperparameter(self._learning_rate),
+                         "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
+                         "weight_decay_rate": self.weight_decay_rate, "max_grad_norm": self.max_grad_norm}

@@ -1,0 +1,102 @@
+"""DeepCAM configuration: typed sections loaded from configs/*.yaml."""
+
+import dataclasses
+from typing import Literal, Optional
+
+from common.errors import ConfigError
+from common.run_config import MLPerfConfig, RuntimeConfig, StagingConfig, TrainLoopConfig
+
+N_CHANNELS = 16          # fields per sample in the public data set
+N_CLASSES = 3            # background, tropical cyclone, atmospheric river
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    data_dir: Optional[str] = None        # holds train/, validation/ and stats.h5
+    # Samples used; 0 = every file, rounded down to a multiple of the ranks
+    # (as the reference's sampler drops the remainder).
+    n_train: int = 0
+    n_valid: int = 0
+    local_batch_size: int = 2
+    height: int = 768
+    width: int = 1152
+    channels: tuple[int, ...] = tuple(range(N_CHANNELS))   # which of the 16 fields feed the model
+    readers: int = 4                      # HDF5 files read concurrently per rank
+    shuffle_buffer: int = 0               # 0: shuffle the whole shard
+    prefetch: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    output_stride: Literal[16] = 16
+    # Ranks whose batch-norm statistics are averaged together (reference flag).
+    batchnorm_group_size: int = 1
+    # Scales every channel count (1.0: the reference, 56,454,720 parameters
+    # at 16 inputs); smaller for CPU runs. The architecture stays the same.
+    width: float = 1.0
+    middle_blocks: int = 16               # Xception middle-flow blocks (16 in the reference)
+
+
+@dataclasses.dataclass(frozen=True)
+class LRScheduleConfig:
+    type: Literal["multistep", "cosine_annealing"] = "multistep"
+    milestones: tuple[int, ...] = ()      # in optimizer steps after warmup
+    decay_rate: float = 0.1
+    t_max: int = 1000                     # cosine period in steps
+    eta_min: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    name: Literal["Adam", "AdamW", "LAMB"] = "LAMB"
+    start_lr: float = 0.0055
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0            # LAMB's global gradient-norm clip
+    lr_warmup_steps: int = 400
+    lr_warmup_factor: float = 1.0
+    lr_schedule: LRScheduleConfig = LRScheduleConfig(milestones=(800,))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepCAMConfig:
+    output_dir: str = "runs/deepcam"
+    run_tag: str = ""                     # the run's folder inside output_dir (reference flag)
+    target_iou: float = 0.82
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    train: TrainLoopConfig = TrainLoopConfig(n_epochs=64, seed=333)
+    staging: StagingConfig = StagingConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    mlperf: MLPerfConfig = MLPerfConfig()
+
+    def validate(self) -> None:
+        d, m, o = self.data, self.model, self.optimizer
+        if not d.data_dir:
+            raise ConfigError("config key 'data.data_dir' is not set (use --data_dir_prefix)")
+        bad = [c for c in d.channels if not 0 <= c < N_CHANNELS]
+        if bad or not d.channels or len(set(d.channels)) != len(d.channels):
+            raise ConfigError(f"config key 'data.channels' must list distinct fields in 0..{N_CHANNELS - 1}, "
+                              f"got {list(d.channels)}")
+        if d.height % m.output_stride or d.width % m.output_stride:
+            raise ConfigError(f"config keys 'data.height'/'data.width' ({d.height}x{d.width}) must be "
+                              f"multiples of the output stride {m.output_stride}")
+        if not 0 < m.width <= 4:
+            raise ConfigError(f"config key 'model.width' must be in (0, 4], got {m.width}")
+        for key, value in (("data.local_batch_size", d.local_batch_size), ("data.readers", d.readers),
+                           ("model.batchnorm_group_size", m.batchnorm_group_size),
+                           ("train.n_epochs", self.train.n_epochs),
+                           ("train.gradient_accumulation_frequency", self.train.gradient_accumulation_frequency),
+                           ("optimizer.lr_schedule.t_max", o.lr_schedule.t_max)):
+            if value <= 0:
+                raise ConfigError(f"config key '{key}' must be positive, got {value}")
+        if d.n_train < 0 or d.n_valid < 0:
+            raise ConfigError("config keys 'data.n_train'/'data.n_valid' must be >= 0 (0: all files)")
+        if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+            raise ConfigError(f"config key 'optimizer.betas' must be two values in [0, 1), got {list(o.betas)}")
+        if o.lr_warmup_factor < 1.0:
+            raise ConfigError(f"config key 'optimizer.lr_warmup_factor' must be >= 1, got {o.lr_warmup_factor}")
+        if self.train.seed <= 0:
+            raise ConfigError(f"config key 'train.seed' must be positive (MLPerf rule), got {self.train.seed}")

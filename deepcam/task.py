@@ -1,0 +1,204 @@
+"""DeepCAM as a Task for the common trainer: single-replica view of training."""
+
+import tensorflow as tf
+
+from common.errors import InputError
+from common.lr_schedules import StepWarmupSchedule
+from common.memory import fits_in_memory
+from common.optimizers import LAMB, AdamL2
+from common.sharding import list_files, select_and_shard
+from common.task import EvalMetric, Flag, Shards, Task
+from deepcam import data, model
+from deepcam.config import N_CLASSES, DeepCAMConfig
+from deepcam.layout import SUFFIXES
+
+# Pixel frequencies of background, cyclone, river in the real training set;
+# the loss weighs class c by f_c^-0.125, as the reference.
+CLASS_FREQUENCIES = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
+CLASS_WEIGHTS = tuple(f ** -0.125 for f in CLASS_FREQUENCIES)
+
+
+def _words(value: str) -> list[str]:
+    """'0 1 2' or '0,1,2' -> ['0', '1', '2'] (the reference passes lists space-separated)."""
+    return value.replace(",", " ").split()
+
+
+def parse_lr_schedule(value: str) -> dict:
+    """--lr_schedule type=multistep,milestones=800 1600,decay_rate=0.1 -> config overrides."""
+    known = {"type", "milestones", "decay_rate", "t_max", "eta_min"}
+    out = {}
+    for item in filter(None, (p.strip() for p in value.split(","))):
+        key, sep, val = item.partition("=")
+        key = key.strip()
+        if not sep or key not in known:
+            raise InputError(f"--lr_schedule: cannot read '{item}' (keys: {', '.join(sorted(known))}; "
+                             f"e.g. type=multistep,milestones=800 1600,decay_rate=0.1)")
+        val = val.strip().strip("\"'")
+        out[f"optimizer.lr_schedule.{key}"] = _words(val) if key == "milestones" else val
+    return out
+
+
+FLAGS = (
+    Flag(("--data_dir_prefix",), "data.data_dir", "directory with train/, validation/, stats.h5"),
+    Flag(("--output_dir",), "output_dir", "where run folders go"),
+    Flag(("--run_tag",), "run_tag", "this run's folder inside --output_dir"),
+    Flag(("--local_batch_size",), "data.local_batch_size", "samples per rank and step"),
+    Flag(("--max_epochs",), "train.n_epochs", "maximum epochs"),
+    Flag(("--optimizer",), "optimizer.name", "Adam, AdamW or LAMB"),
+    Flag(("--start_lr",), "optimizer.start_lr", "learning rate after warmup"),
+    Flag(("--weight_decay",), "optimizer.weight_decay", "weight decay"),
+    Flag(("--optimizer_betas",), "optimizer.betas", "beta1 beta2",
+         parse=lambda v: {"optimizer.betas": _words(v)}),
+    Flag(("--lr_schedule",), "optimizer.lr_schedule", "type=multistep,milestones=...,decay_rate=... "
+         "or type=cosine_annealing,t_max=...,eta_min=...", parse=parse_lr_schedule),
+    Flag(("--lr_warmup_steps",), "optimizer.lr_warmup_steps", "linear warmup steps"),
+    Flag(("--lr_warmup_factor",), "optimizer.lr_warmup_factor", "warmup ends at start_lr x factor"),
+    Flag(("--batchnorm_group_size",), "model.batchnorm_group_size", "ranks sharing batch-norm statistics"),
+    Flag(("--gradient_accumulation_frequency",), "train.gradient_accumulation_frequency",
+         "local batches per optimizer step"),
+    Flag(("--channels",), "data.channels", "input fields, e.g. '0 1 2 10' (default: all 16)",
+         parse=lambda v: {"data.channels": _words(v)}),
+    Flag(("--seed",), "train.seed", "random seed (shared by all ranks)"),
+    Flag(("--target_iou",), "target_iou", "stop when validation IoU reaches this"),
+    Flag(("--save_frequency",), "train.checkpoint_every", "epochs between checkpoints (0: none); "
+         "the reference counts steps"),
+    Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder"),
+    Flag(("--stage_dir",), "staging.stage_dir", "node-local directory to stage the data into"),
+    Flag(("--amp",), "runtime.amp", "mixed precision (bf16 on CPU, fp16 on GPU)", is_switch=True),
+    Flag(("--xla",), "runtime.xla", "XLA-compile forward and backward", is_switch=True),
+    Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
+)
+
+
+def _select(files, requested: int, size: int, key: str) -> int:
+    """Samples to use: all files rounded down to a multiple of the ranks, or exactly `requested`."""
+    if requested == 0:
+        n = len(files) // size * size
+        if n == 0:
+            raise InputError(f"{key}: {len(files)} file(s) in {files[0].rsplit('/', 2)[0]} "
+                             f"cannot be shared by {size} ranks")
+        return n
+    if requested % size:
+        raise InputError(f"{key}={requested} is not divisible by the {size} ranks; use a multiple of {size}")
+    return requested
+
+
+def shard(cfg: DeepCAMConfig, rank: int, size: int) -> Shards:
+    d = cfg.data
+    train = list_files(f"{d.data_dir}/train", SUFFIXES)
+    valid = list_files(f"{d.data_dir}/validation", SUFFIXES)
+    n_train = _select(train, d.n_train, size, "data.n_train")
+    n_valid = _select(valid, d.n_valid, size, "data.n_valid")
+    per_step = size * d.local_batch_size * cfg.train.gradient_accumulation_frequency
+    if n_train < per_step:
+        raise InputError(f"data.n_train={n_train} is smaller than one global batch ({per_step} samples)")
+    seed = cfg.train.seed
+    return Shards(train_files=select_and_shard(train, n_train, rank, size, seed, "data.n_train"),
+                  valid_files=select_and_shard(valid, n_valid, rank, size, seed + 1, "data.n_valid"),
+                  n_train=n_train, n_valid=n_valid, local_batch_size=d.local_batch_size)
+
+
+def make_datasets(cfg: DeepCAMConfig, shards: Shards, rank: int, local_size: int):
+    d = cfg.data
+    sample_bytes = d.height * d.width * (len(d.channels) * 4 + 4)
+    cache = {"true": True, "false": False}.get(cfg.staging.cache)
+    if cache is None:
+        cache = fits_in_memory((len(shards.train_files) + len(shards.valid_files)) * sample_bytes, local_size)
+    common = dict(data_dir=d.data_dir, channels=d.channels, height=d.height, width=d.width,
+                  batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache)
+    train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
+                              shuffle_buffer=d.shuffle_buffer, **common)
+    valid = data.make_dataset(shards.valid_files, training=False, **common)
+    return train, valid
+
+
+def build_schedule(cfg: DeepCAMConfig) -> StepWarmupSchedule:
+    o, s = cfg.optimizer, cfg.optimizer.lr_schedule
+    return StepWarmupSchedule(s.type, o.start_lr, o.lr_warmup_steps, o.lr_warmup_factor,
+                              milestones=s.milestones, decay_rate=s.decay_rate, t_max=s.t_max, eta_min=s.eta_min)
+
+
+def build_optimizer(cfg: DeepCAMConfig, global_batch_size: int, steps_per_epoch: int):
+    del global_batch_size, steps_per_epoch   # DeepCAM's schedule counts steps; no LR scaling rule
+    o = cfg.optimizer
+    schedule = build_schedule(cfg)
+    common = dict(learning_rate=schedule, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
+    if o.name == "Adam":
+        return AdamL2(l2=o.weight_decay, **common), schedule
+    if o.name == "AdamW":
+        return tf.keras.optimizers.AdamW(weight_decay=o.weight_decay, **common), schedule
+    return LAMB(weight_decay_rate=o.weight_decay, max_grad_norm=o.max_grad_norm, **common), schedule
+
+
+def weighted_cross_entropy(labels, logits):
+    """Mean over pixels of w[label] * CE (the reference's weighted loss, reduction 'none' then mean)."""
+    logits = tf.cast(logits, tf.float32)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_mean(ce * tf.gather(tf.constant(CLASS_WEIGHTS, tf.float32), labels))
+
+
+def per_sample_iou(labels, logits, n_classes: int = N_CLASSES):
+    """[B] mean over classes of TP / (TP + FP + FN); a class absent from both counts 1."""
+    pred = tf.argmax(logits, axis=-1, output_type=tf.int32)
+    scores = []
+    for c in range(n_classes):
+        p, t = tf.equal(pred, c), tf.equal(labels, c)
+        tp = tf.reduce_sum(tf.cast(p & t, tf.float32), axis=[1, 2])
+        union = tf.reduce_sum(tf.cast(p | t, tf.float32), axis=[1, 2])   # TP + FP + FN
+        scores.append(tf.where(union > 0, tp / tf.maximum(union, 1.0), 1.0))
+    return tf.reduce_mean(tf.stack(scores, axis=1), axis=1)
+
+
+def _iou_sums(labels, logits):
+    scores = per_sample_iou(labels, logits)
+    return tf.stack([tf.reduce_sum(scores), tf.cast(tf.size(scores), tf.float32)])
+
+
+def metric(cfg) -> EvalMetric:
+    """Validation IoU averaged over samples of all ranks (higher is better)."""
+    del cfg
+    return EvalMetric(
+        name="eval_accuracy",
+        update=_iou_sums,
+        finalize=lambda sums: float(sums[0] / sums[1]),
+        lower_is_better=False)
+
+
+def mlperf_hyperparameters(cfg: DeepCAMConfig, global_batch_size: int) -> dict:
+    del global_batch_size
+    o, s = cfg.optimizer, cfg.optimizer.lr_schedule
+    keys = {
+        "batchnorm_group_size": cfg.model.batchnorm_group_size,
+        "gradient_accumulation_frequency": cfg.train.gradient_accumulation_frequency,
+        "opt_name": o.name,
+        "opt_lr": o.start_lr,
+        "opt_betas": list(o.betas),
+        "opt_eps": o.eps,
+        "opt_weight_decay": o.weight_decay,
+    }
+    if o.name == "LAMB":
+        keys |= {"opt_bias_correction": True, "opt_grad_averaging": True, "opt_max_grad_norm": o.max_grad_norm}
+    keys["scheduler_type"] = s.type
+    if s.type == "multistep":
+        keys |= {"scheduler_milestones": list(s.milestones), "scheduler_decay_rate": s.decay_rate}
+    else:
+        keys |= {"scheduler_t_max": s.t_max, "scheduler_eta_min": s.eta_min}
+    keys |= {"scheduler_lr_warmup_steps": o.lr_warmup_steps, "scheduler_lr_warmup_factor": o.lr_warmup_factor}
+    return keys
+
+
+TASK = Task(
+    name="deepcam",
+    config_class=DeepCAMConfig,
+    flags=FLAGS,
+    shard=shard,
+    make_datasets=make_datasets,
+    build_model=model.from_config,
+    build_optimizer=build_optimizer,
+    loss=lambda cfg: weighted_cross_entropy,
+    metric=metric,
+    target=lambda cfg: cfg.target_iou,
+    mlperf_hyperparameters=mlperf_hyperparameters,
+    find_bad_file=lambda cfg, files: data.find_bad_file(files, cfg.data.channels, cfg.data.height, cfg.data.width),
+    batchnorm_group_size=lambda cfg: cfg.model.batchnorm_group_size,
+)

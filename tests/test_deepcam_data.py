@@ -1,0 +1,135 @@
+"""DeepCAM reader, statistics and synthetic data, on HDF5 files written with h5py directly."""
+
+import h5py
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.errors import InputError
+from deepcam import data, stats, synthetic
+
+H, W = 16, 24
+
+
+def write_sample(path, x, y):
+    """The public layout, written with h5py here (not with the project's writer)."""
+    with h5py.File(path, "w") as f:
+        f["climate/data"] = x
+        f["climate/labels_0"] = y
+
+
+def write_stats(directory, lo, hi):
+    with h5py.File(directory / "stats.h5", "w") as f:
+        f["climate/minval"], f["climate/maxval"] = lo, hi
+        f["climate/mean"] = (lo + hi) / 2
+
+
+@pytest.fixture
+def small_set(tmp_path):
+    rng = np.random.default_rng(0)
+    (tmp_path / "train").mkdir()
+    files = []
+    for i, label_dtype in enumerate([np.float32, np.int64, np.uint8, np.float32]):
+        x = rng.uniform(-5, 20, (H, W, 16)).astype(np.float32)
+        y = rng.integers(0, 3, (H, W)).astype(label_dtype)
+        path = tmp_path / "train" / f"s{i}.h5"
+        write_sample(path, x, y)
+        files.append((str(path), x, y))
+    write_stats(tmp_path, np.full(16, -5.0), np.arange(16) + 20.0)
+    return tmp_path, files
+
+
+def test_read_sample_normalizes_with_stats_and_reads_float_or_int_labels(small_set):
+    root, files = small_set
+    shift, scale = data.load_normalization(root, range(16))
+    for path, x, y in files:
+        xs, ys = data.read_sample(path, tuple(range(16)), shift, scale, H, W)
+        np.testing.assert_allclose(xs, (x + 5.0) / (np.arange(16) + 25.0), rtol=1e-6)
+        assert ys.dtype == np.int32 and np.array_equal(ys, y.astype(np.int32))
+
+
+def test_channel_selection_reads_the_chosen_fields(small_set):
+    root, files = small_set
+    channels = (3, 0, 15)
+    shift, scale = data.load_normalization(root, channels)
+    xs, _ = data.read_sample(files[0][0], channels, shift, scale, H, W)
+    expect = (files[0][1][..., list(channels)] + 5.0) / (np.array(channels) + 25.0)
+    np.testing.assert_allclose(xs, expect, rtol=1e-6)
+
+
+def test_dataset_batches_inside_tf_data(small_set):
+    root, files = small_set
+    paths = [f[0] for f in files]
+    ds = data.make_dataset(paths, data_dir=root, channels=tuple(range(16)), height=H, width=W,
+                           batch_size=2, training=False, readers=2)
+    batches = list(ds)
+    assert len(batches) == 2
+    x, y = batches[0]
+    assert x.shape == (2, H, W, 16) and x.dtype == tf.float32 and y.dtype == tf.int32
+    assert np.array_equal(y.numpy()[1], files[1][2].astype(np.int32))   # file order kept in validation
+    train = data.make_dataset(paths, data_dir=root, channels=(0, 1), height=H, width=W, batch_size=3,
+                              training=True, seed=1, cache=True)
+    for x, _ in train.take(3):   # repeats forever, full batches only
+        assert x.shape == (3, H, W, 2)
+
+
+def test_bad_files_are_named(small_set, tmp_path):
+    root, files = small_set
+    wrong = root / "train" / "wrong.h5"
+    write_sample(wrong, np.zeros((H, W + 1, 16), np.float32), np.zeros((H, W + 1)))
+    truncated = root / "train" / "cut.h5"
+    truncated.write_bytes(open(files[0][0], "rb").read()[:1500])
+    nolabel = root / "train" / "nolabel.h5"
+    with h5py.File(nolabel, "w") as f:
+        f["climate/data"] = np.zeros((H, W, 16), np.float32)
+    channels = tuple(range(16))
+    assert data.find_bad_file([f[0] for f in files], channels, H, W) is None
+    assert "wrong.h5" in data.find_bad_file([files[0][0], str(wrong)], channels, H, W)
+    assert "shape" in data.find_bad_file([str(wrong)], channels, H, W)
+    assert "cut.h5" in data.find_bad_file([str(truncated)], channels, H, W)
+    assert "climate/labels_0" in data.find_bad_file([str(nolabel)], channels, H, W)
+
+
+def test_missing_or_broken_stats_file_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="stats.h5"):
+        data.load_normalization(tmp_path, range(16))
+    with h5py.File(tmp_path / "stats.h5", "w") as f:
+        f["climate/minval"] = np.zeros(16)
+    with pytest.raises(InputError, match="maxval"):
+        data.load_normalization(tmp_path, range(16))
+
+
+def test_stats_tool_matches_numpy_over_all_files(small_set):
+    root, files = small_set
+    (root / "stats.h5").unlink()
+    stats.compute_stats(root, workers=2, print_fn=lambda *a: None)
+    allx = np.concatenate([f[1].reshape(-1, 16) for f in files]).astype(np.float64)
+    with h5py.File(root / "stats.h5") as f:
+        np.testing.assert_allclose(f["climate/minval"][...], allx.min(0))
+        np.testing.assert_allclose(f["climate/maxval"][...], allx.max(0))
+        np.testing.assert_allclose(f["climate/mean"][...], allx.mean(0), rtol=1e-9)
+        np.testing.assert_allclose(f["climate/sqmean"][...], (allx ** 2).mean(0), rtol=1e-9)
+        assert np.all(f["climate/count"][...] == allx.shape[0])
+
+
+def test_synthetic_data_has_the_layout_and_near_real_class_frequencies(tmp_path):
+    synthetic.generate(tmp_path, 192, 288, n_train=24, n_valid=4, seed=3, label_dtype="int32",
+                       workers=2, progress=lambda *a, **k: None)
+    train = sorted((tmp_path / "train").glob("*.h5"))
+    assert len(train) == 24 and len(list((tmp_path / "validation").glob("*.h5"))) == 4
+    labels = []
+    for path in train:
+        with h5py.File(path) as f:
+            assert f["climate/data"].shape == (192, 288, 16) and f["climate/data"].dtype == np.float32
+            assert f["climate/labels_0"].dtype == np.int32
+            labels.append(f["climate/labels_0"][...])
+    freq = np.bincount(np.concatenate([lab.ravel() for lab in labels]), minlength=3) / (24 * 192 * 288)
+    # Real: 0.986 / 0.00046 / 0.0133; a few samples of Poisson-many events scatter widely.
+    assert 0.97 < freq[0] < 0.995
+    assert 0.0001 < freq[1] < 0.002
+    assert 0.004 < freq[2] < 0.03
+    assert (tmp_path / "stats.h5").exists()
+    mtime = train[0].stat().st_mtime
+    synthetic.generate(tmp_path, 192, 288, n_train=24, n_valid=4, seed=3, label_dtype="int32",
+                       progress=lambda *a, **k: None)
+    assert train[0].stat().st_mtime == mtime   # same request: nothing rewritten

@@ -1,0 +1,104 @@
+"""Whole runs of deepcam/train.py on synthetic HDF5 data: to target, 2 ranks, and bad input."""
+
+import json
+import re
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from common.compliance import check_log
+from tests import helpers
+
+
+def test_single_rank_run_reaches_target_and_log_passes_checker(deepcam_data, deepcam_config, tmp_path):
+    out = tmp_path / "runs"
+    proc = helpers.run(helpers.train_cmd("deepcam", deepcam_config, "--data_dir_prefix", deepcam_data,
+                                         "--output_dir", out, "--run_tag", "r0", "--save_frequency", "5"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = out / "r0"
+    assert "PASSED the compliance checker" in proc.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "success" and summary["metric"] >= 0.82
+    assert f"{summary['num_params']:,} trainable parameters" in proc.stdout
+    assert (run / "training_curve.png").exists() and (run / "checkpoints").is_dir()
+
+    log = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (run / "mlperf.log").read_text().splitlines()
+           if ":::MLLOG" in line]
+    keys = {e["key"]: e["value"] for e in log}
+    assert keys["opt_name"] == "LAMB" and keys["opt_max_grad_norm"] == 1.0 and keys["opt_eps"] == 1e-6
+    assert keys["scheduler_type"] == "cosine_annealing" and keys["scheduler_t_max"] == 5000
+    assert keys["batchnorm_group_size"] == 1 and keys["gradient_accumulation_frequency"] == 1
+    assert keys["train_samples"] == 256 and keys["eval_samples"] == 32 and keys["seed"] == 333
+    assert all("epoch_num" in e["metadata"] for e in log if e["key"] == "eval_accuracy")
+
+    # The same log claimed as closed division fails only on the data set size.
+    closed = tmp_path / "closed.log"
+    closed.write_text((run / "mlperf.log").read_text().replace('"value": "open"', '"value": "closed"'))
+    passed, output = check_log(closed)
+    assert not passed
+    assert set(re.findall(r"CHECK for '(\w+)' failed", output)) == {"train_samples", "eval_samples"}, output
+    assert "required" not in output.lower(), output
+
+
+def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp_path):
+    out = tmp_path / "run"
+    proc = helpers.horovodrun(2, helpers.train_cmd(
+        "deepcam", deepcam_config, "--data_dir_prefix", deepcam_data, "--output_dir", out,
+        "--batchnorm_group_size", "2", "--gradient_accumulation_frequency", "2", "--local_batch_size", "2",
+        "--target_iou", "0.01", "--set", "runtime.record_shards=true"), timeout=600)   # one epoch
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["weights_in_sync"] and summary["epochs"] == 1
+    log = (out / "mlperf.log").read_text()
+    assert '"key": "batchnorm_group_size", "value": 2' in log
+    assert '"key": "global_batch_size", "value": 8' in log     # 2 ranks x 2 local x 2 accumulated
+    shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text())["train"] for r in (0, 1)]
+    assert len(shards[0]) == len(shards[1]) == 128 and not set(shards[0]) & set(shards[1])
+
+
+def _copy_data(src, dst, n_train=16, n_valid=4):
+    for split, n in (("train", n_train), ("validation", n_valid)):
+        (dst / split).mkdir(parents=True)
+        for f in sorted((src / split).glob("*.h5"))[:n]:
+            shutil.copy(f, dst / split / f.name)
+    shutil.copy(src / "stats.h5", dst / "stats.h5")
+    return sorted((dst / "train").glob("*.h5"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong_shape", "missing_stats"])
+def test_bad_input_ends_the_run_with_one_line_naming_the_file(deepcam_data, deepcam_config, tmp_path, damage):
+    data = tmp_path / "data"
+    files = _copy_data(deepcam_data, data)
+    if damage == "truncated":
+        victim = files[3]
+        victim.write_bytes(victim.read_bytes()[:victim.stat().st_size // 2])
+    elif damage == "wrong_shape":
+        victim = files[5]
+        with h5py.File(victim, "w") as f:
+            f["climate/data"] = np.zeros((64, 80, 16), np.float32)
+            f["climate/labels_0"] = np.zeros((64, 80), np.float32)
+    else:
+        victim = data / "stats.h5"
+        victim.unlink()
+    proc = helpers.run(helpers.train_cmd("deepcam", deepcam_config, "--data_dir_prefix", data,
+                                         "--output_dir", tmp_path / "run", "--max_epochs", "1",
+                                         "--set", "staging.cache=false"), timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = helpers.error_lines(proc.stderr)
+    assert len(errors) == 1 and victim.name in errors[0], proc.stderr[-3000:]
+    if damage == "wrong_shape":
+        assert "(64, 80, 16)" in errors[0]
+
+
+def test_bad_file_on_one_rank_ends_both_ranks(deepcam_data, deepcam_config, tmp_path):
+    data = tmp_path / "data"
+    files = _copy_data(deepcam_data, data)
+    for f in files:       # every file of the job is broken: whichever rank reads first fails
+        f.write_bytes(f.read_bytes()[:2000])
+    proc = helpers.horovodrun(2, helpers.train_cmd("deepcam", deepcam_config, "--data_dir_prefix", data,
+                                                   "--output_dir", tmp_path / "run", "--max_epochs", "1"),
+                              timeout=300)
+    assert proc.returncode != 0
+    assert helpers.error_lines(proc.stdout + proc.stderr), (proc.stdout + proc.stderr)[-3000:]

@@ -1,0 +1,78 @@
+"""Adam (PyTorch L2 semantics), LAMB (apex semantics) and gradient accumulation, against NumPy."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.optimizers import LAMB, AdamL2
+from common.steps import TrainStep
+
+
+def lamb_numpy(w, grads, lr, b1, b2, eps, wd, max_norm):
+    w = [x.copy() for x in w]
+    m = [np.zeros_like(x) for x in w]
+    v = [np.zeros_like(x) for x in w]
+    for t, g in enumerate(grads, 1):
+        norm = np.sqrt(sum((x ** 2).sum() for x in g))
+        g = [x * min(1.0, max_norm / norm) for x in g]
+        for i in range(len(w)):
+            m[i] = b1 * m[i] + (1 - b1) * g[i]
+            v[i] = b2 * v[i] + (1 - b2) * g[i] ** 2
+            update = (m[i] / (1 - b1 ** t)) / (np.sqrt(v[i] / (1 - b2 ** t)) + eps) + wd * w[i]
+            ratio = np.linalg.norm(w[i]) / np.linalg.norm(update)
+            w[i] = w[i] - lr * ratio * update
+    return w
+
+
+def test_lamb_matches_numpy_reference_with_clipping_and_trust_ratio():
+    rng = np.random.default_rng(0)
+    w0 = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
+    grads = [[3.0 * rng.standard_normal(x.shape) for x in w0] for _ in range(3)]   # norms > 1: clipped
+    variables = [tf.Variable(x, dtype=tf.float64) for x in w0]
+    opt = LAMB(learning_rate=0.01, beta_1=0.9, beta_2=0.99, epsilon=1e-6, weight_decay_rate=0.01, max_grad_norm=1.0)
+    for g in grads:
+        opt.apply_gradients(zip([tf.constant(x) for x in g], variables))
+    expected = lamb_numpy(w0, grads, 0.01, 0.9, 0.99, 1e-6, 0.01, 1.0)
+    for v, e in zip(variables, expected):
+        np.testing.assert_allclose(v.numpy(), e, rtol=1e-6)
+
+
+def test_adam_weight_decay_is_added_to_the_gradient_as_in_pytorch():
+    w = tf.Variable([1.0, -2.0], dtype=tf.float64)
+    g = np.array([0.5, 0.1])
+    AdamL2(l2=0.1, learning_rate=0.01, epsilon=1e-6).apply_gradients([(tf.constant(g), w)])
+    # The first Adam step moves each weight by -lr * sign(g + wd * w): for the second
+    # weight g + wd * w = 0.1 - 0.2 < 0, so it rises, where decoupled decay would lower it.
+    np.testing.assert_allclose(w.numpy(), [1.0 - 0.01, -2.0 + 0.01], rtol=1e-5)
+
+
+class _Solo:
+    """Distribution of size 1 for steps without Horovod."""
+    size = 1
+
+    @staticmethod
+    def average_gradients(grads, compression="none"):
+        return grads
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_gradient_accumulation_equals_one_step_on_the_whole_batch(n):
+    tf.keras.utils.set_random_seed(0)
+    x = tf.random.normal([8, 5])
+    y = tf.random.normal([8, 1])
+
+    def fresh():
+        tf.keras.utils.set_random_seed(1)
+        return tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(3, activation="tanh"),
+                                    tf.keras.layers.Dense(1)])
+    loss = lambda yt, yp: tf.reduce_mean(tf.square(yt - yp))   # noqa: E731
+    whole, split = fresh(), fresh()
+    TrainStep(whole, tf.keras.optimizers.SGD(0.1), loss, _Solo())(itertools.repeat((x, y)))
+    parts = [(x[i::n], y[i::n]) for i in range(n)]
+    step = TrainStep(split, tf.keras.optimizers.SGD(0.1), loss, _Solo(), accumulation=n)
+    mean_loss = step(iter(parts))
+    for a, b in zip(whole.trainable_variables, split.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+    assert float(mean_loss) == pytest.approx(float(np.mean([loss(yy, split(xx)) for xx, yy in parts])), rel=0.5)
