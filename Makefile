@@ -15,7 +15,7 @@ NP ?= 1
 # How NP ranks are started on this machine (Gloo needs no MPI).
 LAUNCH = $(if $(filter 1,$(NP)),,$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo)
 
-.PHONY: install run data run-deepcam data-deepcam test bench bench-deepcam clean
+.PHONY: install run data run-deepcam data-deepcam result-set test bench bench-deepcam clean
 
 install:
 	@VENV=$(VENV) VARIANT=$(VARIANT) bash tools/install.sh
@@ -33,6 +33,16 @@ data-deepcam: install
 run-deepcam: data-deepcam
 	@$(LAUNCH) $(PY) deepcam/train.py $(DEEPCAM_CONFIG) --data_dir_prefix $(DEEPCAM_DATA) \
 	  --output_dir $(DEEPCAM_RUN_DIR)
+
+# N seeded runs of the synthetic CPU config into one submission-layout folder, then scored:
+#   make result-set BENCH=cosmoflow N=10     (or BENCH=deepcam N=5)
+BENCH ?= cosmoflow
+N ?= 0
+RESULT_DIR ?= runs/result-set-$(BENCH)-$(shell date +%Y%m%d-%H%M%S)
+result-set: $(if $(filter deepcam,$(BENCH)),data-deepcam,data)
+	@$(PY) -m common.result_set --bench $(BENCH) --np $(NP) --runs $(N) --output $(RESULT_DIR) \
+	  --config $(if $(filter deepcam,$(BENCH)),$(DEEPCAM_CONFIG),$(COSMO_CONFIG)) \
+	  --data-dir $(if $(filter deepcam,$(BENCH)),$(DEEPCAM_DATA),$(COSMO_DATA))
 
 test: install
 	@$(PY) -m pytest tests $(PYTEST_ARGS)

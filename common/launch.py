@@ -93,6 +93,7 @@ def main(task, argv=None) -> int:
             write_summary(result, output_dir / "summary.json",
                           {"benchmark": task.name, "ranks": dist.size, "nodes": dist.num_nodes,
                            "controller": dist.controller(), "launcher": launcher_env(),
+                           "metric_name": task.metric(cfg).name, "target": task.target(cfg),
                            "log_check": verdict})
         # Every rank waits for rank 0's report: a rank that exits first with a
         # non-zero status would make the launcher kill rank 0 mid-write.

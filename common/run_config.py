@@ -29,6 +29,9 @@ class RuntimeConfig:
     gradient_compression: Literal["none", "fp16"] = "none"
     record_shards: bool = False      # write each rank's file list to shards/ (tests, audits)
     check_log: bool = True           # run the MLPerf compliance checker on rank 0 at the end
+    # After run_stop, measure FLOPs, input rate, memory, allreduce time for
+    # `python -m common.characterize RUN_DIR` (outside the timed region).
+    characterize: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from common import runtime as runtime_lib
 from common.checkpoint import Checkpointer
 from common.errors import InputError
 from common.events import RunInfo
+from common.profiling import characterize_run
 from common.staging import stage_files
 from common.steps import TrainStep, make_eval_step
 
@@ -36,6 +37,7 @@ class RunResult:
     staging: dict = dataclasses.field(default_factory=dict)
     weights_in_sync: bool = True
     runtime: dict = dataclasses.field(default_factory=dict)
+    characterization: dict = dataclasses.field(default_factory=dict)
 
 
 class Trainer:
@@ -188,7 +190,20 @@ class Trainer:
         self.result.time_to_train_s = time.perf_counter() - run_start
         events.on_run_stop(self.result.status, epoch)
         self.result.weights_in_sync = self._weights_in_sync()
+        if cfg.runtime.characterize:
+            self.result.characterization = self._characterize(train_ds.element_spec[0].shape[1:], info)
         return self.result
+
+    def _characterize(self, sample_shape, info) -> dict:
+        self.print("[characterize] measuring FLOPs, input pipeline, memory and allreduce (after run_stop)")
+        return characterize_run(
+            model=self.model, dist=self.dist, sample_shape=sample_shape, history=self.result.history,
+            staging=self.result.staging, global_batch_size=info.global_batch_size,
+            compression=self.cfg.runtime.gradient_compression,
+            make_train_dataset=lambda: self.task.make_datasets(self.cfg, self.shards, self.dist.rank,
+                                                               self.dist.local_size)[0],
+            local_batch_size=self.shards.local_batch_size, files_read=self.shards.train_files,
+            samples_read=len(self.shards.train_files))
 
     def _reached(self, value) -> bool:
         return value <= self.target if self.metric.lower_is_better else value >= self.target
