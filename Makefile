@@ -15,7 +15,7 @@ NP ?= 1
 # How NP ranks are started on this machine (Gloo needs no MPI).
 LAUNCH = $(if $(filter 1,$(NP)),,$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo)
 
-.PHONY: install run data run-deepcam data-deepcam result-set test bench bench-deepcam clean
+.PHONY: install run data run-deepcam data-deepcam result-set weak-scaling test bench bench-deepcam clean
 
 install:
 	@VENV=$(VENV) VARIANT=$(VARIANT) bash tools/install.sh
@@ -41,6 +41,15 @@ N ?= 0
 RESULT_DIR ?= runs/result-set-$(BENCH)-$(shell date +%Y%m%d-%H%M%S)
 result-set: $(if $(filter deepcam,$(BENCH)),data-deepcam,data)
 	@$(PY) -m common.result_set --bench $(BENCH) --np $(NP) --runs $(N) --output $(RESULT_DIR) \
+	  --config $(if $(filter deepcam,$(BENCH)),$(DEEPCAM_CONFIG),$(COSMO_CONFIG)) \
+	  --data-dir $(if $(filter deepcam,$(BENCH)),$(DEEPCAM_DATA),$(COSMO_DATA))
+
+# M model instances trained at once on this machine (weak scaling), NP ranks each, then scored:
+#   make weak-scaling BENCH=deepcam M=2
+M ?= 2
+WEAK_DIR ?= runs/weak-$(BENCH)-$(shell date +%Y%m%d-%H%M%S)
+weak-scaling: $(if $(filter deepcam,$(BENCH)),data-deepcam,data)
+	@$(PY) -m common.weak_scaling --bench $(BENCH) --instances $(M) --ranks $(NP) --output $(WEAK_DIR) \
 	  --config $(if $(filter deepcam,$(BENCH)),$(DEEPCAM_CONFIG),$(COSMO_CONFIG)) \
 	  --data-dir $(if $(filter deepcam,$(BENCH)),$(DEEPCAM_DATA),$(COSMO_DATA))
 

@@ -82,7 +82,9 @@ def main(task, argv=None) -> int:
             dump_config(cfg, output_dir / "config.yaml")
             submission = {"benchmark": task.name, "org": cfg.mlperf.org, "division": cfg.mlperf.division,
                           "status": cfg.mlperf.status, "platform": cfg.mlperf.platform}
-            listeners = [MLPerfLogger(output_dir, submission, metric_key=task.metric(cfg).name),
+            instance = {k: getattr(cfg.mlperf, k) for k in ("instance_id", "number_of_instances")
+                        if getattr(cfg.mlperf, k) is not None}
+            listeners = [MLPerfLogger(output_dir, submission, metric_key=task.metric(cfg).name, instance=instance),
                          ProgressPrinter()]
         events = Events(listeners)
         trainer = Trainer(task, cfg, dist, events, output_dir)

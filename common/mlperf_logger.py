@@ -24,10 +24,12 @@ class MLPerfLogger(Listener):
       output_dir: where mlperf.log goes.
       submission: the submission_* keys (benchmark, org, division, status, platform).
       metric_key: the key of the quality metric ('eval_error', 'eval_accuracy').
+      instance: for weak scaling, {'instance_id': i, 'number_of_instances': m}.
     """
 
-    def __init__(self, output_dir, submission: dict, metric_key: str):
+    def __init__(self, output_dir, submission: dict, metric_key: str, instance: dict | None = None):
         self.metric_key = metric_key
+        self._instance = dict(instance or {})   # weak scaling: instance_id, number_of_instances
         self.final = Path(output_dir) / LOG_NAME
         self.partial = Path(output_dir) / (LOG_NAME + ".partial")
         self.partial.unlink(missing_ok=True)
@@ -57,6 +59,9 @@ class MLPerfLogger(Listener):
     def on_init_stop(self, info: RunInfo):
         self._event("seed", info.seed)
         self._event("number_of_nodes", info.num_nodes)
+        self._event("number_of_ranks", info.ranks)
+        for key, value in self._instance.items():
+            self._event(key, value)
         self._event("accelerators_per_node", info.accelerators_per_node)
         self._event("global_batch_size", info.global_batch_size)
         self._event("train_samples", info.train_samples)

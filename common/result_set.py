@@ -26,12 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("cosmoflow", "deepcam")
 
 
-def submission_folder(output: Path, config: Path, bench: str, system: str | None, ranks: int) -> Path:
+def submission_folder(output: Path, config: Path, bench: str, system: str | None, ranks: int,
+                      scaling: str = "strong") -> Path:
     mlperf = (yaml.safe_load(config.read_text()) or {}).get("mlperf", {}) or {}
     org = mlperf.get("org", "reference")
     platform = mlperf.get("platform", "unknown")
     system = system or (platform if platform != "unknown" else f"{socket.gethostname()}_{ranks}ranks")
-    return output / org / "results" / system / "strong" / bench
+    return output / org / "results" / system / scaling / bench
 
 
 def run_command(bench: str, config: Path, run_dir: Path, seed: int, data_dir, ranks: int, extra) -> list:
@@ -53,15 +54,22 @@ def run_one(index: int, args, folder: Path) -> int:
     print(f"[result-set] run {index} (seed {seed}): {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     code = subprocess.call(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    log = run_dir / "mlperf.log"
-    if log.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".result_{index}.txt.tmp"
-        shutil.copy(log, tmp)
-        os.replace(tmp, folder / f"result_{index}.txt")
+    found = collect_log(run_dir, folder, index)
     print(f"[result-set] run {index} ended with exit code {code} after {time.perf_counter() - start:.0f} s"
-          + ("" if log.exists() else " (no MLPerf log)"), flush=True)
+          + ("" if found else " (no MLPerf log)"), flush=True)
     return code
+
+
+def collect_log(run_dir: Path, folder: Path, index: int) -> bool:
+    """Copies run_dir/mlperf.log to folder/result_<index>.txt (temporary name, then rename)."""
+    log = Path(run_dir) / "mlperf.log"
+    if not log.exists():
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".result_{index}.txt.tmp"
+    shutil.copy(log, tmp)
+    os.replace(tmp, folder / f"result_{index}.txt")
+    return True
 
 
 def main(argv=None) -> int:

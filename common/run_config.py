@@ -36,7 +36,9 @@ class RuntimeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class StagingConfig:
-    stage_dir: Optional[str] = None  # node-local directory; None = read data_dir in place
+    # Node-local directory; None = read data_dir in place. '{node}' and '{host}'
+    # are replaced by the node's index and hostname.
+    stage_dir: Optional[str] = None
     decompress: bool = False         # write GZIP TFRecords uncompressed while staging
     # Keep decoded samples in memory after the first epoch: 'auto' when they fit.
     cache: Literal["auto", "true", "false"] = "auto"
@@ -49,3 +51,6 @@ class MLPerfConfig:
     status: Literal["onprem", "cloud", "preview", "research"] = "research"
     platform: str = "unknown"
     ruleset: str = "3.0.0"
+    # Weak scaling: this model instance's index and how many train concurrently (logged).
+    instance_id: Optional[int] = None
+    number_of_instances: Optional[int] = None

@@ -123,7 +123,10 @@ class Trainer:
 
     def _stage(self):
         cfg, dist = self.cfg, self.dist
-        stage_dir = Path(cfg.staging.stage_dir)
+        # '{node}' / '{host}' in the path name a directory per node, for nodes
+        # that share a file system (or several "nodes" on one machine).
+        stage_dir = Path(cfg.staging.stage_dir.replace("{node}", str(dist.node_rank))
+                         .replace("{host}", dist.hostname))
 
         def progress(done, total, nbytes):
             self.print(f"[staging] rank 0: {done}/{total} files, {nbytes / 1e6:.1f} MB")

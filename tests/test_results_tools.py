@@ -6,6 +6,7 @@ import matplotlib.image
 import pytest
 
 from common import characterize
+from common.compliance import check_log
 from tests import helpers
 
 
@@ -58,3 +59,27 @@ def test_characterize_explains_a_run_without_figures(tmp_path):
     with pytest.raises(ValueError, match="runtime.characterize=true"):
         characterize.characterize(tmp_path, machine={"peak_flop_per_s": {"fp32": 1.0}, "memory_bytes_per_s": 1.0})
     assert characterize.main([str(tmp_path / "nothing")]) == 2
+
+
+def test_weak_scaling_launcher_trains_instances_concurrently(cosmo_data, tiny_config, tmp_path):
+    out = tmp_path / "weak"
+    proc = helpers.run([helpers.PYTHON, "-m", "common.weak_scaling", "--bench", "cosmoflow", "--config", tiny_config,
+                        "--data-dir", cosmo_data, "--instances", "2", "--ranks", "1", "--output", out,
+                        "--system", "testbox", "--", "--n-train", "1024", "--n-valid", "128"], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folder = out / "reference" / "results" / "testbox" / "weak" / "cosmoflow"
+    logs = sorted(folder.glob("result_*.txt"))
+    assert [p.name for p in logs] == ["result_0.txt", "result_1.txt"]
+    starts = []
+    for i, log in enumerate(logs):
+        passed, output = check_log(log)
+        assert passed, output
+        text = log.read_text()
+        assert f'"key": "instance_id", "value": {i}' in text and '"key": "number_of_instances", "value": 2' in text
+        starts.append(next(json.loads(line.split(":::MLLOG ")[1]) for line in text.splitlines()
+                           if '"key": "run_start"' in line)["time_ms"])
+    # Concurrent: the second instance started training before the first one finished.
+    first_stop = json.loads([line for line in logs[0].read_text().splitlines()
+                             if '"key": "run_stop"' in line][0].split(":::MLLOG ")[1])["time_ms"]
+    assert max(starts) < first_stop
+    assert "informational, not a valid score: 2 model(s)" in proc.stdout and "models/min" in proc.stdout

@@ -1,0 +1,67 @@
+"""Weak scaling (MLPerf HPC "throughput"): M model instances train at once, each on its own ranks.
+
+  python -m common.weak_scaling --bench deepcam --config CONFIG --data-dir DATA \
+      --instances 4 --ranks 2 --output DIR
+
+Starts M independent Horovod jobs concurrently on this machine (horovodrun over Gloo, R ranks
+each; slurm/weak_scaling.sbatch does the same with one `srun` step per instance inside one
+allocation). Instance i writes DIR/instances/instance_<i>/ with seed seed_base + i, and logs
+`instance_id`, `number_of_instances` and `number_of_ranks`. Its MLPerf log is copied to
+DIR/<org>/results/<system>/weak/<bench>/result_<i>.txt, then the set is scored with
+common.scoring: number of models, instance scale, time_to_train_all and models per minute.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import scoring
+from common.result_set import BENCHMARKS, REPO, collect_log, run_command, submission_folder
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bench", required=True, choices=BENCHMARKS)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--data-dir", help="sets data.data_dir")
+    parser.add_argument("--instances", type=int, required=True, help="models trained concurrently (M)")
+    parser.add_argument("--ranks", type=int, default=1, help="ranks per instance")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--seed-base", type=int, default=1)
+    parser.add_argument("--system", help="system name in the submission layout")
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- then more train.py flags")
+    args = parser.parse_args(argv)
+    extra = [a for a in args.extra if a != "--"]
+    output = Path(args.output)
+    folder = submission_folder(output, Path(args.config), args.bench, args.system,
+                               args.ranks * args.instances, scaling="weak")
+    procs = []
+    for i in range(args.instances):
+        run_dir = output / "instances" / f"instance_{i}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cmd = run_command(args.bench, Path(args.config), run_dir, args.seed_base + i, args.data_dir, args.ranks,
+                          extra + ["--set", f"mlperf.instance_id={i}",
+                                   "--set", f"mlperf.number_of_instances={args.instances}"])
+        print(f"[weak-scaling] instance {i}: {' '.join(cmd)}", flush=True)
+        # Each instance's output goes to its own file: M interleaved streams are unreadable.
+        out = open(run_dir / "stdout.txt", "w")
+        procs.append((i, run_dir, out, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                                        env=dict(os.environ, PYTHONPATH=str(REPO)))))
+    start = time.perf_counter()
+    codes = []
+    for i, run_dir, out, proc in procs:
+        codes.append(proc.wait())
+        out.close()
+        collect_log(run_dir, folder, i)
+        print(f"[weak-scaling] instance {i} ended with exit code {codes[-1]} "
+              f"({time.perf_counter() - start:.0f} s after the start)", flush=True)
+    print(f"\n[weak-scaling] {args.instances} instance(s) done; exit codes {codes}. Score:\n", flush=True)
+    print("\n\n".join(scoring.format_set(s) for s in scoring.score_path(folder)))
+    return 0 if all(c == 0 for c in codes) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

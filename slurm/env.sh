@@ -1,0 +1,37 @@
+# shellcheck shell=bash
+# Sourced by the sbatch scripts: everything site-specific comes from the environment.
+#
+#   REPO        this repository on a shared file system (default: the submit directory)
+#   DATA_DIR    the data set (train/, validation/ [, stats.h5]); required
+#   STAGE_DIR   node-local directory to stage each node's shard into (e.g. /tmp/$USER/data);
+#               unset: read DATA_DIR in place. '{node}' expands to the node index.
+#   OUTPUT_DIR  run directory (default: $REPO/runs/<benchmark>-$SLURM_JOB_ID)
+#   CONFIG      YAML config (default: the benchmark's closed-division config)
+#   CONTAINER   an Apptainer/Singularity image: ranks run in `apptainer exec --nv $CONTAINER`
+#   VENV        otherwise a virtual environment to activate (default: $REPO/.venv)
+#   SRUN_MPI    srun's PMI plugin (default: pmix; `srun --mpi=list` shows yours)
+#   EXTRA_ARGS  more train.py flags, e.g. "--amp --seed 7"
+# Account, partition, QoS, time: give them to sbatch (-A, -p, -q, -t); none are set here.
+
+set -euo pipefail
+REPO=${REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
+: "${DATA_DIR:?set DATA_DIR to the data set directory}"
+SRUN_MPI=${SRUN_MPI:-pmix}
+EXTRA_ARGS=${EXTRA_ARGS:-}
+cd "$REPO"
+
+if [[ -n "${CONTAINER:-}" ]]; then
+    RUNTIME=${APPTAINER:-$(command -v apptainer || command -v singularity)}
+    # --nv maps the host's GPU driver in; the repository and data are bind-mounted.
+    PYTHON=("$RUNTIME" exec --nv --bind "$REPO,$DATA_DIR${STAGE_DIR:+,$(dirname "${STAGE_DIR%%\{*}")}" "$CONTAINER" python)
+else
+    VENV=${VENV:-$REPO/.venv}
+    PYTHON=("$VENV/bin/python")
+fi
+
+echo "[sbatch] job ${SLURM_JOB_ID:-?}: ${SLURM_NNODES:-1} node(s), ${SLURM_NTASKS:-1} task(s); python: ${PYTHON[*]}"
+
+# srun with every rank killed if one fails (no rank left waiting in a collective).
+run_ranks() {
+    srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1 "$@"
+}
