@@ -64,7 +64,11 @@ def characterize(run_dir, machine: dict | None = None) -> dict:
     machine = machine or measure_machine()
     staging = c.get("staging") or {}
     intensity = c["flops_per_sample_train"] / c["memory_bytes_per_sample_train"]
-    best_peak = max(machine["peak_flop_per_s"].values())
+    # The roof of the precision the run computed in (bf16 under --amp on CPU).
+    precision = (summary.get("runtime") or {}).get("precision", "float32")
+    peaks = machine["peak_flop_per_s"]
+    peak_name = "bf16" if "bfloat16" in precision and "bf16" in peaks else "fp32"
+    best_peak = peaks.get(peak_name, max(peaks.values()))
     roof = min(best_peak, machine["memory_bytes_per_s"] * intensity)
     out = {
         "benchmark": summary.get("benchmark"), "status": summary.get("status"), "epochs": summary.get("epochs"),
@@ -77,6 +81,7 @@ def characterize(run_dir, machine: dict | None = None) -> dict:
         "achieved_flop_per_s": c["achieved_flop_per_s"],
         "memory_bytes_per_sample_train": c["memory_bytes_per_sample_train"],
         "memory_traffic_method": c["memory_traffic_method"],
+        "precision": precision, "roof_precision": peak_name,
         "arithmetic_intensity": intensity, "roofline_bound_flop_per_s": roof,
         "fraction_of_roofline": c["achieved_flop_per_s"] / roof if roof else 0.0,
         "bound": "memory" if machine["memory_bytes_per_s"] * intensity < best_peak else "compute",
@@ -104,7 +109,7 @@ ROWS = (
     ("input pipeline", "input_samples_per_s", "{:.1f} samples/s"), ("", "bytes_read_per_sample", "{:,.0f} B/sample"),
     ("training", "train_samples_per_s", "{:.1f} samples/s"),
     ("compute", "flops_per_sample_train", "{:,.0f} FLOP/sample"), ("", "achieved_flop_per_s", "{:.3e} FLOP/s"),
-    ("", "arithmetic_intensity", "{:.1f} FLOP/B"), ("", "roofline_bound_flop_per_s", "{:.3e} FLOP/s"),
+    ("", "arithmetic_intensity", "{:.1f} FLOP/B"), ("", "roof_precision", "{}"), ("", "roofline_bound_flop_per_s", "{:.3e} FLOP/s"),
     ("", "fraction_of_roofline", "{:.1%}"), ("", "bound", "{}"),
     ("memory", "peak_host_memory_bytes", "{:,.0f} B"),
     ("network", "gradient_bytes_per_step", "{:,.0f} B/step"), ("", "allreduce_seconds_per_step", "{:.4f} s"),
