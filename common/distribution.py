@@ -92,14 +92,14 @@ class Distribution:
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         return hvd.grouped_allreduce(grads, op=hvd.Average, compression=comp)
 
-    def rank_group(self, group_size: int) -> "RankGroup":
+    def rank_group(self, group_size: int, what: str = "group size") -> "RankGroup":
         """This rank's group of `group_size` consecutive ranks (for sync batch norm).
 
         Every rank must call it with the same size, in the same order relative
         to other collectives: registering a Horovod process set is collective.
         """
         if group_size < 1 or self.size % group_size:
-            raise ConfigError(f"group size {group_size} does not divide the {self.size} ranks of this job")
+            raise ConfigError(f"{what}={group_size} does not divide the {self.size} ranks of this job")
         if group_size == 1:
             return RankGroup(1, None)
         if group_size == self.size:

@@ -34,12 +34,22 @@ def check_divisible(n_samples: int, size: int, batch_size: int, key: str) -> Non
             f"use a multiple of {per_step}")
 
 
-def select_and_shard(files, n_samples: int, rank: int, size: int, seed: int, key: str) -> list[str]:
-    """The `rank`-th of `size` disjoint shards of a seeded selection of `n_samples` files."""
+def select_and_shard(files, n_samples: int, rank: int, size: int, seed: int, key: str,
+                     even: bool = True) -> list[str]:
+    """The `rank`-th of `size` disjoint shards of a seeded selection of `n_samples` files.
+
+    With `even`, every shard has n_samples // size files (the caller checks divisibility);
+    otherwise the first n_samples % size ranks get one file more (for a single evaluation
+    pass, where ranks need not run in lockstep).
+    """
     if n_samples > len(files):
         raise InputError(f"{key}={n_samples} but only {len(files)} files were found "
                          f"in {Path(files[0]).parent if files else 'the data directory'}")
     order = np.random.default_rng(seed).permutation(len(files))[:n_samples]
     selected = [files[i] for i in order]
     per_rank = n_samples // size
-    return selected[rank * per_rank:(rank + 1) * per_rank]
+    if even:
+        return selected[rank * per_rank:(rank + 1) * per_rank]
+    extra = n_samples % size
+    start = rank * per_rank + min(rank, extra)
+    return selected[start:start + per_rank + (1 if rank < extra else 0)]

@@ -26,6 +26,9 @@ class Shards:
     n_train: int
     n_valid: int
     local_batch_size: int
+    # The training set's size, logged as train_samples, when each epoch uses a
+    # subset (DeepCAM drops the remainder of files / ranks, as the reference).
+    train_set_size: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,7 @@ class EvalMetric:
     update: Callable
     finalize: Callable[[np.ndarray], float]
     lower_is_better: bool
+    n_sums: int = 2               # length of update()'s vector (a rank without data adds zeros)
 
 
 @dataclasses.dataclass(frozen=True)

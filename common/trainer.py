@@ -65,7 +65,7 @@ class Trainer:
         self.steps_per_epoch = self.shards.n_train // global_batch
 
         # Collective (registers a process set): every rank, same order.
-        bn_group = dist.rank_group(task.batchnorm_group_size(cfg))
+        bn_group = dist.rank_group(task.batchnorm_group_size(cfg), "batchnorm_group_size")
         self.model = task.build_model(cfg, bn_group)
         self.result.num_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
         self.print(f"[init] model {self.model.name}: {self.result.num_params:,} trainable parameters")
@@ -94,7 +94,7 @@ class Trainer:
         return RunInfo(
             benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
             accelerators_per_node=runtime_lib.accelerators_per_node(self.result.runtime["device"], dist),
-            global_batch_size=global_batch, train_samples=self.shards.n_train,
+            global_batch_size=global_batch, train_samples=self.shards.train_set_size or self.shards.n_train,
             eval_samples=self.shards.n_valid,
             hyperparameters=task.mlperf_hyperparameters(cfg, global_batch),
             target_name=self.metric.name, target=self.target)
@@ -225,7 +225,7 @@ class Trainer:
                 "samples_per_s": self.shards.n_train / seconds}
 
     def _evaluate(self, valid_ds) -> float:
-        sums = 0.0
+        sums = np.zeros(self.metric.n_sums)   # a rank may hold no validation file
         with self._naming_bad_files(self.shards.valid_files):
             for x, y in valid_ds:
                 sums = sums + self.eval_step(x, y).numpy()

@@ -13,8 +13,8 @@ N_CLASSES = 3            # background, tropical cyclone, atmospheric river
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     data_dir: Optional[str] = None        # holds train/, validation/ and stats.h5
-    # Samples used; 0 = every file, rounded down to a multiple of the ranks
-    # (as the reference's sampler drops the remainder).
+    # Samples used; 0 = every file. Training uses a multiple of the ranks (the
+    # reference's sampler drops the remainder); validation reads every file once.
     n_train: int = 0
     n_valid: int = 0
     local_batch_size: int = 2

@@ -70,32 +70,29 @@ FLAGS = (
 )
 
 
-def _select(files, requested: int, size: int, key: str) -> int:
-    """Samples to use: all files rounded down to a multiple of the ranks, or exactly `requested`."""
-    if requested == 0:
-        n = len(files) // size * size
-        if n == 0:
-            raise InputError(f"{key}: {len(files)} file(s) in {files[0].rsplit('/', 2)[0]} "
-                             f"cannot be shared by {size} ranks")
-        return n
-    if requested % size:
-        raise InputError(f"{key}={requested} is not divisible by the {size} ranks; use a multiple of {size}")
-    return requested
-
-
 def shard(cfg: DeepCAMConfig, rank: int, size: int) -> Shards:
+    """Training: all files (data.n_train: 0) rounded down to a multiple of the ranks, as the
+    reference's sampler drops the remainder; the full count is logged as train_samples.
+    Validation: every file once, the first ranks taking one more when it does not divide."""
     d = cfg.data
     train = list_files(f"{d.data_dir}/train", SUFFIXES)
     valid = list_files(f"{d.data_dir}/validation", SUFFIXES)
-    n_train = _select(train, d.n_train, size, "data.n_train")
-    n_valid = _select(valid, d.n_valid, size, "data.n_valid")
+    if d.n_train and d.n_train % size:
+        raise InputError(f"data.n_train={d.n_train} is not divisible by the {size} ranks; "
+                         f"use a multiple of {size} (or 0: all files)")
+    train_set = d.n_train or len(train)
+    n_train = train_set // size * size
     per_step = size * d.local_batch_size * cfg.train.gradient_accumulation_frequency
     if n_train < per_step:
-        raise InputError(f"data.n_train={n_train} is smaller than one global batch ({per_step} samples)")
+        raise InputError(f"data.n_train={n_train} is smaller than one global batch ({per_step} samples: "
+                         f"{size} ranks x local batch {d.local_batch_size} x accumulation "
+                         f"{cfg.train.gradient_accumulation_frequency})")
+    n_valid = d.n_valid or len(valid)
     seed = cfg.train.seed
     return Shards(train_files=select_and_shard(train, n_train, rank, size, seed, "data.n_train"),
-                  valid_files=select_and_shard(valid, n_valid, rank, size, seed + 1, "data.n_valid"),
-                  n_train=n_train, n_valid=n_valid, local_batch_size=d.local_batch_size)
+                  valid_files=select_and_shard(valid, n_valid, rank, size, seed + 1, "data.n_valid", even=False),
+                  n_train=n_train, n_valid=n_valid, local_batch_size=d.local_batch_size,
+                  train_set_size=train_set)
 
 
 def make_datasets(cfg: DeepCAMConfig, shards: Shards, rank: int, local_size: int):

@@ -102,3 +102,30 @@ def test_bad_file_on_one_rank_ends_both_ranks(deepcam_data, deepcam_config, tmp_
                               timeout=300)
     assert proc.returncode != 0
     assert helpers.error_lines(proc.stdout + proc.stderr), (proc.stdout + proc.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--batchnorm_group_size", "3"], "batchnorm_group_size=3"),
+    (["--lr_schedule", "type=multistep,gamma=0.1"], "gamma=0.1"),
+    (["--channels", "0 1 16"], "data.channels"),
+    (["--optimizer", "SGD"], "optimizer.name"),
+])
+def test_bad_flags_end_the_run_with_one_line(deepcam_data, deepcam_config, tmp_path, flags, culprit):
+    proc = helpers.run(helpers.train_cmd("deepcam", deepcam_config, "--data_dir_prefix", deepcam_data,
+                                         "--output_dir", tmp_path, *flags), timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = helpers.error_lines(proc.stderr)
+    assert len(errors) == 1 and culprit in errors[0], proc.stderr[-2000:]
+
+
+def test_reference_flags_reach_the_config():
+    from common.launch import parse_overrides
+    from deepcam.task import TASK
+    _, overrides = parse_overrides(TASK, [
+        "cfg.yaml", "--lr_schedule", 'type=multistep,milestones="800 1600",decay_rate=0.2',
+        "--optimizer_betas", "0.8 0.95", "--channels", "0 1 2 10", "--run_tag", "r1", "--checkpoint", "ck/epoch-00003"])
+    assert overrides["optimizer.lr_schedule.type"] == "multistep"
+    assert overrides["optimizer.lr_schedule.milestones"] == ["800", "1600"]
+    assert overrides["optimizer.lr_schedule.decay_rate"] == "0.2"
+    assert overrides["optimizer.betas"] == ["0.8", "0.95"] and overrides["data.channels"] == ["0", "1", "2", "10"]
+    assert overrides["run_tag"] == "r1" and overrides["train.resume_from"] == "ck/epoch-00003"

@@ -39,3 +39,25 @@ def test_too_few_files_and_missing_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no .tfrecord files"):
         list_files(tmp_path / "empty", (".tfrecord",))
+
+
+def test_uneven_shards_cover_every_file_once():
+    files = [f"f{i}" for i in range(10)]
+    shards = [select_and_shard(files, 10, r, 4, seed=3, key="n_valid", even=False) for r in range(4)]
+    assert [len(s) for s in shards] == [3, 3, 2, 2]
+    assert sorted(sum(shards, [])) == sorted(files)
+
+
+def test_deepcam_logs_the_whole_training_set_and_validates_every_file(tmp_path):
+    from common.config import load_config
+    from deepcam.config import DeepCAMConfig
+    from deepcam.task import shard
+    for split, n in (("train", 11), ("validation", 5)):
+        (tmp_path / split).mkdir()
+        for i in range(n):
+            (tmp_path / split / f"s{i}.h5").write_bytes(b"")
+    cfg = load_config(DeepCAMConfig, None, {"data.data_dir": str(tmp_path), "data.local_batch_size": 1})
+    shards = [shard(cfg, r, 4) for r in range(4)]
+    assert shards[0].n_train == 8 and shards[0].train_set_size == 11     # 11 // 4 * 4 per epoch
+    assert sorted(len(s.valid_files) for s in shards) == [1, 1, 1, 2]
+    assert len({f for s in shards for f in s.valid_files}) == 5
