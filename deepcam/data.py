@@ -101,7 +101,8 @@ def make_dataset(files, *, data_dir, channels, height, width, batch_size, traini
         y.set_shape((height, width))
         return x, y
 
-    ds = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
+    # dtype given: a rank may hold no validation file, and [] would not be strings.
+    ds = tf.data.Dataset.from_tensor_slices(tf.constant([str(f) for f in files], dtype=tf.string))
     buffer = shuffle_buffer or max(1, len(files))
     options = tf.data.Options()
     options.deterministic = not training   # training takes whichever file is read first

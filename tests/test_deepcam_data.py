@@ -67,6 +67,8 @@ def test_dataset_batches_inside_tf_data(small_set):
     x, y = batches[0]
     assert x.shape == (2, H, W, 16) and x.dtype == tf.float32 and y.dtype == tf.int32
     assert np.array_equal(y.numpy()[1], files[1][2].astype(np.int32))   # file order kept in validation
+    empty = data.make_dataset([], data_dir=root, channels=(0, 1), height=H, width=W, batch_size=2, training=False)
+    assert list(empty) == []   # a rank without validation files evaluates nothing
     train = data.make_dataset(paths, data_dir=root, channels=(0, 1), height=H, width=W, batch_size=3,
                               training=True, seed=1, cache=True)
     for x, _ in train.take(3):   # repeats forever, full batches only
