@@ -32,14 +32,12 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="fp32,amp", help="comma-separated: fp32, amp")
     args = p.parse_args(argv)
 
-    import numpy as np
     import tensorflow as tf
 
-    from bench.timing import pipeline_samples_per_s, print_table, train_samples_per_s
+    from bench.timing import pipeline_samples_per_s, print_table, training_rates
     from common import runtime
     from common.config import load_config
     from common.distribution import Distribution
-    from common.steps import TrainStep
     from cosmoflow import data, synthetic
     from cosmoflow.task import TASK
 
@@ -59,21 +57,10 @@ def main(argv=None) -> int:
     print(f"[bench] input pipeline {shape}: {rate:.1f} samples/s", flush=True)
     results.append(("input pipeline (gzip TFRecord -> log1p batches)", "-", rate))
 
-    batch = next(it)
-    for mode in args.modes.split(","):
-        overrides = {"data.data_dir": str(data_dir), "data.sample_shape": ",".join(map(str, shape)),
-                     "data.batch_size": args.batch_size, "runtime.amp": mode == "amp"}
-        cfg = load_config(TASK.config_class, args.config, overrides)
-        precision = runtime.set_precision(cfg.runtime, device)
-        model = TASK.build_model(cfg, dist.rank_group(1))
-        optimizer = runtime.wrap_optimizer(TASK.build_optimizer(cfg, args.batch_size, 100)[0])
-        step = TrainStep(model, optimizer, TASK.loss(cfg), dist)
-        rate = train_samples_per_s(step, batch, args.batch_size, args.warmup_steps, args.steps)
-        params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
-        print(f"[bench] training {shape}, {params:,} params, {precision}: {rate:.2f} samples/s",
-              flush=True)
-        results.append((f"training, batch {args.batch_size}, {params:,} params", precision, rate))
-        tf.keras.backend.clear_session()
+    overrides = {"data.data_dir": str(data_dir), "data.sample_shape": ",".join(map(str, shape)),
+                 "data.batch_size": args.batch_size}
+    results += training_rates(TASK, args.config, overrides, dist, device, next(it), args.batch_size,
+                              args.modes.split(","), args.warmup_steps, args.steps, label=str(shape))
 
     print_table(f"CosmoFlow throughput on {os.cpu_count()} CPU core(s), sample {shape}, "
                 f"TensorFlow {tf.__version__}", results)

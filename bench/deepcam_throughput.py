@@ -34,14 +34,12 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="fp32,amp", help="comma-separated: fp32, amp")
     args = p.parse_args(argv)
 
-    import numpy as np
     import tensorflow as tf
 
-    from bench.timing import pipeline_samples_per_s, print_table, train_samples_per_s
+    from bench.timing import pipeline_samples_per_s, print_table, training_rates
     from common import runtime
     from common.config import load_config
     from common.distribution import Distribution
-    from common.steps import TrainStep
     from deepcam import data, synthetic
     from deepcam.task import TASK
 
@@ -64,19 +62,9 @@ def main(argv=None) -> int:
     print(f"[bench] reader ({args.readers} files in flight): {rate:.2f} samples/s, {rate * mb:.0f} MB/s", flush=True)
     results.append((f"HDF5 reader, {args.readers} readers, {mb:.1f} MB/sample", "-", rate))
 
-    batch = next(it)
-    for mode in args.modes.split(","):
-        cfg = load_config(TASK.config_class, args.config, size | {"runtime.amp": mode == "amp"})
-        precision = runtime.set_precision(cfg.runtime, device)
-        model = TASK.build_model(cfg, dist.rank_group(1))
-        optimizer = runtime.wrap_optimizer(TASK.build_optimizer(cfg, args.batch_size, 100)[0])
-        step = TrainStep(model, optimizer, TASK.loss(cfg), dist)
-        rate = train_samples_per_s(step, batch, args.batch_size, args.warmup_steps, args.steps)
-        params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
-        print(f"[bench] training {args.height}x{args.width}, {params:,} params, {precision}: "
-              f"{rate:.3f} samples/s", flush=True)
-        results.append((f"training, batch {args.batch_size}, {params:,} params", precision, rate))
-        tf.keras.backend.clear_session()
+    results += training_rates(TASK, args.config, size, dist, device, next(it), args.batch_size,
+                              args.modes.split(","), args.warmup_steps, args.steps,
+                              label=f"{args.height}x{args.width}")
 
     print_table(f"DeepCAM throughput on {os.cpu_count()} CPU core(s), sample {args.height}x{args.width}x"
                 f"{len(base.data.channels)}, device {device}, TensorFlow {tf.__version__}", results)

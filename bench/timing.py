@@ -31,3 +31,28 @@ def print_table(title: str, results) -> None:
     print(f"{'measurement':58s} {'precision':16s} {'samples/s':>10s}")
     for what, precision, rate in results:
         print(f"{what:58s} {precision:16s} {rate:10.2f}")
+
+
+def training_rates(task, config_path, overrides: dict, dist, device: str, batch, batch_size: int, modes,
+                   warmup_steps: int, steps: int, label: str) -> list:
+    """Training samples/s of `task`'s compiled step for each mode ('fp32', 'amp'); table rows."""
+    import numpy as np
+    import tensorflow as tf
+
+    from common import runtime
+    from common.config import load_config
+    from common.steps import TrainStep
+
+    rows = []
+    for mode in modes:
+        cfg = load_config(task.config_class, config_path, dict(overrides) | {"runtime.amp": mode == "amp"})
+        precision = runtime.set_precision(cfg.runtime, device)
+        model = task.build_model(cfg, dist.rank_group(1))
+        optimizer = runtime.wrap_optimizer(task.build_optimizer(cfg, batch_size, 100)[0])
+        step = TrainStep(model, optimizer, task.loss(cfg), dist)
+        rate = train_samples_per_s(step, batch, batch_size, warmup_steps, steps)
+        params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+        print(f"[bench] training {label}, {params:,} params, {precision}: {rate:.3f} samples/s", flush=True)
+        rows.append((f"training, batch {batch_size}, {params:,} params", precision, rate))
+        tf.keras.backend.clear_session()
+    return rows
