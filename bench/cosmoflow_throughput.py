@@ -34,10 +34,11 @@ def main(argv=None) -> int:
 
     import tensorflow as tf
 
-    from bench.timing import pipeline_samples_per_s, print_table, training_rates
+    from bench.timing import print_table, training_rates
     from common import runtime
     from common.config import load_config
     from common.distribution import Distribution
+    from common.profiling import pipeline_samples_per_s
     from cosmoflow import data, synthetic
     from cosmoflow.task import TASK
 

@@ -16,16 +16,6 @@ def train_samples_per_s(step, batch, batch_size: int, warmup_steps: int, steps: 
     return steps * batch_size / (time.perf_counter() - start)
 
 
-def pipeline_samples_per_s(iterator, batch_size: int, n_batches: int, warmup_batches: int = 2) -> float:
-    """Samples/s drawn from a tf.data iterator (each batch materialized)."""
-    for _ in range(warmup_batches):
-        next(iterator)
-    start = time.perf_counter()
-    for _ in range(n_batches):
-        next(iterator)[0].numpy()
-    return n_batches * batch_size / (time.perf_counter() - start)
-
-
 def print_table(title: str, results) -> None:
     print(f"\n{title}")
     print(f"{'measurement':58s} {'precision':16s} {'samples/s':>10s}")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.files import write_text_atomic
 from common.plots import plot_curves_time_and_epoch, plot_roofline
 
 
@@ -90,8 +91,8 @@ def characterize(run_dir, machine: dict | None = None) -> dict:
         "allreduce_seconds_per_step": c["allreduce_seconds_per_step"], "step_seconds": c["step_seconds"],
         "allreduce_share": c["allreduce_share"], "machine": machine,
     }
-    _write(run_dir / "characterization.json", json.dumps(out, indent=2))
-    _write(run_dir / "characterization.txt", format_table(out))
+    write_text_atomic(run_dir / "characterization.json", json.dumps(out, indent=2))
+    write_text_atomic(run_dir / "characterization.txt", format_table(out))
     history = summary.get("history") or []
     if history:
         plot_curves_time_and_epoch(history, summary["metric_name"], summary["target"],
@@ -126,12 +127,6 @@ def format_table(c: dict) -> str:
     lines.append(f"  machine: {peaks}; memory {m['memory_bytes_per_s'] / 1e9:.1f} GB/s ({m['method']})")
     lines.append(f"  FLOPs: {c['flops_method']}; traffic: {c['memory_traffic_method']}")
     return "\n".join(lines) + "\n"
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:

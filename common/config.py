@@ -8,7 +8,6 @@ or a flag fails at start-up instead of being silently ignored.
 
 import collections.abc
 import dataclasses
-import os
 import types
 import typing
 from typing import Any, Mapping
@@ -16,6 +15,7 @@ from typing import Any, Mapping
 import yaml
 
 from common.errors import ConfigError
+from common.files import write_text_atomic
 
 
 def load_config(cls, path=None, overrides: Mapping[str, Any] | None = None):
@@ -70,10 +70,7 @@ def to_dict(cfg) -> dict:
 
 def dump_config(cfg, path) -> None:
     """Writes the resolved config as YAML (temporary name, then rename)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
-    os.replace(tmp, path)
+    write_text_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def replace(cfg, overrides: Mapping[str, Any]):

@@ -9,6 +9,7 @@ model: each layer reads its inputs and weights and writes its outputs once in th
 forward pass, and the backward pass moves twice that.
 """
 
+import math
 import resource
 import time
 
@@ -45,13 +46,13 @@ def peak_host_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def input_samples_per_s(dataset, batch_size: int, n_batches: int) -> float:
-    """Samples/s the input pipeline alone delivers on this rank (first batch not timed)."""
-    it = iter(dataset)
-    next(it)
+def pipeline_samples_per_s(iterator, batch_size: int, n_batches: int, warmup_batches: int = 2) -> float:
+    """Samples/s a tf.data iterator delivers alone (each batch materialized; warm-up not timed)."""
+    for _ in range(warmup_batches):
+        next(iterator)
     start = time.perf_counter()
     for _ in range(n_batches):
-        next(it)[0].numpy()
+        next(iterator)[0].numpy()
     return n_batches * batch_size / (time.perf_counter() - start)
 
 
@@ -75,7 +76,8 @@ def characterize_run(*, model, dist, sample_shape, history, staging, global_batc
     forward = forward_flops_per_sample(model, sample_shape)
     timed = history[1:] or history          # epoch 1 includes warm-up (graph optimization, caches)
     train_rate = float(np.mean([h["samples_per_s"] for h in timed])) if timed else 0.0
-    local_input = input_samples_per_s(make_train_dataset(), local_batch_size, n_batches=8)
+    local_input = pipeline_samples_per_s(iter(make_train_dataset()), local_batch_size, n_batches=8,
+                                         warmup_batches=1)
     input_rate = float(dist.allreduce_sum([local_input])[0])
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     grad_bytes = params * (2 if compression == "fp16" else 4)
@@ -98,7 +100,7 @@ def characterize_run(*, model, dist, sample_shape, history, staging, global_batc
         "gradient_bytes_per_step": grad_bytes,
         "allreduce_seconds_per_step": reduce_s,
         "step_seconds": step_s,
-        "allreduce_share": reduce_s / step_s if step_s and step_s == step_s else 0.0,
+        "allreduce_share": reduce_s / step_s if math.isfinite(step_s) and step_s > 0 else 0.0,
         "staging": staging,
     }
 

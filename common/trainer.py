@@ -9,7 +9,6 @@ events; listeners (MLPerf log, progress lines) act on them.
 import contextlib
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from common import runtime as runtime_lib
 from common.checkpoint import Checkpointer
 from common.errors import InputError
 from common.events import RunInfo
+from common.files import write_text_atomic
 from common.profiling import characterize_run
 from common.staging import stage_files
 from common.steps import TrainStep, make_eval_step
@@ -116,10 +116,9 @@ class Trainer:
     def _record_shards(self):
         d = self.output_dir / "shards"
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f"rank-{self.dist.rank:05d}.json.tmp"
-        tmp.write_text(json.dumps({"rank": self.dist.rank, "host": self.dist.hostname,
-                                   "train": self.shards.train_files, "valid": self.shards.valid_files}))
-        os.replace(tmp, d / f"rank-{self.dist.rank:05d}.json")
+        write_text_atomic(d / f"rank-{self.dist.rank:05d}.json",
+                          json.dumps({"rank": self.dist.rank, "host": self.dist.hostname,
+                                      "train": self.shards.train_files, "valid": self.shards.valid_files}))
 
     def _stage(self):
         cfg, dist = self.cfg, self.dist
@@ -255,6 +254,4 @@ class Trainer:
 def write_summary(result: RunResult, path, extra: dict) -> None:
     """rank 0: the run's figures as JSON (temporary name, then rename)."""
     data = dataclasses.asdict(result) | extra
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2, default=float))
