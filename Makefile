@@ -15,7 +15,8 @@ NP ?= 1
 # How NP ranks are started on this machine (Gloo needs no MPI).
 LAUNCH = $(if $(filter 1,$(NP)),,$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo)
 
-.PHONY: install run data run-deepcam data-deepcam result-set weak-scaling test bench bench-deepcam clean
+.PHONY: install run data run-deepcam data-deepcam result-set weak-scaling test test-all bench bench-deepcam \
+	bench-budgets clean
 
 install:
 	@VENV=$(VENV) VARIANT=$(VARIANT) bash tools/install.sh
@@ -53,7 +54,11 @@ weak-scaling: $(if $(filter deepcam,$(BENCH)),data-deepcam,data)
 	  --config $(if $(filter deepcam,$(BENCH)),$(DEEPCAM_CONFIG),$(COSMO_CONFIG)) \
 	  --data-dir $(if $(filter deepcam,$(BENCH)),$(DEEPCAM_DATA),$(COSMO_DATA))
 
+# `make test` skips the tests marked slow (pytest.ini says which); `make test-all` runs them too.
 test: install
+	@$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+
+test-all: install
 	@$(PY) -m pytest tests $(PYTEST_ARGS)
 
 bench: install
@@ -61,6 +66,10 @@ bench: install
 
 bench-deepcam: install
 	@$(PY) bench/deepcam_throughput.py
+
+# `make run` training and `make test` wall time against their budgets on this CPU.
+bench-budgets: install
+	@$(PY) bench/time_budgets.py
 
 clean:
 	rm -rf runs data

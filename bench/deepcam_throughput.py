@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 
 
 def main(argv=None) -> int:
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--readers", type=int, default=4)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--modes", default="fp32,amp", help="comma-separated: fp32, amp")
+    p.add_argument("--modes", default="fp32,amp", help="comma-separated: fp32, amp (what --amp picks here), bf16 (forced)")
     args = p.parse_args(argv)
 
     import tensorflow as tf

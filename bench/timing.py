@@ -18,14 +18,18 @@ def train_samples_per_s(step, batch, batch_size: int, warmup_steps: int, steps: 
 
 def print_table(title: str, results) -> None:
     print(f"\n{title}")
-    print(f"{'measurement':58s} {'precision':16s} {'samples/s':>10s}")
+    print(f"{'measurement':58s} {'precision (mode)':24s} {'samples/s':>10s}")
     for what, precision, rate in results:
-        print(f"{what:58s} {precision:16s} {rate:10.2f}")
+        print(f"{what:58s} {precision:24s} {rate:10.2f}")
 
 
 def training_rates(task, config_path, overrides: dict, dist, device: str, batch, batch_size: int, modes,
                    warmup_steps: int, steps: int, label: str) -> list:
-    """Training samples/s of `task`'s compiled step for each mode ('fp32', 'amp'); table rows."""
+    """Training samples/s of `task`'s compiled step for each mode; table rows.
+
+    Modes: 'fp32'; 'amp' (what --amp picks on this machine: fp32 on a CPU without
+    native bf16); 'bf16' (mixed bf16 forced, emulated where the CPU lacks it).
+    """
     import numpy as np
     import tensorflow as tf
 
@@ -35,14 +39,18 @@ def training_rates(task, config_path, overrides: dict, dist, device: str, batch,
 
     rows = []
     for mode in modes:
-        cfg = load_config(task.config_class, config_path, dict(overrides) | {"runtime.amp": mode == "amp"})
-        precision = runtime.set_precision(cfg.runtime, device)
+        amp = {"runtime.amp": mode in ("amp", "bf16"), "runtime.amp_dtype": "bfloat16" if mode == "bf16" else "auto"}
+        cfg = load_config(task.config_class, config_path, dict(overrides) | amp)
+        precision, why = runtime.choose_precision(cfg.runtime, device)
+        if why:
+            print(f"[bench] {why}", flush=True)
+        runtime.set_precision(precision)
         model = task.build_model(cfg, dist.rank_group(1))
         optimizer = runtime.wrap_optimizer(task.build_optimizer(cfg, batch_size, 100)[0])
         step = TrainStep(model, optimizer, task.loss(cfg), dist)
         rate = train_samples_per_s(step, batch, batch_size, warmup_steps, steps)
         params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
         print(f"[bench] training {label}, {params:,} params, {precision}: {rate:.3f} samples/s", flush=True)
-        rows.append((f"training, batch {batch_size}, {params:,} params", precision, rate))
+        rows.append((f"training, batch {batch_size}, {params:,} params", f"{precision} ({mode})", rate))
         tf.keras.backend.clear_session()
     return rows

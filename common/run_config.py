@@ -20,7 +20,8 @@ class TrainLoopConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    # Mixed precision: bf16 on CPUs (AMX), fp16 with loss scaling or bf16 on GPUs.
+    # Mixed precision: fp16 with loss scaling (or bf16) on GPUs; bf16 on CPUs that compute it
+    # natively (AVX512_BF16, AMX); elsewhere 'auto' stays float32 and says so (runtime.choose_precision).
     amp: bool = False
     amp_dtype: Literal["auto", "bfloat16", "float16"] = "auto"
     xla: bool = False                # jit_compile the train step

@@ -57,7 +57,13 @@ class Trainer:
         cfg, dist, task = self.cfg, self.dist, self.task
         self.result.runtime = runtime_lib.configure(cfg.runtime, dist)
         tf.keras.utils.set_random_seed(cfg.train.seed)
-        self.print(f"[init] {dist.describe()}; runtime {self.result.runtime}")
+        rt = self.result.runtime
+        self.print(f"[init] {dist.describe()}; runtime "
+                   f"{ {k: v for k, v in rt.items() if k not in ('cpu', 'precision_note')} }")
+        self.print(f"[init] CPU {rt['cpu']['cpu']}: {rt['cpu']['isa']}, bf16 {rt['cpu']['bf16']}, "
+                   f"oneDNN {rt['cpu']['onednn']}")
+        if rt["precision_note"]:
+            self.print(f"[init] {rt['precision_note']}")
 
         self.shards = task.shard(cfg, dist.rank, dist.size)
         # Gradient accumulation makes each optimizer step see n local batches.

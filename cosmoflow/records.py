@@ -22,10 +22,16 @@ def encode_example(x: np.ndarray, y: np.ndarray) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_record_file(path, examples, gzip: bool) -> None:
-    """Writes serialized examples to `path` atomically (temporary name, then rename)."""
+def write_record_file(path, examples, gzip: bool, gzip_level: int = -1) -> None:
+    """Writes serialized examples to `path` atomically (temporary name, then rename).
+
+    Args:
+      gzip_level: zlib level, -1 for zlib's default (6); any level reads back
+        the same, only the size and the time to write differ.
+    """
     tmp = f"{path}.tmp.{os.getpid()}"
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "")
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "",
+                                    compression_level=gzip_level if gzip else None)
     with tf.io.TFRecordWriter(tmp, options) as writer:
         for example in examples:
             writer.write(example)

@@ -64,7 +64,7 @@ FLAGS = (
          "the reference counts steps"),
     Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder"),
     Flag(("--stage_dir",), "staging.stage_dir", "node-local directory to stage the data into"),
-    Flag(("--amp",), "runtime.amp", "mixed precision (bf16 on CPU, fp16 on GPU)", is_switch=True),
+    Flag(("--amp",), "runtime.amp", "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)", is_switch=True),
     Flag(("--xla",), "runtime.xla", "XLA-compile forward and backward", is_switch=True),
     Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
 )

@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+import common  # noqa: F401  (oneDNN on, for this process and every subprocess: common/cpu.py)
 from tests import helpers
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

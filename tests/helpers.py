@@ -31,8 +31,8 @@ def env() -> dict:
     return e
 
 
-def run(cmd, timeout=600, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env(), capture_output=True, text=True,
+def run(cmd, timeout=600, cwd=REPO, environ=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=environ or env(), capture_output=True, text=True,
                           timeout=timeout)
 
 

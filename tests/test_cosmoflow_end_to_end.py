@@ -1,6 +1,7 @@
 """Whole runs of cosmoflow/train.py on synthetic data: one rank, resumed, and bad input."""
 
 import json
+import platform
 import shutil
 
 import pytest
@@ -129,12 +130,22 @@ def shard_of(data, rank, size, n_train, seed=0):
     return select_and_shard(list_files(data / "train", (".tfrecord",)), n_train, rank, size, seed, "n_train")
 
 
-def test_amp_runs_in_bfloat16_on_cpu(cosmo_data, tiny_config, tmp_path):
+@pytest.mark.parametrize("amp_args", [["--amp"], ["--amp", "--set", "runtime.amp_dtype=bfloat16"]],
+                         ids=["amp", "amp-forced-bf16"])
+def test_amp_uses_bf16_where_the_cpu_computes_it(cosmo_data, tiny_config, tmp_path, amp_args):
+    from common import cpu
     out = tmp_path / "run"
     proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out,
-                                         "--n-train", "64", "--n-valid", "32", "--n-epochs", "1", "--amp",
+                                         "--n-train", "64", "--n-valid", "32", "--n-epochs", "1", *amp_args,
                                          "--set", "runtime.check_log=false"))
     assert proc.returncode in (0, 3), proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["runtime"]["precision"] == "mixed_bfloat16"
+    forced = "runtime.amp_dtype=bfloat16" in amp_args
+    bf16 = forced or cpu.has_native_bf16()
+    assert summary["runtime"]["precision"] == ("mixed_bfloat16" if bf16 else "float32")
+    # Falling back to float32 is said in one line, never silently.
+    assert ("no native bf16" in proc.stdout) is not bf16, proc.stdout[-2000:]
+    cpu_line = f"{cpu.isa()}, bf16 {'native' if cpu.has_native_bf16() else 'emulated'}, oneDNN "
+    cpu_line += "on" if platform.machine() == "x86_64" else ""
+    assert cpu_line in proc.stdout, proc.stdout[-2000:]
     assert summary["epochs"] == 1 and 0 < summary["metric"] < 2

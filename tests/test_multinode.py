@@ -5,7 +5,12 @@ files its own ranks read, and the job must read every selected file exactly once
 import json
 from pathlib import Path
 
+import pytest
+
 from tests import helpers
+
+# Four ranks as two nodes: `make test-all` runs it, `make test` skips it.
+pytestmark = pytest.mark.slow
 
 N_TRAIN, N_VALID = 512, 128
 

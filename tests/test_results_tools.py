@@ -1,4 +1,7 @@
-"""Result sets (N seeded runs in the submission layout) and the characterization of a run."""
+"""Result sets (N seeded runs in the submission layout) and the characterization of a run.
+
+The tests that launch whole runs are marked slow: `make test-all` runs them, `make test` skips them.
+"""
 
 import json
 
@@ -10,6 +13,7 @@ from common.compliance import check_log
 from tests import helpers
 
 
+@pytest.mark.slow
 def test_result_set_runs_seeded_runs_into_the_submission_layout(cosmo_data, tiny_config, tmp_path):
     out = tmp_path / "set"
     proc = helpers.run([helpers.PYTHON, "-m", "common.result_set", "--bench", "cosmoflow", "--config", tiny_config,
@@ -28,6 +32,7 @@ def test_result_set_runs_seeded_runs_into_the_submission_layout(cosmo_data, tiny
     assert "result_0.txt" in proc.stdout and "do not count" in proc.stdout
 
 
+@pytest.mark.slow
 def test_characterization_of_a_tiny_run_writes_json_table_and_pngs(cosmo_data, tiny_config, tmp_path):
     run = tmp_path / "run"
     proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", run,
@@ -61,6 +66,7 @@ def test_characterize_explains_a_run_without_figures(tmp_path):
     assert characterize.main([str(tmp_path / "nothing")]) == 2
 
 
+@pytest.mark.slow
 def test_weak_scaling_launcher_trains_instances_concurrently(cosmo_data, tiny_config, tmp_path):
     out = tmp_path / "weak"
     proc = helpers.run([helpers.PYTHON, "-m", "common.weak_scaling", "--bench", "cosmoflow", "--config", tiny_config,

@@ -13,6 +13,9 @@ import pytest
 
 from tests import helpers
 
+# A whole cluster: `make test-all` runs it, `make test` skips it.
+pytestmark = pytest.mark.slow
+
 LOCAL_SLURM = helpers.REPO / "tools" / "local_slurm.sh"
 
 

@@ -1,0 +1,108 @@
+"""What this CPU can do, and TensorFlow's oneDNN switch, settled before TensorFlow loads.
+
+TensorFlow 2.15 turns its oneDNN kernels on by default only on x86 CPUs with
+AVX-512 VNNI or newer. Elsewhere (every AVX2-only CPU, AMD EPYC up to Zen 3
+among them) convolutions fall back to TensorFlow's own im2col + small-GEMM path:
+a CosmoFlow Conv3D training step measured 4.1x slower on a 2-core AVX2 EPYC.
+TensorFlow reads `TF_ENABLE_ONEDNN_OPTS` once, when it is first imported, so
+`prefer_onednn()` must run before that; the packages of this repository call it
+in their `__init__`, which every entry point (train.py, bench/, `python -m`
+tools, the tests) imports first. A value the user set is left alone.
+
+This module imports nothing heavy: it must be importable before TensorFlow.
+"""
+
+import functools
+import os
+import platform
+import sys
+
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+_X86_64 = ("x86_64", "amd64")
+# Instruction-set levels, best first, by the /proc/cpuinfo flag that marks each.
+_ISA_LEVELS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
+_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+# Whether prefer_onednn() set the variable (as opposed to the user), for the report.
+_set_here = False
+
+
+@functools.lru_cache(maxsize=None)
+def _cpuinfo() -> tuple[str, frozenset]:
+    """(model name, flags) of the first processor in /proc/cpuinfo; ('', {}) where there is none."""
+    model, flags = "", frozenset()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not model:
+                    model = " ".join(value.split())
+                elif key == "flags":
+                    flags = frozenset(value.split())
+                    break   # the first processor's flags: all cores of a node share them
+    except OSError:
+        pass
+    return model, flags
+
+
+def isa(flags=None) -> str:
+    """The best vector instruction set: 'AMX', 'AVX-512', 'AVX2', 'AVX', or the machine name."""
+    flags = _cpuinfo()[1] if flags is None else flags
+    for flag, name in _ISA_LEVELS:
+        if flag in flags:
+            return name
+    return platform.machine() or "unknown"
+
+
+def has_native_bf16(flags=None) -> bool:
+    """Whether the CPU computes bf16 in hardware (AVX512_BF16 or AMX-BF16); else it is emulated."""
+    flags = _cpuinfo()[1] if flags is None else flags
+    return any(flag in flags for flag in _BF16_FLAGS)
+
+
+def prefer_onednn(environ=None, machine=None) -> bool:
+    """Turns TensorFlow's oneDNN kernels on for x86-64 CPUs unless the user chose; True if it set it.
+
+    Args:
+      environ: the environment to update (default: os.environ).
+      machine: platform.machine() to decide on (default: this one's).
+    """
+    global _set_here
+    environ = os.environ if environ is None else environ
+    machine = (machine or platform.machine()).lower()
+    if ONEDNN_ENV in environ or machine not in _X86_64:
+        return False
+    environ[ONEDNN_ENV] = "1"
+    if environ is os.environ:
+        _set_here = True
+    return True
+
+
+def onednn_enabled():
+    """Whether the imported TensorFlow runs its oneDNN kernels; None if it cannot tell."""
+    if "tensorflow" not in sys.modules:
+        return None
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # TF's own answer, private API
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
+
+
+def describe() -> dict:
+    """The CPU, its ISA, bf16 support and oneDNN state, for the [init] line and summary.json."""
+    model, flags = _cpuinfo()
+    onednn = onednn_enabled()
+    if onednn is None:
+        state = "unknown"
+    else:
+        if _set_here:
+            who = f"{ONEDNN_ENV}=1 set by this project"
+        elif ONEDNN_ENV in os.environ:
+            who = f"{ONEDNN_ENV}={os.environ[ONEDNN_ENV]} set by the user"
+        else:
+            who = "TensorFlow's default"
+        state = f"{'on' if onednn else 'off'} ({who})"
+    return {"cpu": model or platform.processor() or platform.machine(), "isa": isa(flags),
+            "bf16": "native" if has_native_bf16(flags) else "emulated", "onednn": state}
