@@ -68,11 +68,10 @@ def main(argv=None) -> int:
                    help="where to write the figures as JSON")
     args = p.parse_args(argv)
 
-    # `make` starts new Python processes: they decide oneDNN themselves (common/cpu.py);
-    # this process reports what they will get.
-    machine = {"cpu": cpu.describe()["cpu"], "isa": cpu.isa(), "bf16": "native" if cpu.has_native_bf16() else
-               "emulated", "cores": len(os.sched_getaffinity(0)),
-               cpu.ONEDNN_ENV: os.environ.get(cpu.ONEDNN_ENV, "unset")}
+    # `make` starts new Python processes that decide oneDNN themselves (common/cpu.py);
+    # this one has not loaded TensorFlow, so it reports the variable they inherit.
+    machine = {k: v for k, v in cpu.describe().items() if k != "onednn"}
+    machine |= {"cores": len(os.sched_getaffinity(0)), cpu.ONEDNN_ENV: os.environ.get(cpu.ONEDNN_ENV, "unset")}
     rows = []
     for name, measure in (("run", measure_run), ("test", measure_test)):
         if args.only in (None, name):
