@@ -23,7 +23,7 @@ import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="cosmoflow/configs/cosmoflow_closed.yaml")
+    p.add_argument("--config", default="cosmoflow/configs/cosmoflow_closed_gbs512.yaml")
     p.add_argument("--size", type=int, default=128, help="sample edge (must suit the config's model)")
     p.add_argument("--data-dir", default="data/bench_cosmoflow")
     p.add_argument("--n-samples", type=int, default=32)

@@ -23,7 +23,7 @@ import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="deepcam/configs/deepcam_closed.yaml")
+    p.add_argument("--config", default="deepcam/configs/deepcam_closed_gbs1024.yaml")
     p.add_argument("--height", type=int, default=768)
     p.add_argument("--width", type=int, default=1152)
     p.add_argument("--data-dir", default="data/bench_deepcam")

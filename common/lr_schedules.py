@@ -1,12 +1,13 @@
-"""Learning-rate schedules, as pure functions of the step and as Keras schedules.
+"""Learning-rate schedules of the MLCommons references, as pure functions of the step and as Keras schedules.
 
 Each schedule has a Python form (`at_step`), used for tests and logging, and a
 TensorFlow form (`__call__`), used by the optimizer inside the compiled step.
-Both compute the same numbers; a test checks it.
+Both compute the same numbers; a test checks it, and another checks both
+against a step-by-step simulation of the reference's schedulers.
 """
 
 import math
-from typing import Mapping
+from typing import Sequence
 
 import tensorflow as tf
 
@@ -23,22 +24,24 @@ def scale_lr(base_lr: float, global_batch_size: int, base_batch_size: int, scali
 
 
 class EpochWarmupStepDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
-    """CosmoFlow's schedule: per-epoch linear warmup, then step decay.
+    """CosmoFlow's schedule (reference utils/optimizers.py::_lr_schedule), per 0-based epoch e.
 
-    As in the reference: during epoch e < warmup_epochs the LR is
-    init_lr + e * (peak_lr - init_lr) / warmup_epochs, with
-    init_lr = base_lr * warmup_factor; afterwards it is peak_lr times the
-    factor of the last decay boundary reached (factors are absolute, not
-    cumulative: {32: 0.25, 64: 0.125} means peak/4 then peak/8).
+    Warmup: for e < warmup_epochs, init_lr + e * (peak_lr - init_lr) / warmup_epochs.
+    Then peak_lr times the factor of the last decay boundary b with b < e: a
+    boundary of 32 first acts in 0-based epoch 33 (the 34th epoch), exactly as
+    the reference's Keras LearningRateScheduler. Factors are absolute, not
+    cumulative: boundaries [32, 64] with factors [0.25, 0.125] mean peak/4, then peak/8.
     """
 
     def __init__(self, peak_lr: float, init_lr: float, warmup_epochs: int,
-                 decay: Mapping[int, float], steps_per_epoch: int):
+                 boundaries: Sequence[int], factors: Sequence[float], steps_per_epoch: int):
         super().__init__()
+        if len(boundaries) != len(factors):
+            raise ValueError(f"{len(boundaries)} decay boundaries but {len(factors)} factors")
         self.peak_lr = float(peak_lr)
         self.init_lr = float(init_lr)
         self.warmup_epochs = int(warmup_epochs)
-        self.decay = sorted((int(e), float(f)) for e, f in decay.items())
+        self.decay = sorted(zip((int(b) for b in boundaries), (float(f) for f in factors)))
         self.steps_per_epoch = int(steps_per_epoch)
 
     def at_epoch(self, epoch: int) -> float:
@@ -46,7 +49,7 @@ class EpochWarmupStepDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
             return self.init_lr + epoch * (self.peak_lr - self.init_lr) / self.warmup_epochs
         factor = 1.0
         for boundary, f in self.decay:
-            if epoch >= boundary:
+            if boundary < epoch:
                 factor = f
         return self.peak_lr * factor
 
@@ -57,7 +60,7 @@ class EpochWarmupStepDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
         epoch = tf.cast(step, tf.float32) // float(self.steps_per_epoch)
         factor = tf.constant(1.0)
         for boundary, f in self.decay:
-            factor = tf.where(epoch >= boundary, tf.constant(f), factor)
+            factor = tf.where(epoch > boundary, tf.constant(f), factor)
         decayed = self.peak_lr * factor
         if self.warmup_epochs == 0:
             return decayed
@@ -66,22 +69,31 @@ class EpochWarmupStepDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return dict(peak_lr=self.peak_lr, init_lr=self.init_lr, warmup_epochs=self.warmup_epochs,
-                    decay=dict(self.decay), steps_per_epoch=self.steps_per_epoch)
+                    boundaries=[b for b, _ in self.decay], factors=[f for _, f in self.decay],
+                    steps_per_epoch=self.steps_per_epoch)
 
 
 class StepWarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
-    """DeepCAM's step-based schedules with the reference's linear warmup.
+    """DeepCAM's step schedules, exactly as the reference drives them.
 
-    Warmup (step <= warmup_steps), as the reference's schedulers: with
-    warmup_factor 1 the LR rises linearly from 0 to start_lr; otherwise from
-    start_lr to start_lr * warmup_factor. After warmup, from the LR reached
-    (`peak`), either
-      'multistep': peak * decay_rate ** (number of milestones m with
-                   step >= warmup_steps + 1 + m); milestones count in steps
-                   after warmup, as the reference shifts them;
-      'cosine_annealing': eta_min + (peak - eta_min) * (1 + cos(pi * t / t_max)) / 2
-                   with t = step - warmup_steps (periodic in 2 t_max, as torch).
-    `step` is the optimizer step (0 for the first update).
+    The reference (utils/optimizer_helpers.py) builds its PyTorch scheduler
+    with last_epoch = start_step = 0, so the constructor's initial step moves
+    it to 1 and optimizer step j (0-based) runs at scheduler position k = j + 1:
+    the first update already uses start_lr / warmup_steps. The one exception
+    is cosine annealing without warmup, built with torch's default
+    last_epoch=-1: there step j runs at k = j.
+
+    At position k:
+      warmup (k <= warmup_steps):  start_lr * k / warmup_steps (warmup_factor 1), or
+                                   start_lr * ((warmup_factor - 1) * k / warmup_steps + 1);
+      'multistep':  peak * decay_rate ** (number of milestones m reached), where
+                    m is reached at k >= m, shifted to k >= m + warmup_steps + 1 with warmup;
+      'cosine_annealing':  eta_min + (peak - eta_min) * (1 + cos(pi * t / t_max)) / 2,
+                    t = k - warmup_steps (periodic in 2 t_max, as torch);
+    with peak = start_lr * warmup_factor after a warmup, else start_lr.
+    (With warmup_factor != 1 the reference's warmup schedulers raise, reading an
+    undefined `self.multiplier`; every RCP uses 1. Here the factor gives the
+    ramp the reference intended.)
     """
 
     def __init__(self, kind: str, start_lr: float, warmup_steps: int = 0, warmup_factor: float = 1.0,
@@ -98,35 +110,40 @@ class StepWarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
         self.t_max = int(t_max)
         self.eta_min = float(eta_min)
         self.peak_lr = self.start_lr * (self.warmup_factor if self.warmup_steps else 1.0)
+        # Where the scheduler stands at optimizer step 0 (see the class doc).
+        self.offset = 0 if (kind == "cosine_annealing" and not self.warmup_steps) else 1
+        # Milestones count from the end of warmup, one step later (the reference shifts them).
+        self.milestone_shift = self.warmup_steps + 1 if self.warmup_steps else 0
 
-    def _warmup(self, step):
-        fraction = step / self.warmup_steps
+    def _warmup(self, k):
+        fraction = k / self.warmup_steps
         if self.warmup_factor == 1.0:
             return self.start_lr * fraction
         return self.start_lr * ((self.warmup_factor - 1.0) * fraction + 1.0)
 
     def at_step(self, step: int) -> float:
-        if self.warmup_steps and step <= self.warmup_steps:
-            return self._warmup(step)
-        t = step - self.warmup_steps
+        k = step + self.offset
+        if self.warmup_steps and k <= self.warmup_steps:
+            return self._warmup(k)
         if self.kind == "multistep":
-            passed = sum(1 for m in self.milestones if t >= m + 1)
+            passed = sum(1 for m in self.milestones if k >= m + self.milestone_shift)
             return self.peak_lr * self.decay_rate ** passed
+        t = k - self.warmup_steps
         return self.eta_min + (self.peak_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.t_max)) / 2
 
     def __call__(self, step):
-        step = tf.cast(step, tf.float32)
-        t = step - self.warmup_steps
+        k = tf.cast(step, tf.float32) + self.offset
         if self.kind == "multistep":
             passed = tf.zeros([])
             for m in self.milestones:
-                passed += tf.cast(t >= m + 1, tf.float32)
+                passed += tf.cast(k >= m + self.milestone_shift, tf.float32)
             after = self.peak_lr * tf.pow(self.decay_rate, passed)
         else:
+            t = k - self.warmup_steps
             after = self.eta_min + (self.peak_lr - self.eta_min) * (1 + tf.cos(math.pi * t / self.t_max)) / 2
         if not self.warmup_steps:
             return after
-        return tf.where(step <= self.warmup_steps, self._warmup(step), after)
+        return tf.where(k <= self.warmup_steps, self._warmup(k), after)
 
     def get_config(self):
         return dict(kind=self.kind, start_lr=self.start_lr, warmup_steps=self.warmup_steps,

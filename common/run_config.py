@@ -16,6 +16,9 @@ class TrainLoopConfig:
     stop_at_target: bool = True
     # Local batches whose gradients are summed before each optimizer step.
     gradient_accumulation_frequency: int = 1
+    # The global batch the config's hyperparameters are for (its RCP entry).
+    # Closed division: a run launched at another global batch stops at init.
+    global_batch_size: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,3 +58,22 @@ class MLPerfConfig:
     # Weak scaling: this model instance's index and how many train concurrently (logged).
     instance_id: Optional[int] = None
     number_of_instances: Optional[int] = None
+
+
+def check_global_batch(cfg, global_batch_size: int, local_batch_size: int, ranks: int) -> None:
+    """A closed-division config reproduces one RCP entry: its global batch and no other.
+
+    Raised at init, so a mislaunched job costs seconds instead of a multi-day run
+    that fails the RCP check.
+    """
+    from common.errors import ConfigError
+    declared = cfg.train.global_batch_size
+    if cfg.mlperf.division != "closed" or declared is None or declared == global_batch_size:
+        return
+    accumulation = cfg.train.gradient_accumulation_frequency
+    raise ConfigError(
+        f"config key 'train.global_batch_size'={declared}: this closed-division config holds the RCP "
+        f"hyperparameters for global batch {declared}, but the job runs {ranks} ranks x local batch "
+        f"{local_batch_size} x accumulation {accumulation} = {global_batch_size}; launch "
+        f"{declared // max(1, local_batch_size * accumulation)} ranks, use the config for {global_batch_size} "
+        f"if one exists, or --set mlperf.division=open")

@@ -1,7 +1,7 @@
 """CosmoFlow configuration: typed sections loaded from configs/*.yaml."""
 
 import dataclasses
-from typing import Literal, Mapping, Optional
+from typing import Literal, Optional
 
 from common.errors import ConfigError
 from common.run_config import MLPerfConfig, RuntimeConfig, StagingConfig, TrainLoopConfig
@@ -29,21 +29,29 @@ class ModelConfig:
     n_conv_layers: int = 5
     fc1_size: int = 128
     fc2_size: int = 64
-    dropout: float = 0.5
-    l2: float = 0.0
+    dropout: float = 0.5                  # logged as `dropout` (an RCP hyperparameter)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    name: Literal["sgd"] = "sgd"
+    """SGD with the reference's epoch schedule, in the words of the MLPerf log and the RCP table.
+
+    Each value is what the log reports when the run's global batch is
+    train.global_batch_size. At another global batch (open division) the LR
+    after warmup scales by `scaling` while the warmup still starts from the
+    unscaled LR, as the reference does, and the log reports the scaled values.
+    """
+    name: Literal["SGD"] = "SGD"
     momentum: float = 0.9
-    base_lr: float = 0.001
-    base_batch_size: int = 64             # the LR is scaled from this global batch
+    base_learning_rate: float = 0.001     # opt_base_learning_rate: the LR after warmup
     scaling: Literal["linear", "sqrt", "none"] = "linear"
-    warmup_epochs: int = 4
-    warmup_factor: float = 1.0            # initial LR = base_lr * warmup_factor
-    decay_schedule: Mapping[int, float] = dataclasses.field(
-        default_factory=lambda: {32: 0.25, 64: 0.125})
+    warmup_epochs: int = 4                # opt_learning_rate_warmup_epochs
+    warmup_factor: float = 1.0            # opt_learning_rate_warmup_factor: warmup starts at base / factor
+    # opt_learning_rate_decay_boundary_epochs / _factor: the LR is base x factor
+    # from the 0-based epoch after each boundary on (the reference's `boundary < epoch`).
+    decay_boundary_epochs: tuple[int, ...] = (32, 64)
+    decay_factors: tuple[float, ...] = (0.25, 0.125)
+    weight_decay: float = 0.0             # opt_weight_decay: L2 on the two hidden Dense layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +61,7 @@ class CosmoFlowConfig:
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
-    train: TrainLoopConfig = TrainLoopConfig(n_epochs=128)
+    train: TrainLoopConfig = TrainLoopConfig(n_epochs=128, global_batch_size=64)
     staging: StagingConfig = StagingConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     mlperf: MLPerfConfig = MLPerfConfig()
@@ -71,6 +79,16 @@ class CosmoFlowConfig:
                               f"is not divisible by 2^{m.n_conv_layers} (one 2x pooling per layer)")
         if not 0.0 <= m.dropout < 1.0:
             raise ConfigError(f"config key 'model.dropout' must be in [0, 1), got {m.dropout}")
+        o = self.optimizer
+        if len(o.decay_boundary_epochs) != len(o.decay_factors):
+            raise ConfigError(f"config keys 'optimizer.decay_boundary_epochs' ({len(o.decay_boundary_epochs)} "
+                              f"values) and 'optimizer.decay_factors' ({len(o.decay_factors)}) differ in length")
+        if list(o.decay_boundary_epochs) != sorted(set(o.decay_boundary_epochs)):
+            raise ConfigError(f"config key 'optimizer.decay_boundary_epochs' must increase, "
+                              f"got {list(o.decay_boundary_epochs)}")
+        if o.warmup_factor <= 0 or o.base_learning_rate <= 0:
+            raise ConfigError("config keys 'optimizer.base_learning_rate' and 'optimizer.warmup_factor' "
+                              "must be positive")
         for key, value in (("data.batch_size", d.batch_size), ("data.n_train", d.n_train),
                            ("data.n_valid", d.n_valid), ("train.n_epochs", self.train.n_epochs)):
             if value <= 0:

@@ -41,4 +41,4 @@ def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_s
 def from_config(cfg) -> tf.keras.Model:
     m = cfg.model
     return build_model(cfg.data.sample_shape, 4, m.conv_size, m.kernel_size, m.n_conv_layers,
-                       m.fc1_size, m.fc2_size, m.dropout, m.l2)
+                       m.fc1_size, m.fc2_size, m.dropout, cfg.optimizer.weight_decay)

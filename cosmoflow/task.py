@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from common.lr_schedules import EpochWarmupStepDecay, scale_lr
 from common.memory import fits_in_memory
+from common.run_config import check_global_batch
 from common.sharding import check_divisible, list_files, select_and_shard
 from common.task import EvalMetric, Flag, Shards, Task
 from cosmoflow import data, model
@@ -21,6 +22,7 @@ FLAGS = (
     Flag(("--stage-dir",), "staging.stage_dir", "node-local directory to stage the data into"),
     Flag(("--seed",), "train.seed", "random seed (shared by all ranks)"),
     Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
+    Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder, or start from a model-only one"),
     Flag(("--amp",), "runtime.amp", "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)", is_switch=True),
     Flag(("--xla",), "runtime.xla", "XLA-compile the train step", is_switch=True),
     Flag(("--checkpoint-every",), "train.checkpoint_every", "epochs between checkpoints (0: none)"),
@@ -29,6 +31,7 @@ FLAGS = (
 
 def shard(cfg: CosmoFlowConfig, rank: int, size: int) -> Shards:
     d = cfg.data
+    check_global_batch(cfg, d.batch_size * size * cfg.train.gradient_accumulation_frequency, d.batch_size, size)
     check_divisible(d.n_train, size, d.batch_size, "n_train")
     check_divisible(d.n_valid, size, d.batch_size, "n_valid")
     train = list_files(f"{d.data_dir}/train", data.SUFFIXES)
@@ -56,11 +59,26 @@ def make_datasets(cfg: CosmoFlowConfig, shards: Shards, rank: int, local_size: i
     return train, valid
 
 
+def learning_rates(cfg: CosmoFlowConfig, global_batch_size: int) -> tuple[float, float]:
+    """(LR after warmup, LR at epoch 0) for this run's global batch.
+
+    At train.global_batch_size these are base_learning_rate and base / warmup_factor.
+    At another global batch the LR after warmup scales and the warmup start
+    stays (the reference's unscaled base LR), so the warmup factor the log
+    reports is their ratio, as the reference logs it (global / base batch).
+    """
+    o = cfg.optimizer
+    start = o.base_learning_rate / o.warmup_factor
+    reference_batch = cfg.train.global_batch_size or global_batch_size
+    peak = scale_lr(o.base_learning_rate, global_batch_size, reference_batch, o.scaling)
+    return peak, start
+
+
 def build_optimizer(cfg: CosmoFlowConfig, global_batch_size: int, steps_per_epoch: int):
     o = cfg.optimizer
-    peak = scale_lr(o.base_lr, global_batch_size, o.base_batch_size, o.scaling)
-    schedule = EpochWarmupStepDecay(peak_lr=peak, init_lr=o.base_lr * o.warmup_factor,
-                                    warmup_epochs=o.warmup_epochs, decay=o.decay_schedule,
+    peak, start = learning_rates(cfg, global_batch_size)
+    schedule = EpochWarmupStepDecay(peak_lr=peak, init_lr=start, warmup_epochs=o.warmup_epochs,
+                                    boundaries=o.decay_boundary_epochs, factors=o.decay_factors,
                                     steps_per_epoch=steps_per_epoch)
     return tf.keras.optimizers.SGD(learning_rate=schedule, momentum=o.momentum), schedule
 
@@ -81,17 +99,23 @@ def metric(cfg) -> EvalMetric:
 
 
 def mlperf_hyperparameters(cfg: CosmoFlowConfig, global_batch_size: int) -> dict:
+    """What this run does, under the names of the RCP table (rcps_cosmoflow.json).
+
+    The warmup factor is the LR after warmup over the LR warmup starts from (the
+    reference's global / base batch); with no warmup epochs it only tells the
+    scaling, as in the reference's logs.
+    """
     o = cfg.optimizer
-    boundaries = sorted(o.decay_schedule)
+    peak, start = learning_rates(cfg, global_batch_size)
     return {
         "opt_name": o.name,
-        "opt_base_learning_rate": scale_lr(o.base_lr, global_batch_size, o.base_batch_size, o.scaling),
+        "opt_base_learning_rate": peak,
         "opt_learning_rate_warmup_epochs": o.warmup_epochs,
-        "opt_learning_rate_warmup_factor": o.warmup_factor,
-        "opt_learning_rate_decay_boundary_epochs": boundaries,
-        "opt_learning_rate_decay_factor": [o.decay_schedule[b] for b in boundaries],
+        "opt_learning_rate_warmup_factor": peak / start,
+        "opt_learning_rate_decay_boundary_epochs": list(o.decay_boundary_epochs),
+        "opt_learning_rate_decay_factor": list(o.decay_factors),
         "dropout": cfg.model.dropout,
-        "opt_weight_decay": cfg.model.l2,
+        "opt_weight_decay": o.weight_decay,
     }
 
 

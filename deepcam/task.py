@@ -6,6 +6,7 @@ from common.errors import InputError
 from common.lr_schedules import StepWarmupSchedule
 from common.memory import fits_in_memory
 from common.optimizers import LAMB, AdamL2
+from common.run_config import check_global_batch
 from common.sharding import list_files, select_and_shard
 from common.task import EvalMetric, Flag, Shards, Task
 from deepcam import data, model
@@ -75,6 +76,8 @@ def shard(cfg: DeepCAMConfig, rank: int, size: int) -> Shards:
     reference's sampler drops the remainder; the full count is logged as train_samples.
     Validation: every file once, the first ranks taking one more when it does not divide."""
     d = cfg.data
+    check_global_batch(cfg, d.local_batch_size * size * cfg.train.gradient_accumulation_frequency,
+                       d.local_batch_size, size)
     train = list_files(f"{d.data_dir}/train", SUFFIXES)
     valid = list_files(f"{d.data_dir}/validation", SUFFIXES)
     if d.n_train and d.n_train % size:
@@ -175,9 +178,11 @@ def mlperf_hyperparameters(cfg: DeepCAMConfig, global_batch_size: int) -> dict:
     }
     if o.name == "LAMB":
         keys |= {"opt_bias_correction": True, "opt_grad_averaging": True, "opt_max_grad_norm": o.max_grad_norm}
-    keys["scheduler_type"] = s.type
+    # The reference logs every key of its --lr_schedule argument, whose
+    # decay_rate is there for cosine annealing too (rcps_deepcam.json, batch 128).
+    keys |= {"scheduler_type": s.type, "scheduler_decay_rate": s.decay_rate}
     if s.type == "multistep":
-        keys |= {"scheduler_milestones": list(s.milestones), "scheduler_decay_rate": s.decay_rate}
+        keys |= {"scheduler_milestones": list(s.milestones)}
     else:
         keys |= {"scheduler_t_max": s.t_max, "scheduler_eta_min": s.eta_min}
     keys |= {"scheduler_lr_warmup_steps": o.lr_warmup_steps, "scheduler_lr_warmup_factor": o.lr_warmup_factor}

@@ -6,7 +6,8 @@
 #   STAGE_DIR   node-local directory to stage each node's shard into (e.g. /tmp/$USER/data);
 #               unset: read DATA_DIR in place. '{node}' expands to the node index.
 #   OUTPUT_DIR  run directory (default: $REPO/runs/<benchmark>-$SLURM_JOB_ID)
-#   CONFIG      YAML config (default: the benchmark's closed-division config)
+#   CONFIG      YAML config (default: the benchmark's closed-division config whose global batch
+#               this job gives: ranks x the config's local batch; see closed_config below)
 #   CONTAINER   an Apptainer/Singularity image: ranks run in `apptainer exec --nv $CONTAINER`
 #   VENV        otherwise a virtual environment to activate (default: $REPO/.venv)
 #   SRUN_MPI    srun's PMI plugin (default: pmix; `srun --mpi=list` shows yours)
@@ -34,4 +35,20 @@ echo "[sbatch] job ${SLURM_JOB_ID:-?}: ${SLURM_NNODES:-1} node(s), ${SLURM_NTASK
 # srun with every rank killed if one fails (no rank left waiting in a collective).
 run_ranks() {
     srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1 "$@"
+}
+
+# The closed-division config (one per RCP global batch) that this many ranks run as its
+# RCP entry: ranks x the config's local batch == its train.global_batch_size.
+closed_config() {  # BENCH RANKS
+    local f gbs local_batch
+    for f in "$1"/configs/"$1"_closed_gbs*.yaml; do
+        gbs=$(sed -n 's/^  global_batch_size: *//p' "$f")
+        local_batch=$(sed -n -E 's/^  (local_)?batch_size: *//p' "$f")
+        if (( local_batch * $2 == gbs )); then
+            echo "$f"
+            return 0
+        fi
+    done
+    echo "[sbatch] no closed $1 config runs on $2 ranks (ranks x local batch must be an RCP global batch; see $1/configs/): set CONFIG" >&2
+    return 1
 }

@@ -18,15 +18,16 @@ def write(tmp_path, text) -> Path:
 
 
 def test_yaml_and_overrides_are_typed(tmp_path):
-    p = write(tmp_path, "data:\n  data_dir: /d\n  batch_size: 4\noptimizer:\n  decay_schedule: {3: 0.5}\n")
-    cfg = load_config(CosmoFlowConfig, p, {"data.n_train": "64", "optimizer.base_lr": "1e-3",
+    p = write(tmp_path, "data:\n  data_dir: /d\n  batch_size: 4\noptimizer:\n  decay_boundary_epochs: [3]\n"
+                        "  decay_factors: [0.5]\n")
+    cfg = load_config(CosmoFlowConfig, p, {"data.n_train": "64", "optimizer.base_learning_rate": "1e-3",
                                            "runtime.amp": "true", "data.sample_shape": "16,16,16,4",
                                            "model.n_conv_layers": "4"})
     assert cfg.data.batch_size == 4 and cfg.data.n_train == 64
-    assert cfg.optimizer.base_lr == pytest.approx(1e-3)
+    assert cfg.optimizer.base_learning_rate == pytest.approx(1e-3)
     assert cfg.runtime.amp is True
     assert cfg.data.sample_shape == (16, 16, 16, 4)
-    assert dict(cfg.optimizer.decay_schedule) == {3: 0.5}
+    assert cfg.optimizer.decay_boundary_epochs == (3,) and cfg.optimizer.decay_factors == (0.5,)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.data.batch_size = 3
 
@@ -38,6 +39,10 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     ("data:\n  data_dir: /d\n  batch_size: four\n", {}, "data.batch_size"),
     ("data:\n  data_dir: /d\nruntime:\n  amp_dtype: fp8\n", {}, "runtime.amp_dtype"),
     ("data: {}\n", {}, "data.data_dir"),
+    ("data:\n  data_dir: /d\noptimizer:\n  decay_boundary_epochs: [3, 5]\n  decay_factors: [0.5]\n", {},
+     "optimizer.decay_boundary_epochs"),
+    ("data:\n  data_dir: /d\noptimizer:\n  decay_boundary_epochs: [5, 3]\n  decay_factors: [0.5, 0.1]\n", {},
+     "optimizer.decay_boundary_epochs"),
 ])
 def test_bad_keys_and_values_name_the_key(tmp_path, text, override, culprit):
     with pytest.raises(ConfigError, match=culprit.replace(".", r"\.")):
@@ -81,4 +86,5 @@ def test_every_shipped_config_loads(path):
 
 
 def test_shipped_configs_exist():
-    assert any("cosmoflow_closed" in p.name for p in SHIPPED)
+    assert any("cosmoflow_closed_gbs" in p.name for p in SHIPPED)
+    assert any("deepcam_closed_gbs" in p.name for p in SHIPPED)
