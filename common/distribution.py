@@ -92,6 +92,18 @@ class Distribution:
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         return hvd.grouped_allreduce(grads, op=hvd.Average, compression=comp)
 
+    def average_variables(self, variables) -> None:
+        """Sets each variable to its mean over all ranks (sum / size), in one grouped allreduce.
+
+        Eager, between steps (batch-norm running statistics after an epoch).
+        Every rank must pass the same variables in the same order.
+        """
+        if self.size == 1:
+            return
+        sums = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Sum)
+        for variable, total in zip(variables, sums):
+            variable.assign(total / self.size)
+
     def rank_group(self, group_size: int, what: str = "group size") -> "RankGroup":
         """This rank's group of `group_size` consecutive ranks (for sync batch norm).
 

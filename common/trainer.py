@@ -16,13 +16,14 @@ import numpy as np
 import tensorflow as tf
 
 from common import runtime as runtime_lib
-from common.checkpoint import Checkpointer
+from common.checkpoint import Checkpointer, holds_training_state, restore_model_weights
 from common.errors import InputError
 from common.events import RunInfo
 from common.files import write_text_atomic
 from common.profiling import characterize_run
 from common.staging import stage_files
 from common.steps import TrainStep, make_eval_step
+from common.sync_batchnorm import average_batchnorm_statistics, batchnorm_statistics
 
 
 @dataclasses.dataclass
@@ -36,6 +37,9 @@ class RunResult:
     history: list = dataclasses.field(default_factory=list)
     staging: dict = dataclasses.field(default_factory=dict)
     weights_in_sync: bool = True
+    # Values the weights_in_sync fingerprint covered: every model variable,
+    # batch-norm running statistics included (more than num_params when the model has any).
+    weights_compared: int = 0
     runtime: dict = dataclasses.field(default_factory=dict)
     characterization: dict = dataclasses.field(default_factory=dict)
 
@@ -75,6 +79,10 @@ class Trainer:
         self.model = task.build_model(cfg, bn_group)
         self.result.num_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
         self.print(f"[init] model {self.model.name}: {self.result.num_params:,} trainable parameters")
+        n_bn = len(batchnorm_statistics(self.model)) // 2
+        if n_bn and dist.size > 1:
+            self.print(f"[init] batch norm: running statistics of {n_bn} layers averaged over the "
+                       f"{dist.size} ranks after every epoch")
         optimizer, self.schedule = task.build_optimizer(cfg, global_batch, self.steps_per_epoch)
         self.optimizer = runtime_lib.wrap_optimizer(optimizer)
         self.optimizer.build(self.model.trainable_variables)
@@ -86,13 +94,7 @@ class Trainer:
                                          keep=cfg.train.keep_checkpoints)
         self.start_epoch = 0
         if cfg.train.resume or cfg.train.resume_from:
-            source = cfg.train.resume_from or self.checkpointer.latest()
-            if source is None:
-                raise InputError(f"--resume: no checkpoint in {self.checkpointer.directory}")
-            if not Path(source).is_dir():
-                raise InputError(f"checkpoint not found: {source}")
-            self.start_epoch = self.checkpointer.restore(source)
-            self.print(f"[init] resumed from {source} (epoch {self.start_epoch})")
+            self._restore(cfg.train.resume_from or self.checkpointer.latest())
         # Every rank starts from rank 0's weights and optimizer state.
         self.dist.broadcast_variables(self.model.variables + self.optimizer.variables)
 
@@ -104,6 +106,23 @@ class Trainer:
             eval_samples=self.shards.n_valid,
             hyperparameters=task.mlperf_hyperparameters(cfg, global_batch),
             target_name=self.metric.name, target=self.target)
+
+    def _restore(self, source):
+        """Continues a run from a training checkpoint, or starts one from a model-only folder."""
+        if source is None:
+            raise InputError(f"--resume: no checkpoint in {self.checkpointer.directory}")
+        if not Path(source).is_dir():
+            raise InputError(f"checkpoint not found: {source}")
+        if not (Path(source) / "ckpt.index").is_file():
+            raise InputError(f"{source}: not a checkpoint folder (no ckpt.index)")
+        if holds_training_state(source):
+            self.start_epoch = self.checkpointer.restore(source)
+            self.print(f"[init] resumed from {source} (epoch {self.start_epoch})")
+            return
+        # A model without optimizer state or epoch (an imported reference model):
+        # fine-tuning or evaluating it is a new run, from epoch 0.
+        restore_model_weights(self.model, source)
+        self.print(f"[init] model weights from {source} (model-only folder: fresh optimizer, starting at epoch 0)")
 
     def _build_steps(self):
         cfg = self.cfg
@@ -174,6 +193,12 @@ class Trainer:
             self.epoch = epoch
             events.on_epoch_start(epoch)
             train = self._train_epoch(train_iter, epoch)
+            # As the MLCommons DeepCAM reference: after every epoch's training,
+            # evaluated or not, each rank's batch-norm running statistics (from
+            # its own shard) become their mean over all ranks, so evaluation,
+            # checkpoints (rank 0's) and the final model use the same statistics
+            # on every rank. A collective: every rank calls it, here.
+            average_batchnorm_statistics(self.model, self.dist)
             events.on_epoch_stop(epoch, train)
             record = {"epoch": epoch, "loss": train["loss"], "samples_per_s": train["samples_per_s"],
                       "lr": train["lr"]}
@@ -197,7 +222,7 @@ class Trainer:
         self.result.epochs = epoch
         self.result.time_to_train_s = time.perf_counter() - run_start
         events.on_run_stop(self.result.status, epoch)
-        self.result.weights_in_sync = self._weights_in_sync()
+        self.result.weights_in_sync, self.result.weights_compared = self._weights_in_sync()
         if cfg.runtime.characterize:
             self.result.characterization = self._characterize(train_ds.element_spec[0].shape[1:], info)
         return self.result
@@ -247,14 +272,19 @@ class Trainer:
                 raise InputError(found) from None
             raise
 
-    def _weights_in_sync(self) -> bool:
-        """All ranks must end with identical weights; a cheap fingerprint checks it."""
-        flat = [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in self.model.trainable_variables]
+    def _weights_in_sync(self) -> tuple[bool, int]:
+        """All ranks must end with identical variables; a cheap fingerprint checks it.
+
+        All of them, not only the trainable ones: batch-norm running statistics
+        that drifted apart (evaluation differs per rank, the checkpoint holds
+        rank 0's) show up here. Returns (in sync, number of values compared).
+        """
+        flat = [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in self.model.variables]
         w = tf.concat(flat, 0).numpy()
         probe = np.random.default_rng(1234).standard_normal(w.shape[0])
         fingerprint = np.array([w.sum(), np.abs(w).sum(), float(w @ probe)])
         gathered = self.dist.allgather(fingerprint)
-        return bool(np.all(gathered == gathered[0]))
+        return bool(np.all(gathered == gathered[0])), int(w.shape[0])
 
 
 def write_summary(result: RunResult, path, extra: dict) -> None:

@@ -51,6 +51,10 @@ def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == 2 and summary["weights_in_sync"] and summary["epochs"] == 1
+    # The fingerprint covers the batch-norm running statistics too (non-trainable),
+    # which every rank averages after each epoch (tests/test_batchnorm_stats.py).
+    assert summary["weights_compared"] > summary["num_params"]
+    assert re.search(r"batch norm: running statistics of \d+ layers averaged over the 2 ranks", proc.stdout)
     log = (out / "mlperf.log").read_text()
     assert '"key": "batchnorm_group_size", "value": 2' in log
     assert '"key": "global_batch_size", "value": 8' in log     # 2 ranks x 2 local x 2 accumulated
