@@ -84,8 +84,10 @@ def main(task, argv=None) -> int:
                           "status": cfg.mlperf.status, "platform": cfg.mlperf.platform}
             instance = {k: getattr(cfg.mlperf, k) for k in ("instance_id", "number_of_instances")
                         if getattr(cfg.mlperf, k) is not None}
-            listeners = [MLPerfLogger(output_dir, submission, metric_key=task.metric(cfg).name, instance=instance),
-                         ProgressPrinter()]
+            listeners = [ProgressPrinter()]
+            if not cfg.train.evaluate_only:   # an evaluation is no benchmark run: no MLPerf log
+                listeners.insert(0, MLPerfLogger(output_dir, submission, metric_key=task.metric(cfg).name,
+                                                 instance=instance))
         events = Events(listeners)
         trainer = Trainer(task, cfg, dist, events, output_dir)
         result = trainer.run()
@@ -100,7 +102,7 @@ def main(task, argv=None) -> int:
         # Every rank waits for rank 0's report: a rank that exits first with a
         # non-zero status would make the launcher kill rank 0 mid-write.
         dist.barrier()
-        return 0 if result.status == "success" else 3
+        return 0 if result.status in ("success", "evaluated") else 3
     except InputError as e:
         _abort(events, trainer)
         _fail(rank_prefix, " ".join(str(e).split()), EXIT_INPUT_ERROR)
@@ -129,6 +131,11 @@ def _abort(events, trainer) -> None:
 def _report(task, cfg, result, output_dir) -> str:
     log = (output_dir / LOG_NAME).resolve()
     metric_name = task.metric(cfg).name
+    if result.status == "evaluated":
+        print(f"[done] {task.name}: evaluated the model of epoch {result.epochs}: {metric_name} "
+              f"{result.metric:.4f} (target {task.target(cfg)})")
+        print(f"[done] run directory: {output_dir.resolve()}")
+        return "no log (evaluation only)"
     print(f"[done] {task.name}: {result.status}, {result.epochs} epoch(s), "
           f"{metric_name} {result.metric:.4f}, time to train {result.time_to_train_s / 60:.3f} min")
     print(f"[done] run directory: {output_dir.resolve()}")

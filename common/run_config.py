@@ -13,6 +13,9 @@ class TrainLoopConfig:
     resume: bool = False             # continue from the newest checkpoint in output_dir
     resume_from: Optional[str] = None  # or from this checkpoint folder (checkpoints/epoch-NNNNN)
     eval_every: int = 1              # epochs between evaluations
+    # Evaluate the (restored or imported, see --checkpoint) model once on the
+    # validation set and stop: no training, no MLPerf log.
+    evaluate_only: bool = False
     stop_at_target: bool = True
     # Local batches whose gradients are summed before each optimizer step.
     gradient_accumulation_frequency: int = 1

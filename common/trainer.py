@@ -184,6 +184,8 @@ class Trainer:
             self._record_shards()  # the paths actually read, staged or not
         train_ds, valid_ds = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size)
 
+        if cfg.train.evaluate_only:
+            return self._evaluate_only(valid_ds)
         events.on_run_start()
         self.run_started = True
         run_start = time.perf_counter()
@@ -225,6 +227,15 @@ class Trainer:
         self.result.weights_in_sync, self.result.weights_compared = self._weights_in_sync()
         if cfg.runtime.characterize:
             self.result.characterization = self._characterize(train_ds.element_spec[0].shape[1:], info)
+        return self.result
+
+    def _evaluate_only(self, valid_ds) -> RunResult:
+        """One pass over the validation set with the model as restored (--evaluate); rank 0's
+        report says the result (no run, so no run events)."""
+        self.result.metric = self._evaluate(valid_ds)
+        self.result.status = "evaluated"
+        self.result.epochs = self.start_epoch
+        self.result.weights_in_sync, self.result.weights_compared = self._weights_in_sync()
         return self.result
 
     def _characterize(self, sample_shape, info) -> dict:

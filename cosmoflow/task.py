@@ -22,7 +22,10 @@ FLAGS = (
     Flag(("--stage-dir",), "staging.stage_dir", "node-local directory to stage the data into"),
     Flag(("--seed",), "train.seed", "random seed (shared by all ranks)"),
     Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
-    Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder, or start from a model-only one"),
+    Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder, or start from "
+         "a model-only one (python -m cosmoflow.import_reference)"),
+    Flag(("--evaluate",), "train.evaluate_only", "evaluate the model once on the validation set "
+         "and stop (with --checkpoint)", is_switch=True),
     Flag(("--amp",), "runtime.amp", "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)", is_switch=True),
     Flag(("--xla",), "runtime.xla", "XLA-compile the train step", is_switch=True),
     Flag(("--checkpoint-every",), "train.checkpoint_every", "epochs between checkpoints (0: none)"),

@@ -63,7 +63,10 @@ FLAGS = (
     Flag(("--target_iou",), "target_iou", "stop when validation IoU reaches this"),
     Flag(("--save_frequency",), "train.checkpoint_every", "epochs between checkpoints (0: none); "
          "the reference counts steps"),
-    Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder"),
+    Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder, or start from "
+         "a model-only one (python -m deepcam.import_reference)"),
+    Flag(("--evaluate",), "train.evaluate_only", "evaluate the model once on the validation set "
+         "and stop (with --checkpoint)", is_switch=True),
     Flag(("--stage_dir",), "staging.stage_dir", "node-local directory to stage the data into"),
     Flag(("--amp",), "runtime.amp", "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)", is_switch=True),
     Flag(("--xla",), "runtime.xla", "XLA-compile forward and backward", is_switch=True),

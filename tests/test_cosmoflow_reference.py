@@ -218,3 +218,27 @@ def test_predict_reads_uncompressed_files_and_names_a_bad_one(imported_run, tmp_
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(bad) in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "broken.prediction.json").exists()
+
+
+def test_evaluate_an_imported_model_without_training(imported_run, tmp_path):
+    # --checkpoint FOLDER --evaluate: one validation pass with the imported weights, no log.
+    root, cfg = imported_run["root"], imported_run["cfg"]
+    proc = helpers.run(helpers.train_cmd(
+        "cosmoflow", helpers.REPO / "tests/configs/cosmoflow_tiny.yaml", "--data-dir", root / "data",
+        "--output-dir", tmp_path / "eval", "--checkpoint", root / "imported", "--evaluate",
+        "--n-train", "16", "--n-valid", "8"), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["status"] == "evaluated" and summary["history"] == []
+    assert not (tmp_path / "eval" / "mlperf.log").exists()
+    # The oracle: the imported model's MAE over the 8 validation files, log(1 + counts) as in training.
+    model = model_lib.from_config(cfg)
+    restore_model_weights(model, root / "imported")
+    errors = []
+    for path in sorted((root / "data" / "validation").iterdir()):
+        example = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(str(path), "GZIP"))).numpy())
+        x = np.frombuffer(example.features.feature["x"].bytes_list.value[0], np.int16).reshape(1, 32, 32, 32, 4)
+        pred = model(np.log1p(x.astype(np.float32)), training=False).numpy()[0]
+        errors.append(np.abs(pred - np.array(example.features.feature["y"].float_list.value)))
+    assert summary["metric"] == pytest.approx(float(np.mean(errors)), rel=1e-4)
+    assert f"evaluated the model of epoch 0: eval_error {summary['metric']:.4f}" in proc.stdout
