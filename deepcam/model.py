@@ -1,6 +1,7 @@
 """DeepLabv3+ with the modified aligned Xception backbone, as the MLPerf reference.
 
-Layer for layer the reference (mlcommons/hpc deepcam, PyTorch), in Keras, NHWC:
+Layer for layer the reference (mlcommons/hpc deepcam, PyTorch,
+architecture/deeplab_xception.py), in Keras, NHWC:
 - entry flow: 3x3/2 conv 32, 3x3 conv 64, blocks 128/2, 256/2, 728/2;
 - middle flow: 16 residual blocks of three 728-channel separable convolutions;
 - exit flow: block 728->1024 (+ separable 1024), separable 1536, 1536, 2048 at
@@ -8,22 +9,112 @@ Layer for layer the reference (mlcommons/hpc deepcam, PyTorch), in Keras, NHWC:
 - bottleneck (ASPP): 1x1 and 3x3 convolutions at rates 6/12/18 plus image
   pooling (1x1 conv and a trainable affine instead of batch norm), fused 1x1;
 - decoder: two 3x3/2 transposed convolutions to stride 4, concatenated with
-  the 48-channel reduction of block 1's output, two 3x3 convs and a 1x1,
+  the 48-channel reduction of ReLU(block 1's output), two 3x3 convs and a 1x1,
   then two more 3x3/2 transposed convolutions up to the input size.
 With 16 input channels: 56,454,720 trainable parameters. The reference
 upsamples with transposed convolutions (not bilinear), which the count reflects.
 
-Separable convolutions pad symmetrically by their dilation ("same" for odd
-kernels) and carry no bias, batch norm follows, as in the reference.
+The same function, not only the same shapes:
+- every layer holding weights is named after the reference module that holds
+  them (`xception_features.block1.rep.0.conv1`, `upsample.deconv1.1.bn`), so
+  deepcam.import_reference maps a PyTorch state dict by name;
+- padding is PyTorch's, symmetric: TF's "same" pads a strided convolution
+  0 before and 1 after, and places a transposed convolution's taps one pixel
+  off (see `entry_conv` and `transposed_conv`);
+- initialization is per layer as the reference leaves it: kaiming_normal_
+  where it calls it (Xception and ASPP convolutions), PyTorch's default
+  uniform everywhere else (its DeepLabv3_plus and DeconvUpsampler init
+  methods are never called).
 `width` scales every channel count for small CPU runs.
 """
+
+import math
 
 import tensorflow as tf
 from tensorflow.keras import layers
 
 from common.sync_batchnorm import GroupBatchNormalization
 
-_INIT = "he_normal"   # the reference's kaiming_normal_ (fan-in, gain sqrt 2)
+# PyTorch's BatchNorm2d defaults. Its momentum 0.1 weighs the new batch
+# (running = 0.9 * running + 0.1 * batch); Keras' momentum weighs the old value.
+BN_MOMENTUM = 0.9
+BN_EPSILON = 1e-5
+ASPP_RATES = (6, 12, 18)        # output stride 16; the first ASPP branch is a 1x1 convolution
+EXIT_DILATION = 2               # exit flow separable convolutions at output stride 16
+
+
+class KaimingNormal(tf.keras.initializers.Initializer):
+    """torch.nn.init.kaiming_normal_ with its defaults: N(0, 2 / fan_in), not truncated.
+
+    The fan-in is given by the caller, because PyTorch counts it per group: a
+    depthwise 3x3 convolution has fan-in 9, where Keras' he_normal counts
+    9 x channels (and draws from a truncated normal).
+    """
+
+    def __init__(self, fan_in: int):
+        self.fan_in = int(fan_in)
+
+    def __call__(self, shape, dtype=None, **kwargs):
+        return tf.random.normal(shape, stddev=math.sqrt(2.0 / self.fan_in), dtype=dtype or tf.float32)
+
+    def get_config(self):
+        return {"fan_in": self.fan_in}
+
+
+class TorchDefaultUniform(tf.keras.initializers.Initializer):
+    """PyTorch's default for a convolution's weight and bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+
+    (kaiming_uniform_(a=sqrt 5) on the weight gives this bound.) A transposed
+    convolution's fan-in is out_channels x kh x kw: PyTorch reads it from
+    dimension 1 of the [in, out, kh, kw] weight.
+    """
+
+    def __init__(self, fan_in: int):
+        self.fan_in = int(fan_in)
+
+    def __call__(self, shape, dtype=None, **kwargs):
+        bound = 1.0 / math.sqrt(self.fan_in)
+        return tf.random.uniform(shape, -bound, bound, dtype=dtype or tf.float32)
+
+    def get_config(self):
+        return {"fan_in": self.fan_in}
+
+
+class TrainableAffine(layers.Layer):
+    """Per-channel scale and shift (the reference's TrainableAffine, after the pooling branch's conv)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(name="scale", shape=input_shape[-1:], initializer="ones")
+        self.shift = self.add_weight(name="shift", shape=input_shape[-1:], initializer="zeros")
+
+    def call(self, x):
+        return x * tf.cast(self.scale, x.dtype) + tf.cast(self.shift, x.dtype)
+
+
+def entry_conv(x, filters: int, name: str):
+    """The reference's first convolution: 3x3, stride 2, padding 1 on each side, kaiming normal.
+
+    TF's "same" pads a stride-2 3x3 convolution of an even size 0 before and
+    1 after: output pixel o would read inputs 2o..2o+2 instead of 2o-1..2o+1.
+    """
+    fan_in = 9 * x.shape[-1]
+    x = layers.ZeroPadding2D(1, name=f"{name}_pad")(x)
+    return layers.Conv2D(filters, 3, strides=2, use_bias=False, kernel_initializer=KaimingNormal(fan_in),
+                         name=name)(x)
+
+
+def transposed_conv(x, filters: int, name: str, dtype=None):
+    """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1), no bias, default init.
+
+    There input i reaches output o = 2i - 1 + k through tap k (output 2H).
+    TF's "valid" places it at o = 2i + k (output 2H + 1): dropping the first
+    row and column aligns the two. TF's "same" would keep the first 2H rows,
+    one pixel off.
+    """
+    fan_in = 9 * filters
+    x = layers.Conv2DTranspose(filters, 3, strides=2, padding="valid", use_bias=False,
+                               kernel_initializer=TorchDefaultUniform(fan_in), dtype=dtype, name=name)(x)
+    return layers.Cropping2D(((1, 0), (1, 0)), dtype=dtype, name=f"{name}_crop")(x)
 
 
 class _Builder:
@@ -36,120 +127,129 @@ class _Builder:
     def ch(self, channels: int) -> int:
         return max(1, int(round(channels * self.width)))
 
-    def bn(self, name):
+    def bn(self, x, name):
+        """Batch norm named after the reference's GBN wrapper: the BatchNorm2d inside is `.bn`."""
+        kwargs = dict(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=f"{name}.bn")
         if self.bn_group is None or self.bn_group.size == 1:
-            return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=name)
-        return GroupBatchNormalization(self.bn_group, momentum=0.9, epsilon=1e-5, name=name)
+            return layers.BatchNormalization(**kwargs)(x)
+        return GroupBatchNormalization(self.bn_group, **kwargs)(x)
 
     @staticmethod
-    def sep_conv(x, filters, stride=1, dilation=1, name=None):
-        """Depthwise 3x3 then pointwise 1x1, no bias; pad = dilation on each side."""
+    def conv(x, filters, kernel, name, init, dilation=1, use_bias=False):
+        """Stride-1 convolution; "same" pads odd kernels symmetrically, as PyTorch's padding=dilation*(k-1)/2."""
+        fan_in = kernel * kernel * x.shape[-1]
+        return layers.Conv2D(filters, kernel, padding="same", dilation_rate=dilation, use_bias=use_bias,
+                             kernel_initializer=init(fan_in), bias_initializer=TorchDefaultUniform(fan_in),
+                             name=name)(x)
+
+    @staticmethod
+    def sep_conv(x, filters, name, stride=1, dilation=1):
+        """The reference's SeparableConv2d_same: depthwise 3x3 (`.conv1`) then pointwise 1x1, no bias,
+        padded by the dilation on each side, both kaiming normal with PyTorch's per-group fan-in."""
         if stride == 1:
             x = layers.DepthwiseConv2D(3, padding="same", dilation_rate=dilation, use_bias=False,
-                                       depthwise_initializer=_INIT, name=f"{name}_dw")(x)
+                                       depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
         else:
             x = layers.ZeroPadding2D(dilation, name=f"{name}_pad")(x)
             x = layers.DepthwiseConv2D(3, strides=stride, dilation_rate=dilation, use_bias=False,
-                                       depthwise_initializer=_INIT, name=f"{name}_dw")(x)
-        return layers.Conv2D(filters, 1, use_bias=False, kernel_initializer=_INIT, name=f"{name}_pw")(x)
+                                       depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
+        return layers.Conv2D(filters, 1, use_bias=False, kernel_initializer=KaimingNormal(x.shape[-1]),
+                             name=f"{name}.pointwise")(x)
 
-    def block(self, x, filters, reps, stride=1, dilation=1, end_with_relu=True, grow_first=True,
-              is_last=False, name="block"):
-        """The reference's Xception block: (sep conv, BN, ReLU) x reps without the
-        last ReLU, then a strided separable conv (or one more at stride 1 if last),
-        plus a (projected) shortcut."""
+    def block(self, x, filters, reps, name, stride=1, dilation=1, end_with_relu=True, grow_first=True,
+              is_last=False):
+        """The reference's Xception Block: `rep` holds (sep conv, BN, ReLU) x reps without the last
+        ReLU, then a strided separable conv (or one more at stride 1 if last); plus a shortcut,
+        projected by a 1x1 conv and BN when the shape changes."""
         inplanes = x.shape[-1]
         planes = self.ch(filters)
         shortcut = x
         if planes != inplanes or stride != 1:
-            # A strided 1x1 convolution reads every stride-th pixel; slicing first
-            # computes the same and avoids a oneDNN crash in TF 2.15's backward
-            # pass of strided 1x1 convolutions on CPU.
+            # A strided 1x1 convolution reads every stride-th pixel from index 0 (as
+            # PyTorch's); slicing first computes the same and avoids a oneDNN crash in
+            # TF 2.15's backward pass of strided 1x1 convolutions on CPU.
             sub = x[:, ::stride, ::stride, :] if stride != 1 else x
-            shortcut = layers.Conv2D(planes, 1, use_bias=False, kernel_initializer=_INIT,
-                                     name=f"{name}_skip")(sub)
-            shortcut = self.bn(f"{name}_skip_bn")(shortcut)
+            shortcut = layers.Conv2D(planes, 1, use_bias=False, kernel_initializer=KaimingNormal(inplanes),
+                                     name=f"{name}.skip")(sub)
+            shortcut = self.bn(shortcut, f"{name}.skipbn")
         widths = ([planes] * reps) if grow_first else ([inplanes] * (reps - 1) + [planes])
+        # Indices as in the reference's nn.Sequential: sep conv 3i, BN 3i+1, ReLU 3i+2.
         for i, w in enumerate(widths):
-            x = self.sep_conv(x, w, dilation=dilation, name=f"{name}_sep{i + 1}")
-            x = self.bn(f"{name}_bn{i + 1}")(x)
+            x = self.sep_conv(x, w, dilation=dilation, name=f"{name}.rep.{3 * i}")
+            x = self.bn(x, f"{name}.rep.{3 * i + 1}")
             if i < len(widths) - 1:
-                x = layers.ReLU(name=f"{name}_relu{i + 1}")(x)
+                x = layers.ReLU(name=f"{name}.rep.{3 * i + 2}")(x)
+        # The reference passes no dilation to these two.
         if stride != 1:
-            x = self.sep_conv(x, planes, stride=stride, name=f"{name}_down")
+            x = self.sep_conv(x, planes, stride=stride, name=f"{name}.rep.{3 * reps - 1}")
         elif is_last:
-            x = self.sep_conv(x, planes, name=f"{name}_last")
+            x = self.sep_conv(x, planes, name=f"{name}.rep.{3 * reps - 1}")
         x = layers.Add(name=f"{name}_add")([x, shortcut])
-        return layers.ReLU(name=f"{name}_out")(x) if end_with_relu else x
-
-    def conv_bn_relu(self, x, filters, kernel, dilation=1, name="conv"):
-        x = layers.Conv2D(filters, kernel, padding="same", dilation_rate=dilation, use_bias=False,
-                          kernel_initializer=_INIT, name=name)(x)
-        return layers.ReLU(name=f"{name}_relu")(self.bn(f"{name}_bn")(x))
-
-    def deconv_bn_relu(self, x, filters, name):
-        x = layers.Conv2DTranspose(filters, 3, strides=2, padding="same", use_bias=False,
-                                   kernel_initializer=_INIT, name=name)(x)
-        return layers.ReLU(name=f"{name}_relu")(self.bn(f"{name}_bn")(x))
-
-
-class _Affine(layers.Layer):
-    """Per-channel scale and shift (the reference's TrainableAffine)."""
-
-    def build(self, input_shape):
-        self.scale = self.add_weight(name="scale", shape=input_shape[-1:], initializer="ones")
-        self.shift = self.add_weight(name="shift", shape=input_shape[-1:], initializer="zeros")
-
-    def call(self, x):
-        return x * tf.cast(self.scale, x.dtype) + tf.cast(self.shift, x.dtype)
+        return layers.ReLU(name=f"{name}_relu")(x) if end_with_relu else x
 
 
 def _xception(b: _Builder, x, middle_blocks: int):
-    x = layers.Conv2D(b.ch(32), 3, strides=2, padding="same", use_bias=False, kernel_initializer=_INIT,
-                      name="entry_conv1")(x)
-    x = layers.ReLU(name="entry_relu1")(b.bn("entry_bn1")(x))
-    x = b.conv_bn_relu(x, b.ch(64), 3, name="entry_conv2")
-    x = b.block(x, 128, reps=2, stride=2, end_with_relu=False, name="entry_block1")
+    """Returns (features at stride 16, low-level features at stride 4)."""
+    p = "xception_features"
+    x = entry_conv(x, b.ch(32), name=f"{p}.conv1")
+    x = layers.ReLU(name=f"{p}.relu1")(b.bn(x, f"{p}.bn1"))
+    x = b.conv(x, b.ch(64), 3, name=f"{p}.conv2", init=KaimingNormal)
+    x = layers.ReLU(name=f"{p}.relu2")(b.bn(x, f"{p}.bn2"))
+    x = b.block(x, 128, reps=2, stride=2, end_with_relu=False, name=f"{p}.block1")
+    # The reference keeps `low_level_feat = x`, then applies an in-place ReLU
+    # to x: the decoder's low-level features are ReLU(block1) too.
+    x = layers.ReLU(name=f"{p}.block1_relu")(x)
     low_level = x
-    x = layers.ReLU(name="entry_block1_relu")(x)
-    x = b.block(x, 256, reps=2, stride=2, name="entry_block2")
-    x = b.block(x, 728, reps=2, stride=2, is_last=True, name="entry_block3")
+    x = b.block(x, 256, reps=2, stride=2, name=f"{p}.block2")
+    x = b.block(x, 728, reps=2, stride=2, is_last=True, name=f"{p}.block3")
     for i in range(middle_blocks):
-        x = b.block(x, 728, reps=3, name=f"middle_block{i + 1}")
-    x = b.block(x, 1024, reps=2, end_with_relu=False, grow_first=False, is_last=True, name="exit_block")
-    for i, filters in enumerate((1536, 1536, 2048)):
-        x = b.sep_conv(x, b.ch(filters), dilation=2, name=f"exit_sep{i + 1}")
-        x = layers.ReLU(name=f"exit_relu{i + 1}")(b.bn(f"exit_bn{i + 1}")(x))
+        x = b.block(x, 728, reps=3, name=f"{p}.block{4 + i}")
+    # block20 in the reference (16 middle blocks); no ReLU after it.
+    x = b.block(x, 1024, reps=2, end_with_relu=False, grow_first=False, is_last=True,
+                name=f"{p}.block{4 + middle_blocks}")
+    for i, filters in enumerate((1536, 1536, 2048), start=3):
+        x = b.sep_conv(x, b.ch(filters), dilation=EXIT_DILATION, name=f"{p}.conv{i}")
+        x = layers.ReLU(name=f"{p}.relu{i}")(b.bn(x, f"{p}.bn{i}"))
     return x, low_level
 
 
-def _bottleneck(b: _Builder, x, rates=(6, 12, 18)):
+def _bottleneck(b: _Builder, x):
+    p = "bottleneck"
     c = b.ch(256)
-    branches = [b.conv_bn_relu(x, c, 1, name="aspp1")]
-    branches += [b.conv_bn_relu(x, c, 3, dilation=r, name=f"aspp{i + 2}") for i, r in enumerate(rates)]
-    pooled = layers.GlobalAveragePooling2D(keepdims=True, name="aspp_pool")(x)
-    pooled = layers.Conv2D(c, 1, use_bias=False, kernel_initializer=_INIT, name="aspp_pool_conv")(pooled)
-    pooled = layers.ReLU(name="aspp_pool_relu")(_Affine(name="aspp_pool_affine")(pooled))
-    # Broadcasting the 1x1 pooled map is what the reference's bilinear
-    # upsampling of a 1x1 map (and its later tile) computes.
-    pooled = layers.UpSampling2D((x.shape[1], x.shape[2]), name="aspp_pool_tile")(pooled)
-    x = layers.Concatenate(name="aspp_concat")(branches + [pooled])
-    return b.conv_bn_relu(x, c, 1, name="aspp_fuse")
+    branches = []
+    for i, rate in enumerate((1,) + ASPP_RATES, start=1):
+        y = b.conv(x, c, 1 if rate == 1 else 3, dilation=rate, init=KaimingNormal,
+                   name=f"{p}.aspp{i}.atrous_convolution")
+        branches.append(layers.ReLU(name=f"{p}.aspp{i}.relu")(b.bn(y, f"{p}.aspp{i}.bn")))
+    g = f"{p}.global_avg_pool.global_average_pool"
+    pooled = layers.GlobalAveragePooling2D(keepdims=True, name=f"{g}.0")(x)
+    pooled = b.conv(pooled, c, 1, init=TorchDefaultUniform, name=f"{g}.1")
+    pooled = layers.ReLU(name=f"{g}.3")(TrainableAffine(name=f"{g}.2")(pooled))
+    # The reference tiles the 1x1 map to 48x72, its feature size at 768x1152;
+    # repeating it to the feature size is the same there and works at any size.
+    pooled = layers.UpSampling2D((x.shape[1], x.shape[2]), name=f"{p}.global_avg_pool_tile")(pooled)
+    x = layers.Concatenate(name=f"{p}.concat")(branches + [pooled])
+    x = b.conv(x, c, 1, init=TorchDefaultUniform, name=f"{p}.conv")
+    return layers.ReLU(name=f"{p}.relu")(b.bn(x, f"{p}.bn"))
 
 
 def _decoder(b: _Builder, x, low_level, n_classes: int):
     c = b.ch(256)
-    low_level = b.conv_bn_relu(low_level, b.ch(48), 1, name="low_level")
-    x = b.deconv_bn_relu(x, c, name="up1a")
-    x = b.deconv_bn_relu(x, c, name="up1b")
-    x = layers.Concatenate(name="decoder_concat")([x, low_level])
-    x = b.conv_bn_relu(x, c, 3, name="decoder_conv1")
-    x = b.conv_bn_relu(x, c, 3, name="decoder_conv2")
-    x = layers.Conv2D(c, 1, kernel_initializer=_INIT, name="decoder_conv3")(x)   # with bias, as the reference
-    x = b.deconv_bn_relu(x, c, name="up2")
+    low_level = b.conv(low_level, b.ch(48), 1, init=TorchDefaultUniform, name="conv2")
+    low_level = layers.ReLU(name="relu")(b.bn(low_level, "bn2"))
+    p = "upsample"
+    for i in (0, 3):
+        x = transposed_conv(x, c, name=f"{p}.deconv1.{i}")
+        x = layers.ReLU(name=f"{p}.deconv1.{i + 2}")(b.bn(x, f"{p}.deconv1.{i + 1}"))
+    x = layers.Concatenate(name=f"{p}.concat")([x, low_level])
+    for i in (0, 3):
+        x = b.conv(x, c, 3, init=TorchDefaultUniform, name=f"{p}.conv1.{i}")
+        x = layers.ReLU(name=f"{p}.conv1.{i + 2}")(b.bn(x, f"{p}.conv1.{i + 1}"))
+    x = b.conv(x, c, 1, init=TorchDefaultUniform, use_bias=True, name=f"{p}.conv1.6")   # bias, as the reference
+    x = transposed_conv(x, c, name=f"{p}.deconv2.0")
+    x = layers.ReLU(name=f"{p}.deconv2.2")(b.bn(x, f"{p}.deconv2.1"))
     # No bias or batch norm on the last transposed convolution (reference).
-    return layers.Conv2DTranspose(n_classes, 3, strides=2, padding="same", use_bias=False,
-                                  kernel_initializer=_INIT, dtype="float32", name="logits")(x)
+    return transposed_conv(x, n_classes, name=f"{p}.last_deconv.0", dtype="float32")
 
 
 def build_model(height: int, width: int, in_channels: int, n_classes: int = 3, *, width_multiplier: float = 1.0,

@@ -28,7 +28,7 @@ def tiny_config():
 
 
 # DeepCAM: 64x96 samples with events enlarged (tiny objects learn slowly at this size);
-# the tiny config reaches IoU 0.82 on them in about 8 epochs.
+# the tiny config reaches IoU 0.82 on them in about 5 epochs (0.835 after 5 seen with the reference init).
 DEEPCAM_TINY = dict(height=64, width=96, n_train=256, n_valid=32, seed=11, cyclone_fraction=0.01,
                     river_fraction=0.03)
 

@@ -1,21 +1,156 @@
-"""DeepCAM model size, loss and IoU metric against hand-computed cases."""
+"""DeepCAM model size and initialization, prediction, loss and IoU metric against hand-computed cases.
 
+(The model's function against the reference's: tests/test_deepcam_reference.py.)
+"""
+
+import math
+
+import h5py
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from deepcam import model, task
+from common.checkpoint import CONFIG_NAME, restore_model_weights, save_model_weights
+from common.config import dump_config
+from deepcam import import_reference, model, predict, task
+from tests import helpers
+
+TINY_CONFIG = helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"   # width 0.125, one middle block
 
 
 def count(m):
     return int(sum(np.prod(v.shape) for v in m.trainable_variables))
 
 
-def test_full_model_has_the_reference_parameter_count():
-    m = model.build_model(768, 1152, 16)
-    assert count(m) == 56_454_720
-    assert m.output_shape == (None, 768, 1152, 3)
-    assert m.output.dtype == tf.float32
+@pytest.fixture(scope="module")
+def full_model():
+    """The reference-size model, built once (about 10 s) for the size and initialization tests."""
+    tf.keras.utils.set_random_seed(5)
+    return model.build_model(768, 1152, 16)
+
+
+def test_full_model_has_the_reference_parameter_count(full_model):
+    assert count(full_model) == 56_454_720
+    assert full_model.output_shape == (None, 768, 1152, 3)
+    assert full_model.output.dtype == tf.float32
+
+
+def pytorch_initial_distribution(name, torch_shape, weight_shape):
+    """(kind, "normal" or "uniform", std) of a reference tensor when DeepLabv3_plus is built.
+
+    Xception and ASPP_module call kaiming_normal_ on their nn.Conv2d weights:
+    N(0, 2 / fan_in). Every other convolution keeps PyTorch's default,
+    kaiming_uniform_(a=sqrt 5): U(-b, b), b = 1 / sqrt(fan_in), as does the one
+    bias. PyTorch's fan-in is dim 1 x kh x kw of the weight: in / groups for a
+    convolution [out, in / groups, kh, kw], out for a transposed one [in, out, kh, kw].
+    """
+    fan_in = weight_shape[1] * weight_shape[2] * weight_shape[3]
+    if name.endswith(".bias"):
+        return "bias", "uniform", 1 / math.sqrt(fan_in) / math.sqrt(3)
+    if name.startswith(("xception_features.", "bottleneck.aspp")):
+        if name == "xception_features.conv1.weight":
+            kind = "entry conv"
+        elif torch_shape[1] == 1:
+            kind = "depthwise"
+        elif torch_shape[2:] == (1, 1) and name.startswith("xception_features."):
+            kind = "pointwise and skip"
+        else:
+            kind = "ASPP and 3x3 conv" if name.startswith("bottleneck") else "entry 3x3 conv"
+        return kind, "normal", math.sqrt(2 / fan_in)
+    kind = "transposed conv" if "deconv" in name else "default-init conv"
+    return kind, "uniform", 1 / math.sqrt(fan_in) / math.sqrt(3)
+
+
+def test_initialization_follows_pytorch_per_layer(full_model):
+    # One build gives thousands to millions of draws per kind (the smallest: the
+    # 4608 of the entry conv), so one seed decides; each layer of 4096 draws or
+    # more is checked alone as well (its std is then known to about 1%).
+    mapping = import_reference.tensor_map(full_model)
+    pooled = {}
+    for name, (variable, layout) in mapping.items():
+        value = variable.numpy()
+        suffix = name.rsplit(".", 1)[1]
+        if suffix in ("running_mean", "running_var") or ".bn." in name or ".global_average_pool.2." in name:
+            # Batch norm and TrainableAffine: scale 1, shift 0; running statistics 0 and 1.
+            expected = 1.0 if suffix in ("weight", "weights", "running_var") else 0.0
+            np.testing.assert_array_equal(value, expected, err_msg=name)
+            continue
+        weight = name.rsplit(".", 1)[0] + ".weight"
+        torch_shape = layout.reference_shape(variable.shape)
+        kind, law, std = pytorch_initial_distribution(name, torch_shape,
+                                                      mapping[weight][1].reference_shape(mapping[weight][0].shape))
+        z = value.ravel() / std
+        if z.size >= 4096:
+            assert abs(z.std() - 1) < 0.1, f"{name}: std {value.std():.4g}, PyTorch's {std:.4g}"
+        pooled.setdefault((kind, law), []).append(z)
+    assert set(kind for kind, _ in pooled) == {"entry conv", "entry 3x3 conv", "depthwise", "pointwise and skip",
+                                               "ASPP and 3x3 conv", "default-init conv", "transposed conv", "bias"}
+    for (kind, law), parts in pooled.items():
+        z = np.concatenate(parts)
+        assert abs(z.std() - 1) < 0.1, f"{kind}: std {z.std():.3f} x PyTorch's"
+        if law == "normal":
+            # Not truncated: a normal has 1.24% beyond 2.5 sigma, Keras' truncated he_normal none.
+            assert 0.006 < np.mean(np.abs(z) > 2.5) < 0.02, kind
+        else:
+            assert np.abs(z).max() <= math.sqrt(3) * (1 + 1e-6), kind    # within the uniform bound
+            assert np.abs(z).max() > 0.95 * math.sqrt(3), kind          # and reaching it
+
+
+def write_sample(path, x, y):
+    """The public layout, written with h5py here (not with the project's writer)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        f["climate/data"] = x
+        f["climate/labels_0"] = y.astype(np.float32)
+
+
+def numpy_iou(labels, pred, n_classes=3):
+    """Mean over classes of TP / (TP + FP + FN); a class in neither counts 1."""
+    scores = []
+    for c in range(n_classes):
+        union = np.sum((labels == c) | (pred == c))
+        scores.append(np.sum((labels == c) & (pred == c)) / union if union else 1.0)
+    return float(np.mean(scores))
+
+
+def test_predict_writes_logits_mask_and_picture(tmp_path, capsys):
+    # A tiny model saved as an import would be (weights + config.yaml), a sample of
+    # another size than the config's, its stats.h5 in the folder above (DATA layout).
+    cfg = predict.load_model_config(TINY_CONFIG)
+    net = model.from_config(cfg)
+    folder = save_model_weights(net, tmp_path / "imported")
+    dump_config(cfg, folder / CONFIG_NAME)
+    rng = np.random.default_rng(0)
+    lo, hi = rng.uniform(-50, 0, 16), rng.uniform(10, 300, 16)
+    x = (lo + (hi - lo) * rng.uniform(size=(32, 48, 16))).astype(np.float32)
+    labels = rng.integers(0, 3, (32, 48))
+    sample = tmp_path / "data" / "validation" / "s.h5"
+    write_sample(sample, x, labels)
+    with h5py.File(tmp_path / "data" / "stats.h5", "w") as f:
+        f["climate/minval"], f["climate/maxval"] = lo, hi
+
+    out = tmp_path / "prediction"
+    assert predict.main([str(folder), str(sample), "--out", str(out)]) == 0
+
+    logits, mask = np.load(out / "logits.npy"), np.load(out / "mask.npy")
+    assert logits.shape == (32, 48, 3) and logits.dtype == np.float32
+    assert mask.shape == (32, 48) and np.array_equal(mask, logits.argmax(-1))
+    assert (out / "prediction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Normalized as training normalizes, (x - min) / (max - min), and run in inference mode.
+    same = model.build_model(32, 48, 16, width_multiplier=0.125, middle_blocks=1)
+    restore_model_weights(same, folder)
+    expected = same(((x - lo) / (hi - lo))[None].astype(np.float32), training=False).numpy()[0]
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    line = capsys.readouterr().out.strip()
+    assert "\n" not in line and f"IoU {numpy_iou(labels, mask):.4f}" in line and str(out / "mask.npy") in line
+
+
+def test_predict_without_a_config_is_an_input_error(tmp_path, capsys):
+    net = model.build_model(32, 48, 16, width_multiplier=0.125, middle_blocks=1)
+    folder = save_model_weights(net, tmp_path / "bare")
+    write_sample(tmp_path / "s.h5", np.zeros((32, 48, 16), np.float32), np.zeros((32, 48)))
+    assert predict.main([str(folder), str(tmp_path / "s.h5"), "--out", str(tmp_path / "p")]) == 2
+    assert "pass --config" in capsys.readouterr().err
 
 
 def test_small_model_runs_and_scales_with_width():
