@@ -29,6 +29,12 @@ class GroupBatchNormalization(tf.keras.layers.BatchNormalization):
 
     def _moments(self, inputs, reduction_axes, keep_dims, **kwargs):
         mean, variance = super()._moments(inputs, reduction_axes, keep_dims=keep_dims, **kwargs)
+        # The running variance takes the unbiased batch variance (n / (n - 1)), as
+        # PyTorch's BatchNorm2d / SyncBatchNorm and TF's fused kernel do; the
+        # batch is normalized with the biased one. n counts the whole group.
+        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), reduction_axes)), tf.float32)
+        count *= self.group.size
+        self._unbiased_scale = count / tf.maximum(count - 1.0, 1.0)
         if self.group.size == 1:
             return mean, variance
         # Equal local batches: the group's moments are means of the local
@@ -37,6 +43,12 @@ class GroupBatchNormalization(tf.keras.layers.BatchNormalization):
         stacked = self.group.sum(stacked) / self.group.size
         group_mean, group_mean_sq = tf.unstack(stacked)
         return group_mean, tf.maximum(group_mean_sq - tf.square(group_mean), 0.0)
+
+    def _assign_moving_average(self, variable, value, momentum, inputs_size):
+        # Called within the same call() as _moments, which set the scale.
+        if variable is self.moving_variance:
+            value = value * tf.cast(self._unbiased_scale, value.dtype)
+        return super()._assign_moving_average(variable, value, momentum, inputs_size)
 
     def get_config(self):
         config = super().get_config()

@@ -104,3 +104,16 @@ def test_evaluation_uses_the_averaged_statistics(two_ranks):
     # The oracle is the model: before averaging it reproduces each rank's own output.
     for r in (r0, r1):
         np.testing.assert_allclose(r["eval_before"], _eval_oracle(r["before"], probe), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["group-bn", "keras-fused"])
+def test_running_variance_takes_the_unbiased_batch_variance(fused):
+    # PyTorch's BatchNorm2d (and TF's fused kernel) update running_var with the
+    # unbiased variance n / (n - 1) x biased; GroupBatchNormalization must agree.
+    x = np.random.default_rng(0).normal(2.0, 3.0, (2, 3, 3, 4)).astype(np.float32)
+    kwargs = dict(momentum=0.9, epsilon=1e-5)
+    bn = tf.keras.layers.BatchNormalization(**kwargs) if fused else GroupBatchNormalization(RankGroup(1, None), **kwargs)
+    tf.function(lambda t: bn(t, training=True))(tf.constant(x))
+    flat = x.reshape(-1, 4)
+    np.testing.assert_allclose(bn.moving_mean.numpy(), 0.1 * flat.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(bn.moving_variance.numpy(), 0.9 + 0.1 * flat.var(0, ddof=1), rtol=1e-5)
