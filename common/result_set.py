@@ -4,14 +4,16 @@
   python -m common.result_set ... --only 3        # just run 3 (one task of a SLURM job array)
 
 Each run gets its own seed (seed_base + index, logged as `seed`) and run directory
-(DIR/runs/run_<i>/); its MLPerf log is copied into the submission layout
-DIR/<org>/results/<system>/strong/<bench>/result_<i>.txt. At the end the set is scored
-with common.scoring (olympic mean, checker verdicts, RCP for closed division).
+(DIR/runs/run_<i>/; one an earlier run left there is moved to DIR/runs.previous/ first). Its
+MLPerf log is copied into the submission layout DIR/<org>/results/<system>/strong/<bench>/
+result_<i>.txt whatever became of the run: a run that crashed or was killed stays in the set,
+with result_<i>.txt.failed saying why (common/run_logs.py). At the end the set is scored with
+common.scoring (olympic mean, checker verdicts, failed runs, RCP for closed division). Exit
+status: 0 every run converged, 3 one or more did not converge, 1 one or more failed.
 """
 
 import argparse
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from common import scoring
+from common import run_logs, scoring
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("cosmoflow", "deepcam")
@@ -47,29 +49,37 @@ def run_command(bench: str, config: Path, run_dir: Path, seed: int, data_dir, ra
     return cmd
 
 
+def fresh_run_dir(run_dir: Path, tag: str) -> None:
+    """Moves what an earlier run left in `run_dir` aside, so that every log there is the new run's."""
+    moved = run_logs.set_aside(run_dir)
+    if moved:
+        print(f"[{tag}] {run_dir} held an earlier run's files: moved to {moved}", flush=True)
+
+
+def earlier_results(folder: Path) -> str | None:
+    """Why a whole set must not be written into `folder`, or None when it may."""
+    if any(folder.glob("result_*")):
+        return f"{folder} holds an earlier set's results, which would be scored with this one: choose another --output"
+    return None
+
+
+def collect(run_dir: Path, folder: Path, index: int, code: int, tag: str) -> None:
+    run = run_logs.collect(run_dir, folder, index, code)
+    print(f"[{tag}] run {index}: exit code {code}, {run.name}" + (f" FAILED: {run.failure}" if run.failure else ""),
+          flush=True)
+
+
 def run_one(index: int, args, folder: Path) -> int:
     seed = args.seed_base + index
     run_dir = Path(args.output) / "runs" / f"run_{index}"
+    fresh_run_dir(run_dir, "result-set")
     cmd = run_command(args.bench, Path(args.config), run_dir, seed, args.data_dir, args.np, args.extra)
     print(f"[result-set] run {index} (seed {seed}): {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     code = subprocess.call(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    found = collect_log(run_dir, folder, index)
-    print(f"[result-set] run {index} ended with exit code {code} after {time.perf_counter() - start:.0f} s"
-          + ("" if found else " (no MLPerf log)"), flush=True)
+    print(f"[result-set] run {index} ended after {time.perf_counter() - start:.0f} s", flush=True)
+    collect(run_dir, folder, index, code, "result-set")
     return code
-
-
-def collect_log(run_dir: Path, folder: Path, index: int) -> bool:
-    """Copies run_dir/mlperf.log to folder/result_<index>.txt (temporary name, then rename)."""
-    log = Path(run_dir) / "mlperf.log"
-    if not log.exists():
-        return False
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".result_{index}.txt.tmp"
-    shutil.copy(log, tmp)
-    os.replace(tmp, folder / f"result_{index}.txt")
-    return True
 
 
 def main(argv=None) -> int:
@@ -88,13 +98,16 @@ def main(argv=None) -> int:
     args.extra = [a for a in args.extra if a != "--"]
     runs = args.runs or scoring.get_result_file_counts(scoring.USAGE)[args.bench]
     folder = submission_folder(Path(args.output), Path(args.config), args.bench, args.system, args.np)
-    indices = [args.only] if args.only is not None else range(runs)
-    codes = [run_one(i, args, folder) for i in indices]
-    if args.only is not None:
-        return codes[0]
+    if args.only is not None:   # one task of a job array: the set's folder is shared by design
+        return run_one(args.only, args, folder)
+    refusal = earlier_results(folder)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    codes = [run_one(i, args, folder) for i in range(runs)]
     print(f"\n[result-set] {runs} run(s) done; exit codes {codes}. Score:\n", flush=True)
     print("\n\n".join(scoring.format_set(s) for s in scoring.score_path(folder)))
-    return 0
+    return run_logs.exit_status(codes)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,12 @@ class StagingConfig:
     decompress: bool = False         # write GZIP TFRecords uncompressed while staging
     # Keep decoded samples in memory after the first epoch: 'auto' when they fit.
     cache: Literal["auto", "true", "false"] = "auto"
+    # A staged file is reused while its source keeps the size and mtime recorded in
+    # its manifest entry; verify also compares a SHA-256 of the source bytes, which
+    # catches content rewritten under the same size and mtime but reads every
+    # source on every run.
+    verify: bool = False
+    threads: int = 4                 # files each rank stages at once; 1 = one after another
 
 
 @dataclasses.dataclass(frozen=True)

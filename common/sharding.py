@@ -25,13 +25,15 @@ def list_files(directory, suffixes) -> list[str]:
     return files
 
 
-def check_divisible(n_samples: int, size: int, batch_size: int, key: str) -> None:
-    """Every rank must run the same number of full batches, or collectives deadlock."""
-    per_step = size * batch_size
+def check_divisible(n_samples: int, size: int, batch_size: int, key: str, accumulation: int = 1) -> None:
+    """Every rank must run the same number of whole optimizer steps, or collectives deadlock;
+    and an epoch must be one exact pass (CosmoFlow's reference divides n_train evenly)."""
+    per_step = size * batch_size * accumulation
     if n_samples <= 0 or n_samples % per_step:
-        raise InputError(
-            f"{key}={n_samples} is not divisible by ranks x local batch = {size} x {batch_size} = {per_step}; "
-            f"use a multiple of {per_step}")
+        factors = f"ranks x local batch{' x accumulation' if accumulation > 1 else ''}"
+        values = f"{size} x {batch_size}{f' x {accumulation}' if accumulation > 1 else ''}"
+        raise InputError(f"{key}={n_samples} is not divisible by {factors} = {values} = {per_step}; "
+                         f"use a multiple of {per_step}")
 
 
 def select_and_shard(files, n_samples: int, rank: int, size: int, seed: int, key: str,

@@ -2,100 +2,374 @@
 
 Each rank copies exactly the files of its own shard, so the local ranks of a
 node copy disjoint parts of the node's block in parallel and no file is copied
-twice. Each copy goes to a temporary name and is renamed when complete, so a
-killed job never leaves a half-written file that a later run would trust.
-Files already staged with the same size are skipped (a rerun on the same
-allocation stages nothing). GZIP TFRecords may be decompressed on the way,
-which trades local disk for less CPU work on every epoch.
+twice; within a rank, a small thread pool keeps several copies in flight, as a
+single stream rarely draws a parallel file system's bandwidth. GZIP
+TFRecords may be decompressed on the way, which trades local disk for less CPU
+work on every epoch.
+
+What is fresh: a staged file is reused only if its manifest entry says it was
+made from the source as it is now (same path, size and mtime, same
+decompression, and with `verify` the same SHA-256 of the source bytes) and the
+staged file itself still has the size and mtime recorded when it was made.
+Anything else (no entry, a foreign file under the same name, data regenerated
+in place) is staged again, so a reused stage dir never trains on stale samples.
+The digest for `verify` is SHA-256: CRC-32, twice as fast, cannot see every
+change, as a gzip file carries the CRC-32 of its payload and CRC is linear (the
+CRC-32 of a gzip file of stored blocks is the same for every payload of one
+length). SHA-256 hashes 1.5 GB/s per core on AMD EPYC, whose SHA extensions
+recent Intel and Arm server cores share, against 0.7 GB/s for blake2b.
+
+The manifest is one small JSON entry per staged file, in a hidden tree beside
+the data (STAGE/.manifest/train/NAME.json for STAGE/train/NAME), rather than
+one file per stage dir or per rank: a staged file has exactly one writer (the
+rank whose shard holds it), so its entry needs no lock and no merge; the entry
+holds whatever the rank count or sharding of the run that made it; and it is
+small enough to replace atomically (temporary name, then os.replace) after
+every file, so a killed job loses at most the files in flight. Kept out of the
+data folders, so that listing or globbing them finds only samples.
+
+No partial file is ever trusted or left behind: every file is written under a
+temporary name in its final directory and renamed when complete; the old
+entry is removed before a file is rewritten and the new one written only
+after the rename, so a crash in between leaves a file without an entry, which
+the next run stages again. A full disk (checked up front, and caught while
+writing) is a one-line InputError that names the stage dir and the bytes
+needed against the bytes free.
 """
 
+import concurrent.futures
 import dataclasses
+import functools
 import gzip
+import hashlib
+import json
 import os
 import shutil
 import time
 import zlib
 from pathlib import Path
+from typing import Optional
 
-from common.errors import InputError
+from common.errors import ConfigError, InputError
 
-_CHUNK = 16 << 20
+_CHUNK = 16 << 20            # copy buffer: large reads suit parallel file systems
+_GZIP_READ_BUFFER = 1 << 20  # GzipFile reads 8 KiB at a time; buffer the file below it
+_GZIP_MAGIC = b"\x1f\x8b"
+_MANIFEST_VERSION = 1        # bump when the entry's meaning changes: old entries then never match
+MANIFEST_DIR = ".manifest"   # in the stage dir: one entry per staged file, STAGE/.manifest/SPLIT/NAME.json
 
 
 @dataclasses.dataclass
 class StageStats:
-    files: int = 0
-    skipped: int = 0
-    bytes: int = 0
+    files: int = 0      # files asked for
+    skipped: int = 0    # of those, already staged and fresh
+    bytes: int = 0      # bytes written into the stage dir
     seconds: float = 0.0
 
+    @property
+    def gb_per_s(self) -> float:
+        """Bytes written per second over the whole call (freshness checks included)."""
+        return self.bytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
 
-def stage_files(files, stage_dir, decompress_gzip: bool = False, progress=None) -> tuple[list[str], StageStats]:
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """What a staged file was made from, and what it looked like when made."""
+    version: int
+    source: str
+    source_size: int
+    source_mtime_ns: int
+    decompress: bool
+    source_sha256: Optional[str]  # only when staged with verify on
+    staged_size: int
+    staged_mtime_ns: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    src: Path
+    dst: Path
+    source: os.stat_result
+    fresh: bool
+    size_hint: int = 0   # bytes the staged file will take (0 when fresh)
+    replaces: int = 0    # bytes of the stale staged file it replaces (freed on rename)
+
+
+def stage_files(files, stage_dir, decompress_gzip: bool = False, progress=None, *,
+                verify: bool = False, threads: int = 4) -> tuple[list[str], StageStats]:
     """Copies `files` into `stage_dir`, keeping each file's parent folder name.
 
     Args:
       files: source paths (this rank's shard).
       stage_dir: node-local destination (e.g. /tmp or a local NVMe mount).
       decompress_gzip: write gzip files uncompressed (TFRecord GZIP -> plain).
-      progress: optional callable(done, total, bytes) called now and then.
+      progress: optional callable(done, total, bytes) called now and then, always
+        from the calling thread; `done` counts skipped files too.
+      verify: also compare a SHA-256 of each source with the one recorded when it
+        was staged. Reads every source on every call, even when nothing changed.
+      threads: files staged at once; 1 stages them one after another.
 
     Returns:
       The staged paths (in the order of `files`) and the statistics.
+
+    Raises:
+      InputError: a missing or corrupt source, two sources with the same staged
+        path, or a stage dir without room (naming the bytes needed and free).
     """
-    stats = StageStats()
+    if threads < 1:
+        raise ConfigError(f"staging.threads must be at least 1, got {threads}")
     start = time.perf_counter()
-    staged = []
-    report_every = max(1, len(files) // 10)
-    for i, src in enumerate(files):
-        src = Path(src)
-        dst_dir = Path(stage_dir) / src.parent.name
-        dst_dir.mkdir(parents=True, exist_ok=True)
-        dst = dst_dir / src.name
-        try:
-            if decompress_gzip:
-                copied = _decompress(src, dst)
-            else:
-                copied = _copy(src, dst)
-        except FileNotFoundError:
-            raise InputError(f"cannot stage {src}: file not found") from None
-        except (EOFError, OSError, zlib.error) as e:
-            raise InputError(f"cannot stage {src}: {' '.join(str(e).split())}") from None
-        stats.files += 1
-        stats.bytes += copied
-        stats.skipped += copied == 0
-        staged.append(str(dst))
-        if progress is not None and ((i + 1) % report_every == 0 or i + 1 == len(files)):
-            progress(i + 1, len(files), stats.bytes)
-    stats.seconds = time.perf_counter() - start
-    return staged, stats
-
-
-def _copy(src: Path, dst: Path) -> int:
-    size = src.stat().st_size
-    if dst.exists() and dst.stat().st_size == size:
-        return 0
-    tmp = dst.with_name(f"{dst.name}.tmp.{os.getpid()}")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-    return size
-
-
-def _decompress(src: Path, dst: Path) -> int:
-    # The decompressed size is unknown in advance; the atomic rename makes
-    # existence alone a proof of completeness.
-    if dst.exists():
-        return 0
-    tmp = dst.with_name(f"{dst.name}.tmp.{os.getpid()}")
-    with open(src, "rb") as f:
-        is_gzip = f.read(2) == b"\x1f\x8b"
+    stage_dir = Path(stage_dir)
+    sources = [Path(f) for f in files]
+    targets = _targets(sources, stage_dir)
     try:
-        if not is_gzip:
-            shutil.copyfile(src, tmp)
+        for folder in dict.fromkeys(t.parent for t in targets):
+            folder.mkdir(parents=True, exist_ok=True)
+            (stage_dir / MANIFEST_DIR / folder.name).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the stage dir {stage_dir}: {_one_line(e)}") from None
+
+    stats = StageStats(files=len(sources))
+    plan = functools.partial(_plan, decompress=decompress_gzip, verify=verify)
+    stage = functools.partial(_stage_one, decompress=decompress_gzip, verify=verify)
+    report_every = max(1, len(sources) // 10)
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="stage") as pool:
+        jobs = _run_all(pool, plan, list(zip(sources, targets)), on_error=_source_error)
+        stale = [job for job in jobs if not job.fresh]
+        stats.skipped = len(jobs) - len(stale)
+        # Each rename frees the stale copy it replaces, so only the growth must fit.
+        need = sum(job.size_hint for job in stale) - sum(job.replaces for job in stale)
+        free = shutil.disk_usage(stage_dir).free if stale else 0
+        if need > free:
+            raise InputError(f"cannot stage {len(stale)} files into {stage_dir}: "
+                             f"{need:,} bytes needed, {free:,} bytes free")
+        done = stats.skipped
+        if not stale and progress is not None and sources:
+            progress(done, len(sources), 0)
+
+        def finished(job, written):
+            nonlocal done, need
+            done += 1
+            need -= written - job.replaces
+            stats.bytes += written
+            if progress is not None and (done % report_every == 0 or done == len(sources)):
+                progress(done, len(sources), stats.bytes)
+
+        def write_error(job, error):
+            return _write_error(job, error, stage_dir, need)
+
+        _run_all(pool, stage, stale, on_error=write_error, on_done=finished)
+    stats.seconds = time.perf_counter() - start
+    return [str(t) for t in targets], stats
+
+
+def _targets(sources: list[Path], stage_dir: Path) -> list[Path]:
+    targets, seen = [], {}
+    for src in sources:
+        dst = stage_dir / src.parent.name / src.name
+        if dst in seen:
+            # Two writers on one staged path would interleave; the data set layout is wrong.
+            raise InputError(f"cannot stage both {seen[dst]} and {src}: both would be staged as {dst}")
+        seen[dst] = src
+        targets.append(dst)
+    return targets
+
+
+def _run_all(pool, fn, jobs, on_error, on_done=None) -> list:
+    """Runs fn(job) for every job on `pool`; results in job order.
+
+    on_done(job, result) runs in this thread, so callers' counters and progress
+    callbacks need no lock. On the first failure the jobs not yet started are
+    cancelled and the running ones awaited (each cleans up after itself), so no
+    temporary file outlives the error raised: on_error(job, exception).
+    """
+    futures = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
+    results = [None] * len(jobs)
+    failed = None
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            i = futures[future]
+            try:
+                results[i] = future.result()
+            except Exception as e:
+                failed = (jobs[i], e)
+                break
+            if on_done is not None:
+                on_done(jobs[i], results[i])
+    finally:
+        # However we leave early (a failed job, Ctrl-C), start no more jobs:
+        # the pool's exit would otherwise run every queued one first.
+        for future in futures:
+            future.cancel()
+    if failed is not None:
+        concurrent.futures.wait(futures)
+        raise on_error(*failed) from None
+    return results
+
+
+def _plan(pair: tuple[Path, Path], decompress: bool, verify: bool) -> _Job:
+    src, dst = pair
+    source = src.stat()
+    entry = _read_entry(dst)
+    try:
+        staged = dst.stat()
+    except FileNotFoundError:
+        staged = None
+    fresh = (entry is not None and staged is not None
+             and (entry.version, entry.source, entry.source_size, entry.source_mtime_ns, entry.decompress)
+             == (_MANIFEST_VERSION, os.path.abspath(src), source.st_size, source.st_mtime_ns, decompress)
+             and (entry.staged_size, entry.staged_mtime_ns) == (staged.st_size, staged.st_mtime_ns))
+    if fresh and verify:
+        # Last, as it reads the whole source; an entry made without verify cannot vouch.
+        fresh = entry.source_sha256 is not None and _sha256_of(src) == entry.source_sha256
+    if fresh:
+        return _Job(src, dst, source, fresh=True)
+    return _Job(src, dst, source, fresh=False, size_hint=_staged_size_hint(src, source.st_size, decompress),
+                replaces=staged.st_size if staged is not None else 0)
+
+
+def _stage_one(job: _Job, decompress: bool, verify: bool) -> int:
+    """Writes job.dst from job.src (and then its manifest entry); returns the bytes written."""
+    # The old entry must not vouch for whatever is at dst until the new copy is complete.
+    _manifest_path(job.dst).unlink(missing_ok=True)
+    tmp = _partial_path(job.dst)
+    try:
+        if decompress and _is_gzip(job.src):
+            digest = _gunzip(job.src, tmp, verify)
         else:
-            with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
-                shutil.copyfileobj(fin, fout, _CHUNK)
+            digest = _copy(job.src, tmp, verify)
+        os.replace(tmp, job.dst)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, dst)
-    return dst.stat().st_size
+    staged = job.dst.stat()
+    # The source's stat from before the copy: if it changed meanwhile, the next run sees a mismatch.
+    _write_entry(job.dst, _Entry(_MANIFEST_VERSION, os.path.abspath(job.src), job.source.st_size,
+                                 job.source.st_mtime_ns, decompress, digest, staged.st_size, staged.st_mtime_ns))
+    return staged.st_size
+
+
+def _copy(src: Path, tmp: Path, verify: bool) -> Optional[str]:
+    """Copies src to tmp; with verify, returns the SHA-256 of the bytes copied (one read)."""
+    if not verify:
+        shutil.copyfile(src, tmp)  # in-kernel copy (sendfile) on Linux
+        return None
+    digest, buf = hashlib.sha256(), bytearray(_CHUNK)
+    view = memoryview(buf)
+    # A buffered writer: a raw write may write less than asked and say so only in its result.
+    with open(src, "rb", buffering=0) as fin, open(tmp, "wb") as fout:
+        while n := fin.readinto(buf):
+            digest.update(view[:n])
+            fout.write(view[:n])
+    return digest.hexdigest()
+
+
+def _gunzip(src: Path, tmp: Path, verify: bool) -> Optional[str]:
+    """Decompresses src into tmp; with verify, returns the SHA-256 of the compressed bytes."""
+    with open(src, "rb", buffering=_GZIP_READ_BUFFER) as raw, open(tmp, "wb") as fout:
+        reader = _HashingReader(raw) if verify else raw
+        with gzip.GzipFile(fileobj=reader, mode="rb") as fin:
+            shutil.copyfileobj(fin, fout, _CHUNK)
+        if verify:
+            while reader.read(_CHUNK):  # bytes past the last member, so the digest covers the whole file
+                pass
+            return reader.digest.hexdigest()
+    return None
+
+
+class _HashingReader:
+    """A read-only file object that hashes every byte read through it."""
+
+    def __init__(self, f):
+        self._f = f
+        self.digest = hashlib.sha256()
+
+    def read(self, size=-1) -> bytes:
+        data = self._f.read(size)
+        self.digest.update(data)
+        return data
+
+
+def _sha256_of(path: Path) -> str:
+    with open(path, "rb", buffering=0) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+def _staged_size_hint(src: Path, size: int, decompress: bool) -> int:
+    """Bytes the staged file will take: for gzip, the ISIZE trailer of its (last) member.
+
+    ISIZE is the uncompressed size modulo 2**32 and covers only the last member,
+    so this is an estimate for files over 4 GiB or of several members; the
+    up-front check is then approximate, and a full disk is still caught while writing.
+    """
+    if not decompress or size < 18:  # 18: the smallest gzip file (header + trailer)
+        return size
+    with open(src, "rb") as f:
+        if f.read(2) != _GZIP_MAGIC:
+            return size
+        f.seek(-4, os.SEEK_END)
+        return int.from_bytes(f.read(4), "little")
+
+
+def _manifest_path(dst: Path) -> Path:
+    # dst is STAGE/SPLIT/NAME (see _targets).
+    return dst.parent.parent / MANIFEST_DIR / dst.parent.name / f"{dst.name}.json"
+
+
+def _partial_path(path: Path) -> Path:
+    # Hidden, and never matched by a data file's glob (*.tfrecord, *.npy...).
+    return path.with_name(f".{path.name.lstrip('.')}.partial")
+
+
+def _read_entry(dst: Path) -> Optional[_Entry]:
+    try:
+        return _Entry(**json.loads(_manifest_path(dst).read_text()))
+    except (FileNotFoundError, ValueError, TypeError):  # none, torn by hand, or of another version
+        return None
+
+
+def _write_entry(dst: Path, entry: _Entry) -> None:
+    path = _manifest_path(dst)
+    tmp = _partial_path(path)
+    try:
+        tmp.write_text(json.dumps(dataclasses.asdict(entry)))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _source_error(job: tuple, error: Exception) -> Exception:
+    src = job[0]
+    if isinstance(error, FileNotFoundError) and error.filename == str(src):
+        return InputError(f"cannot stage {src}: file not found")
+    if isinstance(error, OSError):
+        return InputError(f"cannot stage {src}: {_one_line(error)}")
+    return error
+
+
+def _write_error(job: _Job, error: Exception, stage_dir: Path, need: int) -> Exception:
+    if isinstance(error, FileNotFoundError) and error.filename == str(job.src):
+        return InputError(f"cannot stage {job.src}: file not found")
+    if isinstance(error, (EOFError, zlib.error, gzip.BadGzipFile)):  # a corrupt source, not a disk problem
+        return InputError(f"cannot stage {job.src}: {_one_line(error)}")
+    if isinstance(error, OSError):
+        return InputError(f"cannot stage {job.src} into {stage_dir}: {error.strerror or _one_line(error)} "
+                          f"({max(need, 0):,} bytes needed, {_free_bytes(stage_dir)} bytes free)")
+    return error
+
+
+def _free_bytes(stage_dir: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(stage_dir).free:,}"
+    except OSError:  # the stage dir itself is gone
+        return "unknown"
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from common import epochs
 from common import runtime as runtime_lib
 from common.checkpoint import Checkpointer, holds_training_state, restore_model_weights
 from common.errors import InputError
@@ -71,8 +72,19 @@ class Trainer:
 
         self.shards = task.shard(cfg, dist.rank, dist.size)
         # Gradient accumulation makes each optimizer step see n local batches.
-        global_batch = self.shards.local_batch_size * dist.size * cfg.train.gradient_accumulation_frequency
-        self.steps_per_epoch = self.shards.n_train // global_batch
+        accumulation = cfg.train.gradient_accumulation_frequency
+        global_batch = self.shards.local_batch_size * dist.size * accumulation
+        # An epoch is one pass over the shard in whole steps (common.epochs).
+        self.steps_per_epoch = epochs.batches_per_epoch(
+            len(self.shards.train_files), self.shards.local_batch_size, accumulation) // accumulation
+        self.samples_per_epoch = self.steps_per_epoch * global_batch
+        if self.steps_per_epoch == 0:
+            raise InputError(f"{len(self.shards.train_files)} training samples per rank make no whole step of "
+                             f"local batch {self.shards.local_batch_size} x accumulation {accumulation}")
+        if self.samples_per_epoch < self.shards.n_train:
+            self.print(f"[init] epoch: {self.steps_per_epoch} steps x global batch {global_batch} = "
+                       f"{self.samples_per_epoch} of {self.shards.n_train} samples; the rest of each rank's "
+                       f"shuffled shard is dropped each epoch (partial batches, as the reference's drop_last)")
 
         # Collective (registers a process set): every rank, same order.
         bn_group = dist.rank_group(task.batchnorm_group_size(cfg), "batchnorm_group_size")
@@ -156,8 +168,9 @@ class Trainer:
             self.print(f"[staging] rank 0: {done}/{total} files, {nbytes / 1e6:.1f} MB")
 
         start = time.perf_counter()
-        train, st = stage_files(self.shards.train_files, stage_dir, cfg.staging.decompress, progress)
-        valid, sv = stage_files(self.shards.valid_files, stage_dir, cfg.staging.decompress, progress)
+        options = dict(verify=cfg.staging.verify, threads=cfg.staging.threads)
+        train, st = stage_files(self.shards.train_files, stage_dir, cfg.staging.decompress, progress, **options)
+        valid, sv = stage_files(self.shards.valid_files, stage_dir, cfg.staging.decompress, progress, **options)
         seconds = time.perf_counter() - start
         # Staging ends when the slowest rank is done; bytes add up over ranks.
         nbytes, nfiles, nskipped = dist.allreduce_sum([st.bytes + sv.bytes, st.files + sv.files,
@@ -263,7 +276,7 @@ class Trainer:
         seconds = time.perf_counter() - start
         loss = float(self.dist.allreduce_mean([loss])[0])
         return {"loss": loss, "seconds": seconds, "lr": self.schedule.at_step((epoch - 1) * self.steps_per_epoch),
-                "samples_per_s": self.shards.n_train / seconds}
+                "samples_per_s": self.samples_per_epoch / seconds}
 
     def _evaluate(self, valid_ds) -> float:
         sums = np.zeros(self.metric.n_sums)   # a rank may hold no validation file

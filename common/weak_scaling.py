@@ -6,9 +6,12 @@
 Starts M independent Horovod jobs concurrently on this machine (horovodrun over Gloo, R ranks
 each; slurm/weak_scaling.sbatch does the same with one `srun` step per instance inside one
 allocation). Instance i writes DIR/instances/instance_<i>/ with seed seed_base + i, and logs
-`instance_id`, `number_of_instances` and `number_of_ranks`. Its MLPerf log is copied to
-DIR/<org>/results/<system>/weak/<bench>/result_<i>.txt, then the set is scored with
+`instance_id`, `number_of_instances` and `number_of_ranks` (a directory an earlier run left
+there is moved to DIR/instances.previous/ first). Its MLPerf log is copied to
+DIR/<org>/results/<system>/weak/<bench>/result_<i>.txt whatever became of the run (a failed one
+with result_<i>.txt.failed saying why: common/run_logs.py), then the set is scored with
 common.scoring: number of models, instance scale, time_to_train_all and models per minute.
+Exit status: 0 every instance converged, 3 one or more did not converge, 1 one or more failed.
 """
 
 import argparse
@@ -18,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import scoring
-from common.result_set import BENCHMARKS, REPO, collect_log, run_command, submission_folder
+from common import run_logs, scoring
+from common.result_set import BENCHMARKS, REPO, collect, earlier_results, fresh_run_dir, run_command, submission_folder
 
 
 def main(argv=None) -> int:
@@ -38,9 +41,15 @@ def main(argv=None) -> int:
     output = Path(args.output)
     folder = submission_folder(output, Path(args.config), args.bench, args.system,
                                args.ranks * args.instances, scaling="weak")
+    refusal = earlier_results(folder)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    run_dirs = [output / "instances" / f"instance_{i}" for i in range(args.instances)]
+    for run_dir in run_dirs:   # all before the first start: instances start together
+        fresh_run_dir(run_dir, "weak-scaling")
     procs = []
-    for i in range(args.instances):
-        run_dir = output / "instances" / f"instance_{i}"
+    for i, run_dir in enumerate(run_dirs):
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = run_command(args.bench, Path(args.config), run_dir, args.seed_base + i, args.data_dir, args.ranks,
                           extra + ["--set", f"mlperf.instance_id={i}",
@@ -55,12 +64,11 @@ def main(argv=None) -> int:
     for i, run_dir, out, proc in procs:
         codes.append(proc.wait())
         out.close()
-        collect_log(run_dir, folder, i)
-        print(f"[weak-scaling] instance {i} ended with exit code {codes[-1]} "
-              f"({time.perf_counter() - start:.0f} s after the start)", flush=True)
+        print(f"[weak-scaling] instance {i} ended {time.perf_counter() - start:.0f} s after the start", flush=True)
+        collect(run_dir, folder, i, codes[-1], "weak-scaling")
     print(f"\n[weak-scaling] {args.instances} instance(s) done; exit codes {codes}. Score:\n", flush=True)
     print("\n\n".join(scoring.format_set(s) for s in scoring.score_path(folder)))
-    return 0 if all(c == 0 for c in codes) else 3
+    return run_logs.exit_status(codes)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from common import epochs
+
 SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -51,12 +53,13 @@ TRANSFORMS = {"log": log_transform, "mean": mean_normalize}
 
 def make_dataset(files, sample_shape, batch_size: int, compression: str = "", transform: str = "log",
                  training: bool = True, seed: int = 0, cache: bool = False, shuffle_buffer: int = 0,
-                 parallelism: int = 4, prefetch: int = 4) -> tf.data.Dataset:
+                 parallelism: int = 4, prefetch: int = 4, batches_per_epoch: int | None = None) -> tf.data.Dataset:
     """The input pipeline of one rank.
 
     Args:
       files: this rank's shard (one sample per file, as in the public data).
-      training: shuffle every epoch and repeat forever; else one ordered pass.
+      training: shuffle every epoch and repeat forever, each epoch one pass over the
+        shard giving `batches_per_epoch` full batches (default: all); else one ordered pass.
       cache: keep decoded int16 samples in memory after the first pass.
     Returns:
       Batches (x float32 [B, *sample_shape], y float32 [B, 4]), full batches only.
@@ -79,10 +82,13 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "", tr
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     if training and shuffle_buffer > 0:
         ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
-    if training:
-        ds = ds.repeat()
     ds = ds.map(lambda x, y: (apply(x), y), num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    if training:
+        n_batches = epochs.batches_per_epoch(len(files), batch_size) if batches_per_epoch is None \
+            else batches_per_epoch
+        ds = epochs.batch_by_epoch(ds, batch_size, n_batches)
+    else:
+        ds = ds.batch(batch_size, drop_remainder=True)
     return ds.prefetch(prefetch)
 
 

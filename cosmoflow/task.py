@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from common import epochs
 from common.lr_schedules import EpochWarmupStepDecay, scale_lr
 from common.memory import fits_in_memory
 from common.run_config import check_global_batch
@@ -20,6 +21,8 @@ FLAGS = (
     Flag(("--batch-size",), "data.batch_size", "local (per rank) batch size"),
     Flag(("--n-epochs",), "train.n_epochs", "maximum epochs"),
     Flag(("--stage-dir",), "staging.stage_dir", "node-local directory to stage the data into"),
+    Flag(("--stage-verify",), "staging.verify", "re-stage a file whose SHA-256 changed even under the "
+         "same size and mtime (reads every source on every run)", is_switch=True),
     Flag(("--seed",), "train.seed", "random seed (shared by all ranks)"),
     Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
     Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder, or start from "
@@ -35,7 +38,7 @@ FLAGS = (
 def shard(cfg: CosmoFlowConfig, rank: int, size: int) -> Shards:
     d = cfg.data
     check_global_batch(cfg, d.batch_size * size * cfg.train.gradient_accumulation_frequency, d.batch_size, size)
-    check_divisible(d.n_train, size, d.batch_size, "n_train")
+    check_divisible(d.n_train, size, d.batch_size, "n_train", cfg.train.gradient_accumulation_frequency)
     check_divisible(d.n_valid, size, d.batch_size, "n_valid")
     train = list_files(f"{d.data_dir}/train", data.SUFFIXES)
     valid = list_files(f"{d.data_dir}/validation", data.SUFFIXES)
@@ -56,7 +59,9 @@ def make_datasets(cfg: CosmoFlowConfig, shards: Shards, rank: int, local_size: i
                   cache=cache, parallelism=d.read_parallelism, prefetch=d.prefetch)
     train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
                               compression=data.resolve_compression(d.compression, shards.train_files),
-                              shuffle_buffer=d.shuffle_buffer, **common)
+                              shuffle_buffer=d.shuffle_buffer, **common,
+                              batches_per_epoch=epochs.batches_per_epoch(
+                                  len(shards.train_files), d.batch_size, cfg.train.gradient_accumulation_frequency))
     valid = data.make_dataset(shards.valid_files, training=False,
                               compression=data.resolve_compression(d.compression, shards.valid_files), **common)
     return train, valid

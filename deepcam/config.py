@@ -96,6 +96,10 @@ class DeepCAMConfig:
             raise ConfigError("config keys 'data.n_train'/'data.n_valid' must be >= 0 (0: all files)")
         if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
             raise ConfigError(f"config key 'optimizer.betas' must be two values in [0, 1), got {list(o.betas)}")
+        if self.runtime.xla and m.batchnorm_group_size > 1:
+            # Group batch norm allreduces inside the layer: a Horovod op that XLA cannot compile.
+            raise ConfigError("config keys 'runtime.xla' and 'model.batchnorm_group_size' > 1 cannot go "
+                              "together (group batch norm's allreduce does not compile under XLA)")
         if o.lr_warmup_factor < 1.0:
             raise ConfigError(f"config key 'optimizer.lr_warmup_factor' must be >= 1, got {o.lr_warmup_factor}")
         if self.train.seed <= 0:

@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
+from common import epochs
 from common.errors import InputError
 from deepcam.layout import DATA_KEY, LABEL_KEY, STATS_FILE
 
@@ -81,10 +82,11 @@ def find_bad_file(files, channels, height, width) -> str | None:
 
 
 def make_dataset(files, *, data_dir, channels, height, width, batch_size, training, seed=0,
-                 readers=4, shuffle_buffer=0, prefetch=2, cache=False) -> tf.data.Dataset:
+                 readers=4, shuffle_buffer=0, prefetch=2, cache=False, batches_per_epoch=None) -> tf.data.Dataset:
     """Batches of (x [B, H, W, C] float32, y [B, H, W] int32) from HDF5 sample files.
 
-    Training: reshuffled every epoch, repeated forever, full batches only.
+    Training: reshuffled every epoch, repeated forever, full batches only, each
+    epoch one pass over the shard giving `batches_per_epoch` batches (default: all).
     Validation: one pass in file order; the last batch may be partial.
     With `cache`, decoded samples stay in memory after the first pass.
     """
@@ -117,8 +119,11 @@ def make_dataset(files, *, data_dir, channels, height, width, batch_size, traini
             ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
         ds = ds.map(load, num_parallel_calls=readers)
     if training:
-        ds = ds.repeat()
-    ds = ds.batch(batch_size, drop_remainder=training)
+        n_batches = epochs.batches_per_epoch(len(files), batch_size) if batches_per_epoch is None \
+            else batches_per_epoch
+        ds = epochs.batch_by_epoch(ds, batch_size, n_batches)
+    else:
+        ds = ds.batch(batch_size)
     return ds.with_options(options).prefetch(prefetch)
 
 

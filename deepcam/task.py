@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from common import epochs
 from common.errors import InputError
 from common.lr_schedules import StepWarmupSchedule
 from common.memory import fits_in_memory
@@ -68,6 +69,8 @@ FLAGS = (
     Flag(("--evaluate",), "train.evaluate_only", "evaluate the model once on the validation set "
          "and stop (with --checkpoint)", is_switch=True),
     Flag(("--stage_dir",), "staging.stage_dir", "node-local directory to stage the data into"),
+    Flag(("--stage_verify",), "staging.verify", "re-stage a file whose SHA-256 changed even under the "
+         "same size and mtime (reads every source on every run)", is_switch=True),
     Flag(("--amp",), "runtime.amp", "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)", is_switch=True),
     Flag(("--xla",), "runtime.xla", "XLA-compile forward and backward", is_switch=True),
     Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
@@ -110,7 +113,10 @@ def make_datasets(cfg: DeepCAMConfig, shards: Shards, rank: int, local_size: int
     common = dict(data_dir=d.data_dir, channels=d.channels, height=d.height, width=d.width,
                   batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache)
     train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
-                              shuffle_buffer=d.shuffle_buffer, **common)
+                              shuffle_buffer=d.shuffle_buffer, **common,
+                              batches_per_epoch=epochs.batches_per_epoch(
+                                  len(shards.train_files), d.local_batch_size,
+                                  cfg.train.gradient_accumulation_frequency))
     valid = data.make_dataset(shards.valid_files, training=False, **common)
     return train, valid
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from common.staging import MANIFEST_DIR
 from tests import helpers
 
 # Four ranks as two nodes: `make test-all` runs it, `make test` skips it.
@@ -31,7 +32,7 @@ def test_each_node_stages_only_its_ranks_shard(cosmo_data, tiny_config, tmp_path
     shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text()) for r in range(4)]
     for node in (0, 1):
         node_dir = stage / f"node{node}"
-        staged = {p.name for p in node_dir.rglob("*") if p.is_file()}
+        staged = {p.name for p in node_dir.rglob("*") if p.is_file() and MANIFEST_DIR not in p.parts}
         ranks = (2 * node, 2 * node + 1)
         read = [Path(f) for r in ranks for split in ("train", "valid") for f in shards[r][split]]
         # The node's ranks read from the node's own directory, and it holds nothing else.
@@ -39,12 +40,13 @@ def test_each_node_stages_only_its_ranks_shard(cosmo_data, tiny_config, tmp_path
         assert staged == {f.name for f in read}
     train_names = [Path(f).name for s in shards for f in s["train"]]
     assert len(train_names) == N_TRAIN == len(set(train_names))            # each file once per epoch
-    files = [{p.name for p in (stage / f"node{n}").rglob("*") if p.is_file()} for n in (0, 1)]
+    files = [{p.name for p in (stage / f"node{n}").rglob("*") if p.is_file() and MANIFEST_DIR not in p.parts}
+             for n in (0, 1)]
     assert files[0] and files[1] and not files[0] & files[1]
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["nodes"] == 2 and summary["staging"]["files"] == N_TRAIN + N_VALID
-    staged_bytes = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file())
+    staged_bytes = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file() and MANIFEST_DIR not in p.parts)
     assert summary["staging"]["bytes"] == staged_bytes
     log = (out / "mlperf.log").read_text()
     assert '"key": "number_of_nodes", "value": 2' in log

@@ -1,16 +1,36 @@
 """Result sets (N seeded runs in the submission layout) and the characterization of a run.
 
 The tests that launch whole runs are marked slow: `make test-all` runs them, `make test` skips them.
+The sbatch scripts run here without SLURM: a fake `srun` first on PATH leaves canned logs
+(tests/test_scoring.py makes them from real v3.0 logs) and exits as a converged, killed or
+non-converging run would.
 """
 
 import json
+import os
+import stat
+import subprocess
+from pathlib import Path
 
 import matplotlib.image
 import pytest
 
-from common import characterize
+from common import characterize, scoring
 from common.compliance import check_log
 from tests import helpers
+from tests.test_scoring import COSMO, extract_fixtures, killed, not_converged
+
+FAKE_SRUN = """#!/bin/bash
+# Stands in for srun: leaves $FAKE_RUNS/<run directory name>/mlperf.log* in the run's output_dir
+# and exits with the status in $FAKE_RUNS/<name>/exit_code.
+for arg; do
+    if [[ $arg == output_dir=* ]]; then out=${arg#output_dir=}; fi
+done
+src=$FAKE_RUNS/$(basename "$out")
+mkdir -p "$out"
+cp "$src"/mlperf.log* "$out"/ 2>/dev/null
+exit "$(cat "$src/exit_code")"
+"""
 
 
 @pytest.mark.slow
@@ -20,16 +40,18 @@ def test_result_set_runs_seeded_runs_into_the_submission_layout(cosmo_data, tiny
                         "--data-dir", cosmo_data, "--runs", "2", "--seed-base", "5", "--output", out,
                         "--system", "testbox", "--", "--n-train", "256", "--n-valid", "64", "--n-epochs", "1"],
                        timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # One epoch cannot reach the target: both runs exit 3, and so does the set.
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = out / "reference" / "results" / "testbox" / "strong" / "cosmoflow"
     logs = sorted(folder.glob("result_*.txt"))
     assert [p.name for p in logs] == ["result_0.txt", "result_1.txt"]
     seeds = [next(json.loads(line.split(":::MLLOG ")[1])["value"] for line in p.read_text().splitlines()
                   if '"key": "seed"' in line) for p in logs]
     assert seeds == [5, 6]
-    # One epoch cannot reach the target: the set is scored and both runs are named as failing.
-    assert "INCOMPLETE: 2 of the 10" in proc.stdout
-    assert "result_0.txt" in proc.stdout and "do not count" in proc.stdout
+    # The set is scored and both runs are named as failing, with why.
+    assert "NOT A VALID RESULT: incomplete: 2 of the 10" in proc.stdout
+    assert "result_0.txt: did not reach the target" in proc.stdout
+    assert "result_1.txt: did not reach the target" in proc.stdout
 
 
 @pytest.mark.slow
@@ -89,3 +111,123 @@ def test_weak_scaling_launcher_trains_instances_concurrently(cosmo_data, tiny_co
                              if '"key": "run_stop"' in line][0].split(":::MLLOG ")[1])["time_ms"]
     assert max(starts) < first_stop
     assert "informational, not a valid score: 2 model(s)" in proc.stdout and "models/min" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def cosmo_logs(tmp_path_factory):
+    results = extract_fixtures(tmp_path_factory.mktemp("fixtures"))
+    return [(results / COSMO / f"result_{i}.txt").read_text() for i in (1, 2, 3)]
+
+
+def fake_cluster(tmp_path, runs: dict) -> dict:
+    """A PATH whose srun is FAKE_SRUN, the canned runs it plays, and what the sbatch scripts need."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(stat.S_IRWXU)
+    for name, (files, code) in runs.items():
+        (tmp_path / "fake" / name).mkdir(parents=True)
+        (tmp_path / "fake" / name / "exit_code").write_text(str(code))
+        for file, text in files.items():
+            (tmp_path / "fake" / name / file).write_text(text)
+    environ = {k: v for k, v in helpers.env().items() if not k.startswith("SLURM_")}
+    return environ | {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "FAKE_RUNS": str(tmp_path / "fake"),
+                      "REPO": str(helpers.REPO), "VENV": str(Path(helpers.PYTHON).parent.parent),
+                      "DATA_DIR": str(tmp_path), "CONFIG": str(tmp_path / "config.yaml"), "SYSTEM": "testbox",
+                      "BENCH": "cosmoflow", "OUTPUT_DIR": str(tmp_path / "out")}
+
+
+def sbatch(script: str, environ: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(helpers.REPO / "slurm" / script)], env=environ, cwd=helpers.REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_result_set_sbatch_collects_failed_and_non_converging_runs(cosmo_logs, tmp_path):
+    ok, old, other = cosmo_logs
+    environ = fake_cluster(tmp_path, {"run_0": ({"mlperf.log": ok}, 0),
+                                      "run_1": ({"mlperf.log.partial": killed(other)}, 137),
+                                      "run_2": ({"mlperf.log": not_converged(other)}, 3)})
+    # run_1's directory is reused: an earlier run's complete log is there.
+    (tmp_path / "out" / "runs" / "run_1").mkdir(parents=True)
+    (tmp_path / "out" / "runs" / "run_1" / "mlperf.log").write_text(old)
+    codes = []
+    for task in (0, 1, 2):
+        proc = sbatch("result_set.sbatch", environ | {"SLURM_ARRAY_TASK_ID": str(task)})
+        codes.append(proc.returncode)
+        assert "[run-logs] run" in proc.stdout, proc.stdout + proc.stderr
+    assert codes == [0, 137, 3]   # each array task exits as its run did
+    folder = tmp_path / "out" / "reference" / "results" / "testbox" / "strong" / "cosmoflow"
+    assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt", "result_1.txt", "result_1.txt.failed",
+                                                       "result_2.txt"]
+    assert (folder / "result_1.txt").read_text() == killed(other)   # never the earlier run's log
+    (previous,) = (tmp_path / "out" / "runs.previous").iterdir()
+    assert previous.name.startswith("run_1.") and (previous / "mlperf.log").read_text() == old
+    (s,) = scoring.score_path(tmp_path / "out")
+    problems = {r.name: r.problem for r in s.failed}
+    assert set(problems) == {"result_1.txt", "result_2.txt"} and len(s.runs) == 3
+    assert problems["result_1.txt"].startswith("exit code 137; no run_stop: killed or still running")
+    assert problems["result_2.txt"].startswith("did not reach the target")
+    assert not s.valid
+
+
+def test_weak_scaling_sbatch_waits_for_every_instance_and_fails_the_job(cosmo_logs, tmp_path):
+    ok, _, other = cosmo_logs
+    environ = fake_cluster(tmp_path, {"instance_0": ({"mlperf.log": ok}, 0),
+                                      "instance_1": ({"mlperf.log.partial": killed(other)}, 137),
+                                      "instance_2": ({"mlperf.log": not_converged(other)}, 3)})
+    environ |= {"INSTANCES": "3", "NODES_PER_INSTANCE": "1", "SLURM_NTASKS_PER_NODE": "1"}
+    proc = sbatch("weak_scaling.sbatch", environ)
+    assert proc.returncode == 1, proc.stdout + proc.stderr   # one instance was killed
+    folder = tmp_path / "out" / "reference" / "results" / "testbox" / "weak" / "cosmoflow"
+    assert sorted(p.name for p in folder.glob("result_*")) == ["result_0.txt", "result_1.txt", "result_1.txt.failed",
+                                                               "result_2.txt"]
+    assert "result_1.txt: exit code 137; no run_stop" in proc.stdout
+    assert "result_2.txt: did not reach the target" in proc.stdout
+    assert "NOT A VALID RESULT: incomplete: 3 of the 10 runs" in proc.stdout
+    # Run again into the same OUTPUT_DIR: the earlier set's results would be scored with the new one.
+    again = sbatch("weak_scaling.sbatch", environ)
+    assert again.returncode == 2 and "holds an earlier set's results" in again.stderr
+
+
+FAKE_TRAIN = """import shutil, sys
+from pathlib import Path
+# Stands in for train.py: leaves the canned logs of this run directory's name, exits as that run did.
+run_dir, fake = Path(sys.argv[1]), Path(sys.argv[2]) / Path(sys.argv[1]).name
+run_dir.mkdir(parents=True, exist_ok=True)
+for log in fake.glob("mlperf.log*"):
+    shutil.copy(log, run_dir / log.name)
+sys.exit(int((fake / "exit_code").read_text()))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["result_set", "weak_scaling"])
+def test_python_launchers_collect_every_run_and_fail_the_set(cosmo_logs, tmp_path, monkeypatch, capsys, launcher):
+    from common import result_set, weak_scaling
+    ok, old, other = cosmo_logs
+    kind = "runs" if launcher == "result_set" else "instances"
+    name = "run" if launcher == "result_set" else "instance"
+    fake_cluster(tmp_path, {f"{name}_0": ({"mlperf.log": ok}, 0),
+                            f"{name}_1": ({"mlperf.log.partial": killed(other)}, 137),
+                            f"{name}_2": ({"mlperf.log": not_converged(other)}, 3)})
+    (tmp_path / "out" / kind / f"{name}_1").mkdir(parents=True)
+    (tmp_path / "out" / kind / f"{name}_1" / "mlperf.log").write_text(old)   # an earlier run's
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+    (tmp_path / "config.yaml").write_text("mlperf: {org: reference}\n")
+    module = result_set if launcher == "result_set" else weak_scaling
+    monkeypatch.setattr(module, "run_command", lambda bench, config, run_dir, *a: [
+        helpers.PYTHON, str(tmp_path / "fake_train.py"), str(run_dir), str(tmp_path / "fake")])
+    count = ["--runs", "3"] if launcher == "result_set" else ["--instances", "3"]
+    argv = ["--bench", "cosmoflow", "--config", str(tmp_path / "config.yaml"), *count,
+            "--output", str(tmp_path / "out"), "--system", "testbox"]
+    assert module.main(argv) == 1   # a run was killed
+    out = capsys.readouterr().out
+    scaling = "strong" if launcher == "result_set" else "weak"
+    folder = tmp_path / "out" / "reference" / "results" / "testbox" / scaling / "cosmoflow"
+    assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt", "result_1.txt", "result_1.txt.failed",
+                                                       "result_2.txt"]
+    assert (folder / "result_1.txt").read_text() == killed(other)
+    assert len(list((tmp_path / "out" / f"{kind}.previous").iterdir())) == 1
+    assert "result_1.txt: exit code 137; no run_stop" in out and "result_2.txt: did not reach the target" in out
+    # A second set into the same output would be scored together with this one: refused.
+    assert module.main(argv) == 2
+    assert "holds an earlier set's results" in capsys.readouterr().err

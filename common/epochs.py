@@ -1,0 +1,25 @@
+"""What one epoch is: one pass over each rank's shard, in whole optimizer steps.
+
+As the references' samplers (drop_last), the last partial local batch of a
+pass is dropped, and so are the batches short of a whole gradient-accumulation
+group; the next epoch is a new, reshuffled pass. Every rank has a shard of the
+same size (common.sharding), so every rank runs the same number of steps.
+"""
+
+import tensorflow as tf
+
+
+def batches_per_epoch(shard_size: int, local_batch_size: int, accumulation: int = 1) -> int:
+    """Local batches one epoch uses: full batches of the shard, in whole accumulation groups."""
+    return shard_size // local_batch_size // accumulation * accumulation
+
+
+def batch_by_epoch(ds: tf.data.Dataset, batch_size: int, n_batches: int) -> tf.data.Dataset:
+    """Batches `ds` (one pass over the shard) and repeats it, each pass giving exactly n_batches.
+
+    Batches beyond n_batches in a pass are read and skipped rather than cut
+    with take(): a cache() upstream must see the whole pass to keep it.
+    """
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.enumerate().filter(lambda i, batch: i < n_batches).map(lambda i, batch: batch)
+    return ds.repeat()

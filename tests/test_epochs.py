@@ -1,0 +1,53 @@
+"""An epoch is one pass over the shard in whole optimizer steps (common.epochs)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common import epochs
+from common.config import load_config
+from common.errors import ConfigError, InputError
+from cosmoflow import task as cosmoflow_task
+from cosmoflow.config import CosmoFlowConfig
+from deepcam.config import DeepCAMConfig
+from tests.helpers import REPO
+
+
+@pytest.mark.parametrize("shard, batch, accumulation, expected", [
+    (16, 4, 1, 4), (18, 4, 1, 4), (18, 4, 3, 3), (7, 4, 2, 0), (121266 // 1024, 2, 1, 59), (118, 2, 2, 58),
+])
+def test_batches_per_epoch_are_whole_steps_of_full_batches(shard, batch, accumulation, expected):
+    assert epochs.batches_per_epoch(shard, batch, accumulation) == expected
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_each_epoch_is_one_reshuffled_pass(cache):
+    # 11 samples, batch 3: 3 full batches per pass; keep 2 (accumulation 2): 6 samples an epoch,
+    # all distinct, drawn from the whole shard, a new order each epoch.
+    ds = tf.data.Dataset.range(11)
+    if cache:
+        ds = ds.cache()
+    ds = ds.shuffle(11, seed=1, reshuffle_each_iteration=True)
+    it = iter(epochs.batch_by_epoch(ds, 3, epochs.batches_per_epoch(11, 3, 2)))
+    seen = []
+    for _ in range(6):   # 3 epochs x 2 batches
+        seen.append(np.concatenate([next(it).numpy() for _ in range(2)]))
+    for epoch in seen:
+        assert len(epoch) == 6 and len(set(epoch.tolist())) == 6
+    assert len({tuple(e) for e in seen}) == 6            # reshuffled every pass
+    assert len(set(np.concatenate(seen).tolist())) > 6   # the dropped samples change from pass to pass
+
+
+def test_cosmoflow_divisibility_counts_gradient_accumulation():
+    cfg = load_config(CosmoFlowConfig, REPO / "tests/configs/cosmoflow_tiny.yaml",
+                      {"data.data_dir": "/data", "data.n_train": "48", "data.batch_size": "4",
+                       "train.gradient_accumulation_frequency": "4"})
+    with pytest.raises(InputError, match=r"n_train=48 is not divisible by ranks x local batch x accumulation "
+                                         r"= 2 x 4 x 4 = 32"):
+        cosmoflow_task.shard(cfg, 0, 2)
+
+
+def test_xla_with_group_batch_norm_is_rejected():
+    with pytest.raises(ConfigError, match="runtime.xla.*batchnorm_group_size"):
+        load_config(DeepCAMConfig, REPO / "tests/configs/deepcam_tiny.yaml",
+                    {"data.data_dir": "/data", "runtime.xla": "true", "model.batchnorm_group_size": "2"})
