@@ -20,6 +20,14 @@ def batch_by_epoch(ds: tf.data.Dataset, batch_size: int, n_batches: int) -> tf.d
     Batches beyond n_batches in a pass are read and skipped rather than cut
     with take(): a cache() upstream must see the whole pass to keep it.
     """
+    def within_epoch(index, batch):
+        del batch
+        return index < n_batches
+
+    def without_index(index, batch):
+        del index
+        return batch
+
     ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.enumerate().filter(lambda i, batch: i < n_batches).map(lambda i, batch: batch)
+    ds = ds.enumerate().filter(within_epoch).map(without_index)
     return ds.repeat()

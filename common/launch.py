@@ -22,6 +22,7 @@ from common.errors import ConfigError, InputError
 from common.events import Events, ProgressPrinter
 from common.mlperf_logger import LOG_NAME, MLPerfLogger
 from common.plots import plot_training_curve
+from common.termination import on_sigterm
 from common.trainer import Trainer, write_summary
 
 EXIT_INPUT_ERROR = 2
@@ -69,6 +70,14 @@ def main(task, argv=None) -> int:
     rank_prefix = ""
     events = None
     trainer = None
+
+    def terminated():
+        _abort(events, trainer)
+        print(f"error:{rank_prefix} terminated (SIGTERM)", file=sys.stderr, flush=True)
+
+    # A launcher ends the other ranks with SIGTERM when one dies (horovodrun, mpirun,
+    # srun --kill-on-bad-exit): the log is closed as aborted before SIGKILL follows.
+    on_sigterm(terminated)
     try:
         config_path, overrides = parse_overrides(task, argv)
         cfg = load_config(task.config_class, config_path, overrides)

@@ -62,3 +62,49 @@ LAUNCHERS = {"gloo": horovodrun, "mpi": mpirun}
 
 def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if "error:" in line]
+
+
+def _rank_pid(rank: int, marker: bytes):
+    """PID of the training process of `rank`, found by its command line and launcher variables."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if marker not in (d / "cmdline").read_bytes():
+                continue
+            environ = dict(kv.split(b"=", 1) for kv in (d / "environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        for key in (b"HOROVOD_RANK", b"OMPI_COMM_WORLD_RANK", b"SLURM_PROCID"):
+            if key in environ:
+                if int(environ[key]) == rank:
+                    return int(d.name)
+                break
+    return None
+
+
+def kill_a_rank_mid_epoch(cmd, out_dir: Path, rank: int = 1, environ=None, timeout: float = 300):
+    """Starts a multi-rank training `cmd`, kills `rank` with SIGKILL once an epoch is under way,
+    and times how long the job takes to end. Returns (exit code, seconds, output)."""
+    import signal
+    import time
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=environ or env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    partial = Path(out_dir) / "mlperf.log.partial"
+    deadline = time.monotonic() + timeout
+    while not (partial.exists() and "epoch_start" in partial.read_text()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("training never started an epoch:\n" + proc.communicate()[0][-3000:])
+        time.sleep(0.2)
+    time.sleep(2.0)   # mid-epoch, steps in flight
+    pid = _rank_pid(rank, b"/train.py")
+    assert pid is not None, f"no process of rank {rank} found"
+    start = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the job hung after rank {rank} was killed") from None
+    return proc.returncode, time.monotonic() - start, output

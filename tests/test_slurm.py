@@ -78,3 +78,19 @@ def test_sbatch_cosmoflow_two_tasks_under_pmix(slurm_cluster, cosmo_data, tiny_c
     assert '"key": "staging_start"' in log
     shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text()) for r in (0, 1)]
     assert not set(shards[0]["train"]) & set(shards[1]["train"])
+
+
+def test_killing_one_srun_rank_ends_the_job(slurm_cluster, cosmo_data, tiny_config, tmp_path):
+    # srun --kill-on-bad-exit=1 (as slurm/env.sh's run_ranks): SIGTERM to the rest, then SIGKILL.
+    from tests.test_dead_rank import long_run
+    if not helpers.horovod_has_mpi():
+        pytest.fail("Horovod was built without MPI: srun ranks could not be wired (install libopenmpi-dev)")
+    out = tmp_path / "run"
+    cmd = ["srun", "--mpi=pmix", "-N", "1", "-n", "2", "--kill-on-bad-exit=1",
+           *long_run(cosmo_data, tiny_config, out)]
+    code, seconds, output = helpers.kill_a_rank_mid_epoch(cmd, out, environ=helpers.env() | {
+        "SLURM_CONF": str(slurm_cluster)})
+    print(f"srun: every rank gone {seconds:.1f} s after rank 1 was killed (exit {code})")
+    assert code != 0 and seconds < 60, output[-3000:]
+    log = (out / "mlperf.log").read_text().splitlines()
+    assert '"key": "run_stop"' in log[-1] and '"status": "aborted"' in log[-1], output[-3000:]
