@@ -38,10 +38,14 @@ def load_config(cls, path=None, overrides: Mapping[str, Any] | None = None):
     if path is not None:
         source = str(path)
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 raw = yaml.safe_load(f) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path} is not UTF-8 text: {_one_line(e)}") from None
+        except OSError as e:   # a directory, no permission
+            raise ConfigError(f"cannot read config file {path}: {e.strerror or _one_line(e)}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {_one_line(e)}") from None
         if not isinstance(raw, dict):

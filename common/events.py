@@ -25,6 +25,8 @@ class RunInfo:
     hyperparameters: dict
     target_name: str
     target: float
+    # {"checkpoint": path, "epoch": n} when the run continues a checkpointed one.
+    resumed_from: dict | None = None
 
 
 class Listener:

@@ -13,6 +13,7 @@ from mlperf_logging.mllog.mllog import MLLogger
 
 from common.events import Listener, RunInfo
 
+RESUMED_KEY = "resumed_from"
 LOG_NAME = "mlperf.log"
 _CALLER_OFFSET = 3
 
@@ -68,6 +69,9 @@ class MLPerfLogger(Listener):
         self._event("eval_samples", info.eval_samples)
         for key, value in info.hyperparameters.items():
             self._event(key, value)
+        if info.resumed_from:
+            # Not an MLPerf key: a resumed run is no benchmark result, and scoring refuses it.
+            self._event(RESUMED_KEY, info.resumed_from)
         self._ml.end(key="init_stop")
 
     def on_staging_start(self):

@@ -51,6 +51,7 @@ from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer as summarizer
 
 from common import run_logs
+from common.mlperf_logger import RESUMED_KEY
 
 USAGE = "hpc"
 _LAYOUT = re.compile(r"(?P<org>[^/]+)/results/(?P<system>[^/]+)/(?P<scaling>strong|weak)/(?P<benchmark>[^/]+)$")
@@ -167,7 +168,7 @@ def read_run(entry: run_logs.RunLog, ruleset: str) -> tuple[Run, dict]:
         run.problem = "; ".join(filter(None, [entry.failure, f"compliance checker crashed: {_one_line(e)}"]))
         return run, {}
     run.passed_checker, run.checker = passed, "PASS" if passed else "FAIL"
-    keys, start, stop, last_epoch = {}, None, None, None
+    keys, start, stop, last_epoch, resumed = {}, None, None, None, None
     for line in lines:
         value = line.value.get("value") if isinstance(line.value, dict) else None
         meta = line.value.get("metadata", {}) if isinstance(line.value, dict) else {}
@@ -178,6 +179,8 @@ def read_run(entry: run_logs.RunLog, ruleset: str) -> tuple[Run, dict]:
             run.status = meta.get("status", "missing")
         elif line.key in ("eval_accuracy", "eval_error") and stop is None:
             last_epoch = meta.get("epoch_num", last_epoch)
+        elif line.key == RESUMED_KEY:
+            resumed = value
         elif line.key in _SET_KEYS:
             keys.setdefault(line.key, value)
     if start is not None and stop is not None:
@@ -187,6 +190,9 @@ def read_run(entry: run_logs.RunLog, ruleset: str) -> tuple[Run, dict]:
     run.seed = keys.get("seed")
     if entry.failure:
         run.problem = entry.failure
+    elif resumed is not None:
+        # Its time to train leaves out the run before the checkpoint.
+        run.problem = f"resumed from a checkpoint ({resumed}): not a valid benchmark result"
     elif not passed:
         why = reasons[0] if reasons else "no reason given"
         if run.status == "aborted":

@@ -41,6 +41,7 @@ class RunResult:
     # Values the weights_in_sync fingerprint covered: every model variable,
     # batch-norm running statistics included (more than num_params when the model has any).
     weights_compared: int = 0
+    resumed_from: dict | None = None       # {"checkpoint", "epoch"} of a resumed run
     runtime: dict = dataclasses.field(default_factory=dict)
     characterization: dict = dataclasses.field(default_factory=dict)
 
@@ -105,11 +106,17 @@ class Trainer:
         self.checkpointer = Checkpointer(self.output_dir / "checkpoints", self.model, self.optimizer,
                                          keep=cfg.train.keep_checkpoints)
         self.start_epoch = 0
+        self.resumed_from = None
         if cfg.train.resume or cfg.train.resume_from:
-            self._restore(cfg.train.resume_from or self.checkpointer.latest())
+            source = cfg.train.resume_from or self.checkpointer.latest()
+            # Rank 0 chooses for all: ranks that see the file system differently
+            # must not resume from different epochs (and hang in the first collective).
+            source = dist.broadcast_object(None if source is None else str(source))
+            self._restore(source)
         # Every rank starts from rank 0's weights and optimizer state.
         self.dist.broadcast_variables(self.model.variables + self.optimizer.variables)
 
+        self.result.resumed_from = self.resumed_from
         self._build_steps()
         return RunInfo(
             benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
@@ -117,7 +124,7 @@ class Trainer:
             global_batch_size=global_batch, train_samples=self.shards.train_set_size or self.shards.n_train,
             eval_samples=self.shards.n_valid,
             hyperparameters=task.mlperf_hyperparameters(cfg, global_batch),
-            target_name=self.metric.name, target=self.target)
+            target_name=self.metric.name, target=self.target, resumed_from=self.resumed_from)
 
     def _restore(self, source):
         """Continues a run from a training checkpoint, or starts one from a model-only folder."""
@@ -129,7 +136,9 @@ class Trainer:
             raise InputError(f"{source}: not a checkpoint folder (no ckpt.index)")
         if holds_training_state(source):
             self.start_epoch = self.checkpointer.restore(source)
-            self.print(f"[init] resumed from {source} (epoch {self.start_epoch})")
+            self.resumed_from = {"checkpoint": str(Path(source).resolve()), "epoch": self.start_epoch}
+            self.print(f"[init] resumed from {source} (epoch {self.start_epoch}); a resumed run is not a "
+                       f"valid benchmark result (its log says so)")
             return
         # A model without optimizer state or epoch (an imported reference model):
         # fine-tuning or evaluating it is a new run, from epoch 0.

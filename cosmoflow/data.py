@@ -72,7 +72,10 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "", tr
         # Shuffle the file order (cheap) before reading; with one sample per
         # file this is a full shuffle of the shard, new every epoch.
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+    # One sample per file: an empty (or multi-record) file fails the read, so that
+    # the trainer names it (find_bad_file), instead of a short epoch passing silently.
+    ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression)
+                       .apply(tf.data.experimental.assert_cardinality(1)),
                        cycle_length=max(1, parallelism), num_parallel_calls=tf.data.AUTOTUNE,
                        deterministic=not training)
     ds = ds.map(lambda s: parse_example(s, sample_shape), num_parallel_calls=tf.data.AUTOTUNE)
@@ -108,8 +111,8 @@ def find_bad_file(files, sample_shape):
                 if got != expected:
                     return (f"{path}: sample 'x' holds {got // 2} int16 values, expected "
                             f"{expected // 2} for shape {list(sample_shape)}")
-            if n == 0:
-                return f"{path}: no records"
+            if n != 1:
+                return f"{path}: {n or 'no'} records, expected one sample per file"
         except tf.errors.NotFoundError:
             return f"{path}: file not found"
         except tf.errors.OpError as e:

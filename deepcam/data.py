@@ -31,8 +31,9 @@ def load_normalization(data_dir, channels) -> tuple[np.ndarray, np.ndarray]:
         with h5py.File(path, "r") as f:
             lo, hi = f["climate/minval"][...], f["climate/maxval"][...]
     except KeyError as e:
-        raise InputError(f"{path}: missing dataset {e.args[0] if e.args else ''} "
-                         f"(needs climate/minval and climate/maxval)") from None
+        # h5py raises KeyError for a missing name and for a damaged object header alike.
+        raise InputError(f"{path}: cannot read climate/minval and climate/maxval "
+                         f"({_first_line(e.args[0] if e.args else 'missing')})") from None
     except OSError as e:
         raise InputError(f"{path}: unreadable HDF5 file ({_first_line(e)})") from None
     idx = list(channels)
@@ -53,8 +54,9 @@ def read_sample(path, channels, shift, scale, height, width):
     with h5py.File(path, "r") as f:
         try:
             data, labels = f[DATA_KEY], f[LABEL_KEY]
-        except KeyError:
-            raise InputError(f"{path}: missing dataset {DATA_KEY} or {LABEL_KEY}") from None
+        except KeyError as e:
+            raise InputError(f"{path}: cannot read {DATA_KEY} and {LABEL_KEY} "
+                             f"({_first_line(e.args[0] if e.args else 'missing')})") from None
         if data.ndim != 3 or data.shape[:2] != (height, width) or max(channels) >= data.shape[2]:
             raise InputError(f"{path}: {DATA_KEY} has shape {data.shape}, expected "
                              f"({height}, {width}, >{max(channels)}) (height, width, channels)")
@@ -127,6 +129,7 @@ def make_dataset(files, *, data_dir, channels, height, width, batch_size, traini
     return ds.with_options(options).prefetch(prefetch)
 
 
-def _first_line(e: Exception) -> str:
+def _first_line(e) -> str:
+    """An exception or message as one line of at most 200 characters."""
     text = " ".join(str(e).split())
     return text[:200]

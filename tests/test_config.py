@@ -49,6 +49,15 @@ def test_bad_keys_and_values_name_the_key(tmp_path, text, override, culprit):
         load_config(CosmoFlowConfig, write(tmp_path, text), override)
 
 
+def test_unreadable_config_files_name_the_file(tmp_path):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"data:\n  data_dir: /d\xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"binary\.yaml is not UTF-8 text"):
+        load_config(CosmoFlowConfig, binary)
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(CosmoFlowConfig, tmp_path)   # a directory
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(CosmoFlowConfig, tmp_path / "nope.yaml")

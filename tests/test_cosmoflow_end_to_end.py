@@ -56,6 +56,13 @@ def test_resume_continues_from_the_checkpoint(cosmo_data, tiny_config, tmp_path)
     assert '"epoch_num": 3' in log and '"epoch_num": 1}' not in log
     assert (out / "mlperf.log.1").exists()  # the first run's log is kept
     assert (out / "checkpoints" / "epoch-00003").is_dir()
+    # The log and summary say where it resumed from, and scoring refuses it as a result.
+    checkpoint = str((out / "checkpoints" / "epoch-00002").resolve())
+    assert f'"key": "resumed_from", "value": {{"checkpoint": "{checkpoint}", "epoch": 2}}' in log
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == {"checkpoint": checkpoint, "epoch": 2}
+    from common import run_logs, scoring
+    run, _ = scoring.read_run(run_logs.from_run_dir(out), "3.0.0")
+    assert run.problem.startswith("resumed from a checkpoint") and "not a valid benchmark result" in run.problem
 
 
 def copy_subset(src, dst, n_train, n_valid):

@@ -1,0 +1,236 @@
+"""Bad input, fuzzed: one damaged file per run, through the real entry point.
+
+Each case copies a small data set (or the tiny config), damages ONE file with a
+seeded random damage (flip bytes, truncate, zero a range, append garbage), runs a
+one-epoch training and accepts exactly two endings:
+
+  trained   exit 0 or 3: the damage left the input valid (a flipped float, a gzip
+            header byte nobody checks);
+  named     exit 2, no traceback, stderr's last line is the only `error:` line and
+            names the damaged file (for a damaged config: the config file, a config
+            key, or a data file that no longer matches the config's shapes).
+
+Anything else (a traceback, exit 1, a signal, a hang past TIMEOUT_S, the wrong
+file named) fails the test and prints the case's reproducer.
+
+The cases run in one `tests/fuzz_driver.py` process, which imports TensorFlow once
+and forks a child per case that runs `common.launch.main(TASK, argv)`, what
+train.py runs; a few cases also run as `python <bench>/train.py` and must give the
+same exit code and error line.
+"""
+
+import dataclasses
+import json
+import random
+import re
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests import helpers
+
+SEED = 20240611
+TIMEOUT_S = 120
+# (bench, target, damage, cases in the fast tier, in all): 100 cases, 15 of them fast.
+# A DeepCAM case that trains costs ~15-30 s here (a CosmoFlow one ~4 s): the fast tier
+# takes DeepCAM's cheap ones (stats.h5 and config damage that ends the run before the
+# first step) and leaves its damaged samples, and stats.h5 with garbage appended (HDF5
+# ignores bytes past its end, so that run trains), to the slow tier.
+PLAN = (
+    ("cosmoflow", "tfrecord", "flip", 2, 10),
+    ("cosmoflow", "tfrecord", "truncate", 2, 10),
+    ("cosmoflow", "tfrecord", "zero", 2, 10),
+    ("cosmoflow", "tfrecord", "append", 2, 10),
+    ("cosmoflow", "config", "flip", 1, 7),
+    ("cosmoflow", "config", "truncate", 1, 7),
+    ("deepcam", "sample", "flip", 0, 6),
+    ("deepcam", "sample", "truncate", 0, 6),
+    ("deepcam", "sample", "zero", 0, 6),
+    ("deepcam", "sample", "append", 0, 6),
+    ("deepcam", "stats", "flip", 1, 3),
+    ("deepcam", "stats", "truncate", 1, 3),
+    ("deepcam", "stats", "zero", 1, 3),
+    ("deepcam", "stats", "append", 0, 3),
+    ("deepcam", "config", "flip", 1, 5),
+    ("deepcam", "config", "truncate", 1, 5),
+)
+N_TRAIN = {"cosmoflow": 16, "deepcam": 8}
+N_VALID = {"cosmoflow": 8, "deepcam": 4}
+SUFFIX = {"cosmoflow": ".tfrecord", "deepcam": ".h5"}
+CONFIG = {"cosmoflow": helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml",
+          "deepcam": helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    bench: str
+    target: str    # tfrecord, sample, stats or config
+    damage: str
+    seed: int
+    fast: bool
+
+    @property
+    def id(self) -> str:
+        return f"{self.bench}-{self.target}-{self.damage}-{self.seed}"
+
+
+def plan_cases() -> list[Case]:
+    cases = []
+    for bench, target, damage, n_fast, n_all in PLAN:
+        for i in range(n_all):
+            cases.append(Case(bench, target, damage, seed=SEED + len(cases), fast=i < n_fast))
+    return cases
+
+
+# ------------------------------------------------------------------ damage
+def damage_bytes(raw: bytes, damage: str, rng: random.Random, config: bool) -> tuple[bytes, str]:
+    """`raw` damaged as `damage` says; returns (new bytes, what was done)."""
+    size = len(raw)
+    if damage == "flip":
+        k = rng.randint(1, 8 if config else 64)
+        out = bytearray(raw)
+        where = sorted(rng.randrange(size) for _ in range(k))
+        for i in where:
+            out[i] ^= rng.randint(1, 255)
+        return bytes(out), f"flipped {k} byte(s) at {where[:8]}{'...' if k > 8 else ''}"
+    if damage == "truncate":
+        n = 0 if rng.random() < 0.15 else rng.randrange(size)
+        return raw[:n], f"truncated {size} -> {n} bytes"
+    if damage == "zero":
+        start = rng.randrange(size)
+        n = rng.randint(1, max(1, (size - start) // 2))
+        return raw[:start] + bytes(n) + raw[start + n:], f"zeroed [{start}, {start + n}) of {size}"
+    if damage == "append":
+        n = rng.randint(1, 4096)
+        return raw + rng.randbytes(n), f"appended {n} random bytes to {size}"
+    raise ValueError(damage)
+
+
+def prepare(case: Case, source: Path, root: Path) -> tuple[dict, Path, str]:
+    """Copies the data (and config) into `root`, damages one file; returns (driver case, victim, damage)."""
+    rng = random.Random(case.seed)
+    data = root / "data"
+    copied = []
+    for split, n in (("train", N_TRAIN[case.bench]), ("validation", N_VALID[case.bench])):
+        (data / split).mkdir(parents=True)
+        for p in sorted((source / split).glob("*" + SUFFIX[case.bench]))[:n]:
+            copied.append(Path(shutil.copy(p, data / split / p.name)))
+    if case.bench == "deepcam":
+        shutil.copy(source / "stats.h5", data / "stats.h5")
+    config = Path(shutil.copy(CONFIG[case.bench], root / CONFIG[case.bench].name))
+    victim = {"config": config, "stats": data / "stats.h5"}.get(case.target) or rng.choice(copied)
+    raw, done = damage_bytes(victim.read_bytes(), case.damage, rng, config=case.target == "config")
+    victim.write_bytes(raw)
+    if case.bench == "cosmoflow":
+        argv = [config, "--data-dir", data, "--output-dir", root / "run", "--n-train", N_TRAIN["cosmoflow"],
+                "--n-valid", N_VALID["cosmoflow"], "--n-epochs", 1, "--checkpoint-every", 0]
+    else:
+        argv = [config, "--data_dir_prefix", data, "--output_dir", root / "run", "--max_epochs", 1,
+                "--save_frequency", 0]
+    argv += ["--set", "runtime.check_log=false"]
+    return ({"id": case.id, "bench": case.bench, "argv": [str(a) for a in argv], "timeout": TIMEOUT_S},
+            victim, done)
+
+
+# ----------------------------------------------------------------- verdict
+def error_lines(stderr: str) -> list[str]:
+    """Our error lines (TensorFlow's own log lines may hold 'error:' mid-line)."""
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def verdict(case: Case, victim: Path, data: Path, result: dict) -> tuple[str, str]:
+    """('trained' | 'named' | 'FAIL', why)."""
+    out = result["stdout"] + result["stderr"]
+    code = result["exit_code"]
+    if result["timed_out"]:
+        return "FAIL", f"hang: no exit within {TIMEOUT_S} s"
+    if "Traceback" in out:
+        return "FAIL", f"traceback (exit {code})"
+    if code in (0, 3):
+        return "trained", f"exit {code}"
+    if code != 2:
+        return "FAIL", f"exit {code}"
+    lines = [line for line in result["stderr"].splitlines() if line.strip()]
+    errors = error_lines(result["stderr"])
+    if not lines or not lines[-1].startswith("error:") or len(errors) != 1:
+        return "FAIL", f"exit 2 but {len(errors)} error line(s), last line {lines[-1:]!r}"
+    line = lines[-1]
+    if victim.name in line:
+        return "named", line
+    if case.target == "config":
+        key = re.search(r"config key '[\w.\[\]]+'", line)
+        data_file = re.search(re.escape(str(data)) + r"/\S+", line)
+        if key or data_file:
+            return "named", line
+    return "FAIL", f"error line does not name {victim.name}: {line}"
+
+
+def run_driver(prepared: list[dict], tmp_path: Path) -> dict:
+    cases_file, results_file = tmp_path / "cases.json", tmp_path / "results.json"
+    cases_file.write_text(json.dumps(prepared))
+    budget = 120 + sum(c["timeout"] for c in prepared)
+    proc = helpers.run([helpers.PYTHON, helpers.REPO / "tests" / "fuzz_driver.py", cases_file, results_file],
+                       timeout=budget)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return {r["id"]: r for r in json.loads(results_file.read_text())}
+
+
+def table(rows) -> str:
+    """Outcomes by (file kind, damage): counts of trained / named / FAIL."""
+    counts = Counter((f"{case.bench}/{case.target}", case.damage, outcome) for case, outcome, _ in rows)
+    kinds = sorted({(k, d) for k, d, _ in counts})
+    lines = [f"{'file':<20}{'damage':<10}{'trained':>8}{'named':>7}{'FAIL':>6}"]
+    for kind, damage in kinds:
+        lines.append(f"{kind:<20}{damage:<10}" + "".join(
+            f"{counts[(kind, damage, o)]:>{w}}" for o, w in (("trained", 8), ("named", 7), ("FAIL", 6))))
+    total = Counter(outcome for _, outcome, _ in rows)
+    lines.append(f"{'total':<30}{total['trained']:>8}{total['named']:>7}{total['FAIL']:>6}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("tier", ["fast", pytest.param("slow", marks=pytest.mark.slow)])
+def test_damaged_input_trains_or_names_the_file(tier, cosmo_data, deepcam_data, tmp_path, capsys):
+    cases = [c for c in plan_cases() if c.fast == (tier == "fast")]
+    sources = {"cosmoflow": cosmo_data, "deepcam": deepcam_data}
+    prepared, victims = [], {}
+    for case in cases:
+        spec, victim, done = prepare(case, sources[case.bench], tmp_path / case.id)
+        prepared.append(spec)
+        victims[case.id] = (victim, done)
+    start = time.monotonic()
+    results = run_driver(prepared, tmp_path)
+    seconds = time.monotonic() - start
+    rows, failures = [], []
+    for case in cases:
+        victim, done = victims[case.id]
+        outcome, why = verdict(case, victim, tmp_path / case.id / "data", results[case.id])
+        rows.append((case, outcome, why))
+        if outcome == "FAIL":
+            failures.append(f"{case.id}: {why}\n  reproduce: seed {case.seed}, {case.target} "
+                            f"{victim.relative_to(tmp_path / case.id)}, {done}\n  stderr tail: "
+                            f"{results[case.id]['stderr'][-1500:]}")
+    report = (f"{tier} tier: {len(cases)} cases in {seconds:.0f} s\n{table(rows)}\n" +
+              "\n".join(f"  {c.id}: {outcome}: {why[:160]}" for c, outcome, why in rows))
+    with capsys.disabled():
+        print("\n" + report)
+    assert not failures, "\n".join(failures)
+
+
+# The real entry point, as a subprocess: same exit code and error line as the driver's child.
+REAL = ("cosmoflow-tfrecord-truncate", "cosmoflow-config-flip", "deepcam-sample-flip", "deepcam-stats-zero")
+
+
+@pytest.mark.slow
+def test_train_py_ends_as_the_driver_says(cosmo_data, deepcam_data, tmp_path):
+    cases = [next(c for c in plan_cases() if c.id.startswith(prefix)) for prefix in REAL]
+    sources = {"cosmoflow": cosmo_data, "deepcam": deepcam_data}
+    prepared = [prepare(c, sources[c.bench], tmp_path / c.id)[0] for c in cases]
+    driven = run_driver(prepared, tmp_path)
+    for spec in prepared:
+        proc = helpers.run(helpers.train_cmd(spec["bench"], *spec["argv"]), timeout=TIMEOUT_S)
+        mine = driven[spec["id"]]
+        assert proc.returncode == mine["exit_code"], (spec["id"], proc.stderr[-2000:], mine["stderr"][-2000:])
+        assert error_lines(proc.stderr) == error_lines(mine["stderr"]), spec["id"]
