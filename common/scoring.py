@@ -191,7 +191,7 @@ def read_run(entry: run_logs.RunLog, ruleset: str) -> tuple[Run, dict]:
     if entry.failure:
         run.problem = entry.failure
     elif resumed is not None:
-        # Its time to train leaves out the run before the checkpoint.
+        # Its time to train leaves out the training before the checkpoint.
         run.problem = f"resumed from a checkpoint ({resumed}): not a valid benchmark result"
     elif not passed:
         why = reasons[0] if reasons else "no reason given"

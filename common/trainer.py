@@ -41,7 +41,8 @@ class RunResult:
     # Values the weights_in_sync fingerprint covered: every model variable,
     # batch-norm running statistics included (more than num_params when the model has any).
     weights_compared: int = 0
-    resumed_from: dict | None = None       # {"checkpoint", "epoch"} of a resumed run
+    # {"checkpoint", "epoch"[, "weights_only"]} of a run that did not start from scratch.
+    resumed_from: dict | None = None
     runtime: dict = dataclasses.field(default_factory=dict)
     characterization: dict = dataclasses.field(default_factory=dict)
 
@@ -143,7 +144,10 @@ class Trainer:
         # A model without optimizer state or epoch (an imported reference model):
         # fine-tuning or evaluating it is a new run, from epoch 0.
         restore_model_weights(self.model, source)
-        self.print(f"[init] model weights from {source} (model-only folder: fresh optimizer, starting at epoch 0)")
+        # Trained weights to start from are no benchmark result either (its log says so).
+        self.resumed_from = {"checkpoint": str(Path(source).resolve()), "epoch": 0, "weights_only": True}
+        self.print(f"[init] model weights from {source} (model-only folder: fresh optimizer, starting at epoch 0; "
+                   f"not a valid benchmark result)")
 
     def _build_steps(self):
         cfg = self.cfg

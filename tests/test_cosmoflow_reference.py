@@ -170,6 +170,10 @@ def test_training_starts_from_a_model_only_folder(imported_run):
     assert "resumed from" not in proc.stdout
     summary = json.loads((root / "run" / "summary.json").read_text())
     assert summary["epochs"] == 1 and len(summary["history"]) == 1     # epoch 1: started at epoch 0
+    # Started from trained weights: no benchmark result, and the log says so.
+    assert summary["resumed_from"] == {"checkpoint": str((root / "imported").resolve()), "epoch": 0,
+                                       "weights_only": True}
+    assert '"key": "resumed_from"' in (root / "run" / "mlperf.log").read_text()
     trained = model_lib.from_config(imported_run["cfg"])
     fresh = [v.numpy() for v in trained.variables]
     restore_model_weights(trained, root / "run" / "checkpoints" / "epoch-00001")
