@@ -1,4 +1,4 @@
-"""Writing files so that a reader never sees half of one."""
+"""Writing files so that a reader never sees half of one, even after a crash of the machine."""
 
 import os
 from pathlib import Path
@@ -7,9 +7,20 @@ from pathlib import Path
 def write_text_atomic(path, text: str) -> None:
     """Writes `text` under a temporary name in the same directory, then renames it to `path`.
 
-    The pid in the temporary name keeps processes writing the same file apart.
+    The data is flushed to disk before the rename and the directory after it, so a
+    node that loses power leaves the old file or the new one, never an empty one
+    (a rename can reach the disk before the data it names). The pid in the
+    temporary name keeps processes writing the same file apart.
     """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(text)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
