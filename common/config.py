@@ -59,6 +59,21 @@ def load_config(cls, path=None, overrides: Mapping[str, Any] | None = None):
     return cfg
 
 
+def load_model_config(cls, path, overrides: Mapping[str, Any] | None = None):
+    """As load_config, for tools that only build a model (import, predict): data.data_dir may be unset.
+
+    Validation requires data.data_dir, which training needs and a model alone
+    does not: a config that fails without it is validated with a stand-in,
+    removed again (a config failing for another reason fails again).
+    """
+    overrides = dict(overrides or {})
+    try:
+        return load_config(cls, path, overrides)
+    except ConfigError:
+        cfg = load_config(cls, path, {**overrides, "data.data_dir": "unset"})
+        return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, data_dir=None))
+
+
 def to_dict(cfg) -> dict:
     """The config as plain YAML-friendly Python values."""
     def plain(v):

@@ -14,12 +14,16 @@ def batches_per_epoch(shard_size: int, local_batch_size: int, accumulation: int 
     return shard_size // local_batch_size // accumulation * accumulation
 
 
-def batch_by_epoch(ds: tf.data.Dataset, batch_size: int, n_batches: int) -> tf.data.Dataset:
-    """Batches `ds` (one pass over the shard) and repeats it, each pass giving exactly n_batches.
+def batch_by_epoch(ds: tf.data.Dataset, batch_size: int, n_batches: int | None = None) -> tf.data.Dataset:
+    """Batches `ds` (one pass over the shard) and repeats it, each pass giving exactly n_batches
+    (None: every full batch).
 
     Batches beyond n_batches in a pass are read and skipped rather than cut
     with take(): a cache() upstream must see the whole pass to keep it.
     """
+    if n_batches is None:
+        return ds.batch(batch_size, drop_remainder=True).repeat()
+
     def within_epoch(index, batch):
         del batch
         return index < n_batches

@@ -87,9 +87,7 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "", tr
         ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
     ds = ds.map(lambda x, y: (apply(x), y), num_parallel_calls=tf.data.AUTOTUNE)
     if training:
-        n_batches = epochs.batches_per_epoch(len(files), batch_size) if batches_per_epoch is None \
-            else batches_per_epoch
-        ds = epochs.batch_by_epoch(ds, batch_size, n_batches)
+        ds = epochs.batch_by_epoch(ds, batch_size, batches_per_epoch)
     else:
         ds = ds.batch(batch_size, drop_remainder=True)
     return ds.prefetch(prefetch)

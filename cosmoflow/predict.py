@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.checkpoint import find_run_config, restore_model_weights
-from common.config import load_config
+from common import config as config_lib
 from common.errors import InputError
 from common.files import write_text_atomic
 from cosmoflow import data
@@ -29,13 +29,11 @@ from cosmoflow import model as model_lib
 from cosmoflow.config import CosmoFlowConfig
 
 EXIT_INPUT_ERROR = 2
-# Prediction and import never read the data directory, but the config requires one.
-DATA_DIR_NOT_USED = "(not used)"
 
 
 def load_model_config(path) -> CosmoFlowConfig:
-    """A CosmoFlow config read for the model's sizes and the preprocessing only (no data directory needed)."""
-    return load_config(CosmoFlowConfig, path, {"data.data_dir": DATA_DIR_NOT_USED})
+    """A CosmoFlow config read for the model's sizes and the preprocessing only (data.data_dir may be unset)."""
+    return config_lib.load_model_config(CosmoFlowConfig, path)
 
 
 def load_model(checkpoint, config_path=None) -> tuple[tf.keras.Model, CosmoFlowConfig]:

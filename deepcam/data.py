@@ -121,9 +121,7 @@ def make_dataset(files, *, data_dir, channels, height, width, batch_size, traini
             ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
         ds = ds.map(load, num_parallel_calls=readers)
     if training:
-        n_batches = epochs.batches_per_epoch(len(files), batch_size) if batches_per_epoch is None \
-            else batches_per_epoch
-        ds = epochs.batch_by_epoch(ds, batch_size, n_batches)
+        ds = epochs.batch_by_epoch(ds, batch_size, batches_per_epoch)
     else:
         ds = ds.batch(batch_size)
     return ds.with_options(options).prefetch(prefetch)

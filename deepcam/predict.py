@@ -17,7 +17,6 @@ IoU against the sample's labels (the validation metric).
 """
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -26,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from common.checkpoint import find_run_config, restore_model_weights
-from common.config import load_config
-from common.errors import ConfigError, InputError
+from common import config as config_lib
+from common.errors import InputError
 from deepcam import data, task
 from deepcam.config import N_CLASSES, DeepCAMConfig
 from deepcam.layout import DATA_KEY, STATS_FILE
@@ -39,18 +38,8 @@ CLASS_COLORS = ("whitesmoke", "red", "blue")
 
 
 def load_model_config(path, overrides=None) -> DeepCAMConfig:
-    """A DeepCAM config to build a model from: as load_config, but data.data_dir may be unset.
-
-    DeepCAMConfig.validate requires data.data_dir, which training needs and a
-    model alone does not: a config that fails without it is validated with a
-    stand-in, removed again (a config failing for another reason fails again).
-    """
-    overrides = dict(overrides or {})
-    try:
-        return load_config(DeepCAMConfig, path, overrides)
-    except ConfigError:
-        cfg = load_config(DeepCAMConfig, path, {**overrides, "data.data_dir": "unset"})
-        return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, data_dir=None))
+    """A DeepCAM config to build a model from (data.data_dir may be unset)."""
+    return config_lib.load_model_config(DeepCAMConfig, path, overrides)
 
 
 def stats_folder(stats, cfg: DeepCAMConfig, sample) -> Path:

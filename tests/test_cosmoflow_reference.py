@@ -80,7 +80,7 @@ def test_imported_model_predicts_as_the_reference(reference_files, tmp_path, kin
                                 "head": "dense_2"}
     # Read back as predict does: the folder's own config.yaml builds the model.
     ours, cfg = predict.load_model(out)
-    assert cfg.model.conv_size == 2 and cfg.data.data_dir == predict.DATA_DIR_NOT_USED
+    assert cfg.model.conv_size == 2 and cfg.data.data_dir is None
     y = ours(reference_files["x"], training=False).numpy()
     assert np.abs(reference_files["y"]).max() < 1.1 and np.ptp(reference_files["y"], axis=0).min() > 1e-3
     np.testing.assert_allclose(y, reference_files["y"], rtol=1e-5, atol=1e-6)
