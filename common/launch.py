@@ -22,11 +22,15 @@ from common.errors import ConfigError, InputError
 from common.events import Events, ProgressPrinter
 from common.mlperf_logger import LOG_NAME, MLPerfLogger
 from common.plots import plot_training_curve
-from common.termination import on_sigterm
+from common import termination
 from common.trainer import Trainer, write_summary
 
 EXIT_INPUT_ERROR = 2
 EXIT_CRASH = 1
+EXIT_NOT_CONVERGED = 3
+# Stopped on SIGUSR1/SIGTERM after writing a checkpoint: run again with --resume
+# (the sbatch scripts requeue the job). 143: SIGTERM, no checkpoint in time.
+EXIT_PREEMPTED = termination.EXIT_PREEMPTED
 
 
 def build_parser(task) -> argparse.ArgumentParser:
@@ -73,14 +77,17 @@ def main(task, argv=None) -> int:
 
     def terminated():
         _abort(events, trainer)
-        print(f"error:{rank_prefix} terminated (SIGTERM)", file=sys.stderr, flush=True)
+        print(f"error:{rank_prefix} terminated (SIGTERM): log closed as aborted; stopping at the next "
+              f"step with a checkpoint if every rank gets there in time", file=sys.stderr, flush=True)
 
     # A launcher ends the other ranks with SIGTERM when one dies (horovodrun, mpirun,
     # srun --kill-on-bad-exit): the log is closed as aborted before SIGKILL follows.
-    on_sigterm(terminated)
+    # Until the config is read, SIGTERM ends the process at once.
+    termination.on_signals(terminated)
     try:
         config_path, overrides = parse_overrides(task, argv)
         cfg = load_config(task.config_class, config_path, overrides)
+        termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
         dist = Distribution()
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
         # A run tag (DeepCAM's --run_tag) names a run folder inside output_dir.
@@ -111,7 +118,10 @@ def main(task, argv=None) -> int:
         # Every rank waits for rank 0's report: a rank that exits first with a
         # non-zero status would make the launcher kill rank 0 mid-write.
         dist.barrier()
-        return 0 if result.status in ("success", "evaluated") else 3
+        if result.status == "preempted":
+            termination.stopped()   # in order: the SIGTERM deadline no longer applies
+            return EXIT_PREEMPTED
+        return 0 if result.status in ("success", "evaluated") else EXIT_NOT_CONVERGED
     except InputError as e:
         _abort(events, trainer)
         _fail(rank_prefix, " ".join(str(e).split()), EXIT_INPUT_ERROR)
@@ -152,6 +162,10 @@ def _report(task, cfg, result, output_dir) -> str:
         plot_training_curve(result.history, metric_name, task.target(cfg),
                             f"{task.name}: {result.status} after {result.epochs} epoch(s), "
                             f"{result.time_to_train_s / 60:.2f} min", output_dir / "training_curve.png")
+    if result.status == "preempted":
+        print(f"[done] stopped on request (SIGUSR1 or SIGTERM on a rank): checkpoint {result.checkpoint}; "
+              f"go on with --resume (exit code {EXIT_PREEMPTED}); the log says aborted")
+        return "not checked (stopped on request)"
     if not cfg.runtime.check_log:
         return "not checked"
     passed, output = check_log(log, cfg.mlperf.ruleset)

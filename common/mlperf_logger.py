@@ -7,6 +7,7 @@ finished log. A log already there (a resumed run) is kept as mlperf.log.1, .2...
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 from mlperf_logging.mllog.mllog import MLLogger
@@ -47,13 +48,27 @@ class MLPerfLogger(Listener):
                             root_dir=str(Path(__file__).resolve().parents[1]))
         self._submission = dict(submission)
         self._closed = False
+        # SIGTERM closes the log from another thread (common.termination) while
+        # the main thread may be writing a line: one at a time, none after close.
+        self._lock = threading.RLock()
 
     def _event(self, key, value=None, **metadata):
-        self._ml.event(key=key, value=value, metadata=metadata or None, stack_offset=_CALLER_OFFSET + 1)
+        with self._lock:
+            if not self._closed:
+                self._ml.event(key=key, value=value, metadata=metadata or None, stack_offset=_CALLER_OFFSET + 1)
+
+    def _start(self, key, **metadata):
+        with self._lock:
+            if not self._closed:
+                self._ml.start(key=key, metadata=metadata or None, stack_offset=_CALLER_OFFSET + 1)
+
+    def _end(self, key, **metadata):
+        with self._lock:
+            if not self._closed:
+                self._ml.end(key=key, metadata=metadata or None, stack_offset=_CALLER_OFFSET + 1)
 
     def on_init_start(self):
-        self._event("cache_clear", True)
-        self._ml.start(key="init_start")
+        self._start("init_start")
         for key in ("benchmark", "org", "division", "status", "platform"):
             self._event(f"submission_{key}", self._submission[key])
 
@@ -72,40 +87,50 @@ class MLPerfLogger(Listener):
         if info.resumed_from:
             # Not an MLPerf key: a resumed run is no benchmark result, and scoring refuses it.
             self._event(RESUMED_KEY, info.resumed_from)
-        self._ml.end(key="init_stop")
+        self._end("init_stop")
 
     def on_staging_start(self):
-        self._ml.start(key="staging_start")
+        self._start("staging_start")
 
     def on_staging_stop(self, stats):
-        self._ml.end(key="staging_stop", metadata={k: stats[k] for k in ("files", "bytes", "seconds", "gb_per_s")})
+        self._end("staging_stop", **{k: stats[k] for k in ("files", "bytes", "seconds", "gb_per_s")})
+
+    def on_caches_cleared(self, cleared, files):
+        # True only when this rank's input files were evicted from the page cache
+        # (common.page_cache); metadata says how many files that covered.
+        self._event("cache_clear", bool(cleared), files=files, method="posix_fadvise(DONTNEED)")
 
     def on_run_start(self):
-        self._ml.start(key="run_start")
+        self._start("run_start")
 
     def on_epoch_start(self, epoch):
-        self._ml.start(key="epoch_start", metadata={"epoch_num": epoch})
+        self._start("epoch_start", epoch_num=epoch)
 
     def on_epoch_stop(self, epoch, train):
-        self._ml.end(key="epoch_stop", metadata={"epoch_num": epoch})
+        self._end("epoch_stop", epoch_num=epoch)
         self._event("train_loss", train["loss"], epoch_num=epoch)
         self._event("tracked_stats", {"throughput": train["samples_per_s"]}, step=epoch)
 
     def on_eval_start(self, epoch):
-        self._ml.start(key="eval_start", metadata={"epoch_num": epoch})
+        self._start("eval_start", epoch_num=epoch)
 
     def on_eval_stop(self, epoch, value):
-        self._ml.end(key="eval_stop", metadata={"epoch_num": epoch})
+        self._end("eval_stop", epoch_num=epoch)
         self._event(self.metric_key, value, epoch_num=epoch)
 
-    def on_run_stop(self, status, epoch):
-        self._ml.end(key="run_stop", metadata={"status": status, "epoch_num": epoch})
+    def on_run_stop(self, status, epoch, checkpoint=None):
+        # A run stopped on request says where it can go on from (aborted-with-checkpoint).
+        self._end("run_stop", status=status, epoch_num=epoch, **({"checkpoint": checkpoint} if checkpoint else {}))
 
     def close(self):
-        """Closes the file and moves it to its final name (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
+        """Closes the file and moves it to its final name (idempotent, from any thread)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close_file()
+
+    def _close_file(self):
         self._handler.close()
         self._logger.removeHandler(self._handler)
         if self.final.exists():

@@ -9,9 +9,16 @@ class TrainLoopConfig:
     n_epochs: int = 100
     seed: int = 0
     checkpoint_every: int = 0        # epochs between checkpoints; 0 = none
+    # Optimizer steps between checkpoints (0 = none), mid-epoch included; a save
+    # copies the state and writes it in the background while training goes on.
+    checkpoint_steps: int = 0
     keep_checkpoints: int = 2
     resume: bool = False             # continue from the newest checkpoint in output_dir
-    resume_from: Optional[str] = None  # or from this checkpoint folder (checkpoints/epoch-NNNNN)
+    resume_from: Optional[str] = None  # or from this checkpoint folder (checkpoints/step-NNNNNNNNNN)
+    # Steps between the collective check for a stop request (SIGUSR1, SIGTERM on any
+    # rank); the end of each epoch checks too. 1 reacts soonest; each check is a
+    # one-value allreduce that waits for the step to finish.
+    stop_check_steps: int = 10
     eval_every: int = 1              # epochs between evaluations
     # Evaluate the (restored or imported, see --checkpoint) model once on the
     # validation set and stop: no training, no MLPerf log.
@@ -35,6 +42,17 @@ class RuntimeConfig:
     inter_op_threads: int = 2
     gradient_compression: Literal["none", "fp16"] = "none"
     record_shards: bool = False      # write each rank's file list to shards/ (tests, audits)
+    # Op determinism and in-order reading: a run resumed from a checkpoint ends
+    # with the weights of an uninterrupted one, bit for bit (slower input pipeline).
+    deterministic: bool = False
+    # SIGTERM (scancel, a launcher ending the job): the log is closed as aborted at
+    # once, then the ranks get this long to agree on a stop and write a checkpoint
+    # before the process exits with 143 anyway (it may be blocked in a collective
+    # with a dead rank). SIGUSR1 (SLURM's --signal) has no deadline.
+    sigterm_grace_s: float = 20.0
+    # Before run_start, drop this rank's input files from the OS page cache
+    # (posix_fadvise DONTNEED), so that the timed run reads them cold; logged as cache_clear.
+    cache_clear: bool = True
     check_log: bool = True           # run the MLPerf compliance checker on rank 0 at the end
     # After run_stop, measure FLOPs, input rate, memory, allreduce time for
     # `python -m common.characterize RUN_DIR` (outside the timed region).
@@ -86,3 +104,17 @@ def check_global_batch(cfg, global_batch_size: int, local_batch_size: int, ranks
         f"{local_batch_size} x accumulation {accumulation} = {global_batch_size}; launch "
         f"{declared // max(1, local_batch_size * accumulation)} ranks, use the config for {global_batch_size} "
         f"if one exists, or --set mlperf.division=open")
+
+
+def check_shared_sections(cfg) -> None:
+    """The checks of the sections every benchmark shares (train loop, runtime); ConfigError naming the key."""
+    from common.errors import ConfigError
+    t, r = cfg.train, cfg.runtime
+    for key, value, least in (("train.checkpoint_every", t.checkpoint_every, 0),
+                              ("train.checkpoint_steps", t.checkpoint_steps, 0),
+                              ("train.keep_checkpoints", t.keep_checkpoints, 0),
+                              ("train.eval_every", t.eval_every, 1),
+                              ("train.stop_check_steps", t.stop_check_steps, 1),
+                              ("runtime.sigterm_grace_s", r.sigterm_grace_s, 0)):
+        if value < least:
+            raise ConfigError(f"config key '{key}' must be >= {least}, got {value}")

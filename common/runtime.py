@@ -20,7 +20,13 @@ def configure(runtime, dist) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
     precision, why = choose_precision(runtime, device)
     set_precision(precision)
-    return {"device": device, "cpu": cpu.describe(), "intra_op_threads": intra,
+    # Random layers (dropout) draw from a tf.random.Generator, whose state a
+    # checkpoint can hold (common.checkpoint), not from stateful ops whose
+    # state lives in the kernels and restarts with the process.
+    tf.keras.backend.experimental.enable_tf_random_generator()
+    if runtime.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return {"device": device, "cpu": cpu.describe(), "intra_op_threads": intra, "deterministic": runtime.deterministic,
             "inter_op_threads": runtime.inter_op_threads, "precision": precision, "precision_note": why,
             "xla": runtime.xla, "gradient_compression": runtime.gradient_compression}
 

@@ -57,8 +57,9 @@ class Task:
         a field `output_dir`.
       flags: command-line flags mapped onto config keys.
       shard: (cfg, rank, size) -> Shards.
-      make_datasets: (cfg, Shards with readable paths, rank, local_size) -> (train_ds, valid_ds);
-        train_ds repeats forever, valid_ds is one pass.
+      make_datasets: (cfg, Shards with readable paths, rank, local_size[, start]) -> (train_ds, valid_ds);
+        train_ds is endless, epoch after epoch, from `start` (a common.epochs.Position:
+        the order of each epoch depends on the seed and the epoch only), valid_ds is one pass.
       build_model: (cfg, bn_group) -> tf.keras.Model; bn_group is the RankGroup
         that shares batch-norm statistics (see batchnorm_group_size).
       build_optimizer: (cfg, global_batch_size, steps_per_epoch) -> (optimizer, schedule)

@@ -17,10 +17,13 @@ import tensorflow as tf
 
 from common import epochs
 from common import runtime as runtime_lib
-from common.checkpoint import Checkpointer, holds_training_state, restore_model_weights
+from common import termination
+from common.checkpoint import (Checkpointer, holds_training_state, random_generators, read_rank_state,
+                               restore_model_weights)
 from common.errors import InputError
 from common.events import RunInfo
 from common.files import write_text_atomic
+from common.page_cache import drop_from_page_cache
 from common.profiling import characterize_run
 from common.staging import stage_files
 from common.steps import TrainStep, make_eval_step
@@ -41,8 +44,15 @@ class RunResult:
     # Values the weights_in_sync fingerprint covered: every model variable,
     # batch-norm running statistics included (more than num_params when the model has any).
     weights_compared: int = 0
-    # {"checkpoint", "epoch"[, "weights_only"]} of a run that did not start from scratch.
+    # {"checkpoint", "epoch", "step", "global_step"[, "weights_only"]} of a run that did not
+    # start from scratch ("step": optimizer steps of that epoch already done).
     resumed_from: dict | None = None
+    # The checkpoint a run stopped on request (status "preempted") can go on from.
+    checkpoint: str | None = None
+    # Checkpoint figures (rank 0): the last save's path, bytes and seconds to disk
+    # ("seconds") and blocked ("blocked_s"); over all saves of this run, how many
+    # and the most and mean seconds a save held the step up; the steps between saves.
+    checkpoint_save: dict = dataclasses.field(default_factory=dict)
     runtime: dict = dataclasses.field(default_factory=dict)
     characterization: dict = dataclasses.field(default_factory=dict)
 
@@ -58,6 +68,12 @@ class Trainer:
         self.result = RunResult()
         self.run_started = False
         self.epoch = 0
+        self.global_step = 0          # optimizer steps done, over the whole run (resumes included)
+        self.position = epochs.Position()   # the next local batch this run reads
+        self.epoch_losses = []        # the losses of the epoch in progress (restored on a mid-epoch resume)
+        self._rank_state = None       # this rank's batch-norm statistics from a mid-epoch checkpoint
+        self._saved_at = None         # global step of the newest checkpoint this run wrote
+        self._blocked_s = []          # rank 0: seconds each save held the step up
 
     # ---------------------------------------------------------------- set-up
     def _init(self):
@@ -105,7 +121,11 @@ class Trainer:
         self.target = task.target(cfg)
 
         self.checkpointer = Checkpointer(self.output_dir / "checkpoints", self.model, self.optimizer,
-                                         keep=cfg.train.keep_checkpoints)
+                                         keep=cfg.train.keep_checkpoints, generators=random_generators(self.model))
+        if dist.is_root:   # before any rank writes a part of a new checkpoint (collectives follow)
+            self.checkpointer.remove_partial()
+            if cfg.train.checkpoint_every or cfg.train.checkpoint_steps:
+                self.checkpointer.prepare()
         self.start_epoch = 0
         self.resumed_from = None
         if cfg.train.resume or cfg.train.resume_from:
@@ -116,6 +136,11 @@ class Trainer:
             self._restore(source)
         # Every rank starts from rank 0's weights and optimizer state.
         self.dist.broadcast_variables(self.model.variables + self.optimizer.variables)
+        if self._rank_state is not None:
+            # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
+            stats = batchnorm_statistics(self.model)
+            for i, v in enumerate(stats):
+                v.assign(self._rank_state[f"bn_{i}"])
 
         self.result.resumed_from = self.resumed_from
         self._build_steps()
@@ -136,10 +161,7 @@ class Trainer:
         if not (Path(source) / "ckpt.index").is_file():
             raise InputError(f"{source}: not a checkpoint folder (no ckpt.index)")
         if holds_training_state(source):
-            self.start_epoch = self.checkpointer.restore(source)
-            self.resumed_from = {"checkpoint": str(Path(source).resolve()), "epoch": self.start_epoch}
-            self.print(f"[init] resumed from {source} (epoch {self.start_epoch}); a resumed run is not a "
-                       f"valid benchmark result (its log says so)")
+            self._resume(source)
             return
         # A model without optimizer state or epoch (an imported reference model):
         # fine-tuning or evaluating it is a new run, from epoch 0.
@@ -148,6 +170,66 @@ class Trainer:
         self.resumed_from = {"checkpoint": str(Path(source).resolve()), "epoch": 0, "weights_only": True}
         self.print(f"[init] model weights from {source} (model-only folder: fresh optimizer, starting at epoch 0; "
                    f"not a valid benchmark result)")
+
+    def _resume(self, source):
+        """Continues a run at the step its checkpoint was written after, on the data it would read next."""
+        state = self.checkpointer.restore(source)
+        epoch, done, per_epoch = state["epoch"], state["steps_done"], state["steps_per_epoch"]
+        if per_epoch != self.steps_per_epoch:
+            raise InputError(f"{source}: written with {per_epoch} steps per epoch, this run has "
+                             f"{self.steps_per_epoch} (other samples, ranks or batch size)")
+        self.global_step = state["global_step"]
+        if done >= per_epoch:   # written after the epoch's end (statistics averaged, evaluated)
+            self.position = epochs.Position(epoch + 1, 0)
+        else:
+            if state["ranks"] != self.dist.size:
+                raise InputError(f"{source}: a mid-epoch checkpoint of {state['ranks']} ranks; resume it with "
+                                 f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end")
+            self._rank_state = read_rank_state(source, self.dist.rank)
+            if self._rank_state is None:
+                raise InputError(f"{source}: rank {self.dist.rank}'s state is missing (rank-{self.dist.rank:05d}.npz)")
+            self.epoch_losses = [tf.constant(v) for v in self._rank_state["losses"]]
+            accumulation = self.cfg.train.gradient_accumulation_frequency
+            self.position = epochs.Position(epoch, done * accumulation)
+        self.start_epoch = epoch
+        self.resumed_from = {"checkpoint": str(Path(source).resolve()), "epoch": epoch, "step": done,
+                             "global_step": self.global_step}
+        self.print(f"[init] resumed from {source} (epoch {epoch}, {done} of {per_epoch} steps done); a resumed "
+                   f"run is not a valid benchmark result (its log says so)")
+
+    # ------------------------------------------------------------ checkpoints
+    def _save(self, epoch: int, steps_done: int, wait: bool = False) -> None:
+        """Every rank: checkpoint the state after `steps_done` steps of `epoch` (a collective mid-epoch)."""
+        if self._saved_at == self.global_step:
+            if wait and self.dist.is_root:
+                self.checkpointer.wait()
+            return
+        mid_epoch = steps_done < self.steps_per_epoch
+        if mid_epoch:
+            arrays = {"losses": tf.stack(self.epoch_losses).numpy() if self.epoch_losses else np.zeros(0, np.float32)}
+            for i, v in enumerate(batchnorm_statistics(self.model)):
+                arrays[f"bn_{i}"] = v.numpy()
+            self.checkpointer.write_rank_state(self.global_step, self.dist.rank, arrays)
+            self.dist.barrier()   # every rank's part is on disk before rank 0 publishes the folder
+        if self.dist.is_root:
+            state = {"global_step": self.global_step, "epoch": epoch, "steps_done": steps_done,
+                     "steps_per_epoch": self.steps_per_epoch, "ranks": self.dist.size,
+                     "benchmark": self.task.name}
+            self._blocked_s.append(self.checkpointer.save(self.global_step, state))
+            if wait:
+                self.checkpointer.wait()
+        self._saved_at = self.global_step
+
+    def _stop_agreed(self) -> bool:
+        """A collective: True on every rank once any rank got SIGUSR1 or SIGTERM."""
+        flag = 1.0 if termination.stop_requested() else 0.0
+        return bool(self.dist.allreduce_max([flag])[0] > 0)
+
+    def _clear_page_cache(self) -> None:
+        files = list(self.shards.train_files) + list(self.shards.valid_files)
+        done, failed = drop_from_page_cache(files) if self.cfg.runtime.cache_clear else (0, len(files))
+        done, failed = self.dist.allreduce_sum([done, failed])
+        self.events.on_caches_cleared(bool(failed == 0 and done > 0), int(done))
 
     def _build_steps(self):
         cfg = self.cfg
@@ -198,7 +280,8 @@ class Trainer:
         cfg, events = self.cfg, self.events
         events.on_init_start()
         info = self._init()
-        train_ds, _ = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size)
+        train_ds, _ = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size,
+                                              self.position)
         self._trace(train_ds)
         events.on_init_stop(info)
 
@@ -208,19 +291,26 @@ class Trainer:
             events.on_staging_stop(self.result.staging)
         if cfg.runtime.record_shards:
             self._record_shards()  # the paths actually read, staged or not
-        train_ds, valid_ds = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size)
+        train_ds, valid_ds = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size,
+                                                     self.position)
 
         if cfg.train.evaluate_only:
             return self._evaluate_only(valid_ds)
+        self._clear_page_cache()
         events.on_run_start()
         self.run_started = True
         run_start = time.perf_counter()
         train_iter = iter(train_ds)
-        epoch = saved = self.start_epoch
-        for epoch in range(self.start_epoch + 1, cfg.train.n_epochs + 1):
+        epoch = self.epoch = self.position.epoch - 1   # the last epoch done
+        stopped = False
+        for epoch in range(self.position.epoch, cfg.train.n_epochs + 1):
             self.epoch = epoch
             events.on_epoch_start(epoch)
             train = self._train_epoch(train_iter, epoch)
+            if train is None:   # stopped on request mid-epoch, checkpoint written
+                stopped = True
+                epoch -= 1      # the last epoch done
+                break
             # As the MLCommons DeepCAM reference: after every epoch's training,
             # evaluated or not, each rank's batch-norm running statistics (from
             # its own shard) become their mean over all ranks, so evaluation,
@@ -240,18 +330,32 @@ class Trainer:
             if "metric" in record and cfg.train.stop_at_target and self._reached(record["metric"]):
                 self.result.status = "success"
                 break
-            if cfg.train.checkpoint_every and epoch % cfg.train.checkpoint_every == 0 and self.dist.is_root:
-                self.checkpointer.save(epoch)
-                saved = epoch
-        if cfg.train.checkpoint_every and self.dist.is_root and saved != epoch:
-            self.checkpointer.save(epoch)  # the final state, unless just saved
-        if not cfg.train.stop_at_target and self._reached(self.result.metric):
+            t = cfg.train
+            # A request at the last epoch's end leaves nothing to resume: the run just ends.
+            stopped = epoch < t.n_epochs and self._stop_agreed()
+            if (stopped or (t.checkpoint_every and epoch % t.checkpoint_every == 0)
+                    or (t.checkpoint_steps and self.global_step % t.checkpoint_steps == 0)):
+                self._save(epoch, self.steps_per_epoch, wait=stopped)
+            if stopped:
+                break
+        if (cfg.train.checkpoint_every or cfg.train.checkpoint_steps) and not stopped:
+            self._save(epoch, self.steps_per_epoch)   # the final state, unless just saved
+        if self.dist.is_root and self._saved_at is not None:
+            self.checkpointer.wait()   # no save left in flight, and its error raised here
+            self.result.checkpoint_save = dict(
+                self.checkpointer.last_save, saves=len(self._blocked_s), blocked_max_s=max(self._blocked_s),
+                blocked_mean_s=float(np.mean(self._blocked_s)), interval_steps=cfg.train.checkpoint_steps or None)
+        if stopped:
+            self.result.status = "preempted"
+            self.result.checkpoint = str(self.checkpointer.folder(self.global_step).resolve())
+        elif not cfg.train.stop_at_target and self._reached(self.result.metric):
             self.result.status = "success"
         self.result.epochs = epoch
         self.result.time_to_train_s = time.perf_counter() - run_start
-        events.on_run_stop(self.result.status, epoch)
+        # A stopped run's log says aborted, and where it can go on from.
+        events.on_run_stop("aborted" if stopped else self.result.status, self.epoch, self.result.checkpoint)
         self.result.weights_in_sync, self.result.weights_compared = self._weights_in_sync()
-        if cfg.runtime.characterize:
+        if cfg.runtime.characterize and not stopped:
             self.result.characterization = self._characterize(train_ds.element_spec[0].shape[1:], info)
         return self.result
 
@@ -278,18 +382,31 @@ class Trainer:
     def _reached(self, value) -> bool:
         return value <= self.target if self.metric.lower_is_better else value >= self.target
 
-    def _train_epoch(self, train_iter, epoch) -> dict:
+    def _train_epoch(self, train_iter, epoch) -> dict | None:
+        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written)."""
+        t = self.cfg.train
         start = time.perf_counter()
-        losses = []
+        losses = self.epoch_losses   # the steps a resumed run did before, if any
+        first = len(losses)
         with self._naming_bad_files(self.shards.train_files):
-            for _ in range(self.steps_per_epoch):
+            for step in range(first + 1, self.steps_per_epoch + 1):
                 # Keep the loss tensors: reading one would wait for its step.
                 losses.append(self.train_step(train_iter))
+                self.global_step += 1
+                if step == self.steps_per_epoch:
+                    break   # the epoch's end checks and saves after its statistics are averaged
+                if t.checkpoint_steps and self.global_step % t.checkpoint_steps == 0:
+                    self._save(epoch, step)
+                if self.global_step % t.stop_check_steps == 0 and self._stop_agreed():
+                    self._save(epoch, step, wait=True)
+                    return None
             loss = float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
+        self.epoch_losses = []
         seconds = time.perf_counter() - start
         loss = float(self.dist.allreduce_mean([loss])[0])
+        steps = self.steps_per_epoch - first
         return {"loss": loss, "seconds": seconds, "lr": self.schedule.at_step((epoch - 1) * self.steps_per_epoch),
-                "samples_per_s": self.samples_per_epoch / seconds}
+                "samples_per_s": self.samples_per_epoch * steps / self.steps_per_epoch / seconds}
 
     def _evaluate(self, valid_ds) -> float:
         sums = np.zeros(self.metric.n_sums)   # a rank may hold no validation file

@@ -4,7 +4,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from common.errors import ConfigError
-from common.run_config import MLPerfConfig, RuntimeConfig, StagingConfig, TrainLoopConfig
+from common.run_config import MLPerfConfig, RuntimeConfig, StagingConfig, TrainLoopConfig, check_shared_sections
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +17,6 @@ class DataConfig:
     compression: Literal["auto", "GZIP", "none"] = "auto"
     # 'log': x -> log(1 + x) (v1.0+); 'mean': x -> x / mean(x) (v0.7 data).
     transform: Literal["log", "mean"] = "log"
-    shuffle_buffer: int = 0               # 0: shuffle the whole shard (file order)
     read_parallelism: int = 4             # files read concurrently per rank
     prefetch: int = 4
 
@@ -67,6 +66,7 @@ class CosmoFlowConfig:
     mlperf: MLPerfConfig = MLPerfConfig()
 
     def validate(self) -> None:
+        check_shared_sections(self)
         d, m = self.data, self.model
         if not d.data_dir:
             raise ConfigError("config key 'data.data_dir' is not set (use --data-dir)")

@@ -52,44 +52,46 @@ TRANSFORMS = {"log": log_transform, "mean": mean_normalize}
 
 
 def make_dataset(files, sample_shape, batch_size: int, compression: str = "", transform: str = "log",
-                 training: bool = True, seed: int = 0, cache: bool = False, shuffle_buffer: int = 0,
-                 parallelism: int = 4, prefetch: int = 4, batches_per_epoch: int | None = None) -> tf.data.Dataset:
+                 training: bool = True, seed: int = 0, cache: bool = False,
+                 parallelism: int = 4, prefetch: int = 4, batches_per_epoch: int | None = None,
+                 start: epochs.Position = epochs.Position(), deterministic: bool = False) -> tf.data.Dataset:
     """The input pipeline of one rank.
 
     Args:
       files: this rank's shard (one sample per file, as in the public data).
-      training: shuffle every epoch and repeat forever, each epoch one pass over the
-        shard giving `batches_per_epoch` full batches (default: all); else one ordered pass.
+      training: a new order every epoch (common.epochs.training_dataset), endless,
+        each epoch one pass over the shard giving `batches_per_epoch` full batches
+        (default: all), from `start`; else one ordered pass.
       cache: keep decoded int16 samples in memory after the first pass.
+      deterministic: read files in order although several are in flight (exact resume).
     Returns:
       Batches (x float32 [B, *sample_shape], y float32 [B, 4]), full batches only.
     """
     sample_shape = tuple(int(s) for s in sample_shape)
     files = list(files)
     apply = TRANSFORMS[transform]
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if training and not cache:
-        # Shuffle the file order (cheap) before reading; with one sample per
-        # file this is a full shuffle of the shard, new every epoch.
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    # One sample per file: an empty (or multi-record) file fails the read, so that
-    # the trainer names it (find_bad_file), instead of a short epoch passing silently.
-    ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression)
-                       .apply(tf.data.experimental.assert_cardinality(1)),
-                       cycle_length=max(1, parallelism), num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=not training)
-    ds = ds.map(lambda s: parse_example(s, sample_shape), num_parallel_calls=tf.data.AUTOTUNE)
-    if cache:
-        ds = ds.cache()
-        if training:
-            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if training and shuffle_buffer > 0:
-        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
-    ds = ds.map(lambda x, y: (apply(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+
+    def read(paths: tf.data.Dataset) -> tf.data.Dataset:
+        # One sample per file: an empty (or multi-record) file fails the read, so that
+        # the trainer names it (find_bad_file), instead of a short epoch passing silently.
+        ds = paths.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression)
+                              .apply(tf.data.experimental.assert_cardinality(1)),
+                              cycle_length=max(1, parallelism), num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=deterministic or not training)
+        return ds.map(lambda s: parse_example(s, sample_shape), num_parallel_calls=tf.data.AUTOTUNE)
+
+    def transformed(x, y):
+        return apply(x), y
+
     if training:
-        ds = epochs.batch_by_epoch(ds, batch_size, batches_per_epoch)
+        n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
+        ds = epochs.training_dataset(files, read, batch_size=batch_size, n_batches=n_batches, seed=seed,
+                                     cache=cache, start=start, transform=transformed, deterministic=deterministic)
     else:
-        ds = ds.batch(batch_size, drop_remainder=True)
+        ds = read(tf.data.Dataset.from_tensor_slices(tf.constant(files, dtype=tf.string)))
+        if cache:
+            ds = ds.cache()
+        ds = ds.map(transformed, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size, drop_remainder=True)
     return ds.prefetch(prefetch)
 
 

@@ -1,6 +1,6 @@
 """Predict the 4 cosmological parameters of the samples of one TFRecord file.
 
-  python -m cosmoflow.predict runs/cosmo/checkpoints/epoch-00040 sample.tfrecord [--out DIR]
+  python -m cosmoflow.predict runs/cosmo/checkpoints/step-0000065536 sample.tfrecord [--out DIR]
   python -m cosmoflow.predict runs/imported sample.tfrecord.gz        # a cosmoflow.import_reference folder
 
 CHECKPOINT is a training checkpoint folder or a model-only one; its config (the
@@ -111,7 +111,7 @@ def _print_report(report: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.predict",
                                      description="Predict the cosmological parameters of a TFRecord file's samples.")
-    parser.add_argument("checkpoint", help="training checkpoint folder (run/checkpoints/epoch-NNNNN) or import folder")
+    parser.add_argument("checkpoint", help="training checkpoint folder (run/checkpoints/step-NNNNNNNNNN) or import folder")
     parser.add_argument("sample", help="TFRecord file in the public CosmoFlow layout (gzip or not)")
     parser.add_argument("--out", default=".", help="folder for <file stem>.prediction.json (default: .)")
     parser.add_argument("--config", help="config of the model (default: the checkpoint's run config.yaml)")

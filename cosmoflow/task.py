@@ -32,6 +32,10 @@ FLAGS = (
     Flag(("--amp",), "runtime.amp", "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)", is_switch=True),
     Flag(("--xla",), "runtime.xla", "XLA-compile the train step", is_switch=True),
     Flag(("--checkpoint-every",), "train.checkpoint_every", "epochs between checkpoints (0: none)"),
+    Flag(("--checkpoint-steps",), "train.checkpoint_steps", "optimizer steps between checkpoints, mid-epoch "
+         "included (0: none)"),
+    Flag(("--deterministic",), "runtime.deterministic", "op determinism and in-order reading: a resumed run "
+         "ends bitwise equal to an uninterrupted one", is_switch=True),
 )
 
 
@@ -48,7 +52,8 @@ def shard(cfg: CosmoFlowConfig, rank: int, size: int) -> Shards:
                   n_train=d.n_train, n_valid=d.n_valid, local_batch_size=d.batch_size)
 
 
-def make_datasets(cfg: CosmoFlowConfig, shards: Shards, rank: int, local_size: int):
+def make_datasets(cfg: CosmoFlowConfig, shards: Shards, rank: int, local_size: int,
+                  start: epochs.Position = epochs.Position()):
     d = cfg.data
     sample_bytes = int(np.prod(d.sample_shape)) * 2
     n_local = len(shards.train_files) + len(shards.valid_files)
@@ -59,7 +64,8 @@ def make_datasets(cfg: CosmoFlowConfig, shards: Shards, rank: int, local_size: i
                   cache=cache, parallelism=d.read_parallelism, prefetch=d.prefetch)
     train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
                               compression=data.resolve_compression(d.compression, shards.train_files),
-                              shuffle_buffer=d.shuffle_buffer, **common,
+                              start=start,
+                              deterministic=cfg.runtime.deterministic, **common,
                               batches_per_epoch=epochs.batches_per_epoch(
                                   len(shards.train_files), d.batch_size, cfg.train.gradient_accumulation_frequency))
     valid = data.make_dataset(shards.valid_files, training=False,

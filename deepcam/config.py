@@ -4,7 +4,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from common.errors import ConfigError
-from common.run_config import MLPerfConfig, RuntimeConfig, StagingConfig, TrainLoopConfig
+from common.run_config import MLPerfConfig, RuntimeConfig, StagingConfig, TrainLoopConfig, check_shared_sections
 
 N_CHANNELS = 16          # fields per sample in the public data set
 N_CLASSES = 3            # background, tropical cyclone, atmospheric river
@@ -22,7 +22,6 @@ class DataConfig:
     width: int = 1152
     channels: tuple[int, ...] = tuple(range(N_CHANNELS))   # which of the 16 fields feed the model
     readers: int = 4                      # HDF5 files read concurrently per rank
-    shuffle_buffer: int = 0               # 0: shuffle the whole shard
     prefetch: int = 2
 
 
@@ -73,6 +72,7 @@ class DeepCAMConfig:
     mlperf: MLPerfConfig = MLPerfConfig()
 
     def validate(self) -> None:
+        check_shared_sections(self)
         d, m, o = self.data, self.model, self.optimizer
         if not d.data_dir:
             raise ConfigError("config key 'data.data_dir' is not set (use --data_dir_prefix)")

@@ -84,11 +84,14 @@ def find_bad_file(files, channels, height, width) -> str | None:
 
 
 def make_dataset(files, *, data_dir, channels, height, width, batch_size, training, seed=0,
-                 readers=4, shuffle_buffer=0, prefetch=2, cache=False, batches_per_epoch=None) -> tf.data.Dataset:
+                 readers=4, prefetch=2, cache=False, batches_per_epoch=None,
+                 start: epochs.Position = epochs.Position(), deterministic=False) -> tf.data.Dataset:
     """Batches of (x [B, H, W, C] float32, y [B, H, W] int32) from HDF5 sample files.
 
-    Training: reshuffled every epoch, repeated forever, full batches only, each
-    epoch one pass over the shard giving `batches_per_epoch` batches (default: all).
+    Training: a new order every epoch (common.epochs.training_dataset), endless,
+    full batches only, each epoch one pass over the shard giving
+    `batches_per_epoch` batches (default: all), from `start`; `deterministic`
+    reads in order although several files are in flight (exact resume).
     Validation: one pass in file order; the last batch may be partial.
     With `cache`, decoded samples stay in memory after the first pass.
     """
@@ -96,35 +99,29 @@ def make_dataset(files, *, data_dir, channels, height, width, batch_size, traini
     channels = tuple(int(c) for c in channels)
     n_ch = len(channels)
 
-    def read(path):
+    def read_one(path):
         return read_sample(path.decode(), channels, shift, scale, height, width)
 
     def load(path):
-        x, y = tf.numpy_function(read, [path], (tf.float32, tf.int32), stateful=False)
+        x, y = tf.numpy_function(read_one, [path], (tf.float32, tf.int32), stateful=False)
         x.set_shape((height, width, n_ch))
         y.set_shape((height, width))
         return x, y
 
-    # dtype given: a rank may hold no validation file, and [] would not be strings.
-    ds = tf.data.Dataset.from_tensor_slices(tf.constant([str(f) for f in files], dtype=tf.string))
-    buffer = shuffle_buffer or max(1, len(files))
-    options = tf.data.Options()
-    options.deterministic = not training   # training takes whichever file is read first
-    if cache:
-        # Read once, keep; shuffle the decoded samples each epoch.
-        ds = ds.map(load, num_parallel_calls=readers).cache()
-        if training:
-            ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    else:
-        # Shuffle the (cheap) file names, then read several files at once.
-        if training:
-            ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.map(load, num_parallel_calls=readers)
+    def read(paths: tf.data.Dataset) -> tf.data.Dataset:
+        return paths.map(load, num_parallel_calls=readers)
+
     if training:
-        ds = epochs.batch_by_epoch(ds, batch_size, batches_per_epoch)
+        n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
+        ds = epochs.training_dataset(files, read, batch_size=batch_size, n_batches=n_batches, seed=seed,
+                                     cache=cache, start=start, deterministic=deterministic)
     else:
+        # dtype given: a rank may hold no validation file, and [] would not be strings.
+        ds = read(tf.data.Dataset.from_tensor_slices(tf.constant([str(f) for f in files], dtype=tf.string)))
+        if cache:
+            ds = ds.cache()
         ds = ds.batch(batch_size)
-    return ds.with_options(options).prefetch(prefetch)
+    return ds.prefetch(prefetch)
 
 
 def _first_line(e) -> str:

@@ -2,7 +2,7 @@
 
   python -m deepcam.predict CHECKPOINT SAMPLE.h5 --out DIR [--stats STATS.h5] [--config YAML]
 
-CHECKPOINT is a folder written by training (RUN/checkpoints/epoch-NNNNN) or
+CHECKPOINT is a folder written by training (RUN/checkpoints/step-NNNNNNNNNN) or
 by deepcam.import_reference; its config.yaml (in the folder or its run
 directory, or --config) gives the input fields and the model's sizes. The
 sample is read and normalized as training reads it (deepcam.data), with
@@ -127,7 +127,7 @@ def plot_prediction(path, field, labels, mask, field_index=0, title="") -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="checkpoint folder (training's epoch-NNNNN or an import)")
+    parser.add_argument("checkpoint", help="checkpoint folder (training's step-NNNNNNNNNN or an import)")
     parser.add_argument("sample", help="sample file in the public layout (climate/data, climate/labels_0)")
     parser.add_argument("--out", required=True, help="folder for logits.npy, mask.npy, prediction.png")
     parser.add_argument("--stats", help=f"{STATS_FILE} (default: the config's data directory's, else the one "

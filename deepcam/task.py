@@ -64,6 +64,10 @@ FLAGS = (
     Flag(("--target_iou",), "target_iou", "stop when validation IoU reaches this"),
     Flag(("--save_frequency",), "train.checkpoint_every", "epochs between checkpoints (0: none); "
          "the reference counts steps"),
+    Flag(("--checkpoint_steps",), "train.checkpoint_steps", "optimizer steps between checkpoints, "
+         "mid-epoch included (0: none)"),
+    Flag(("--deterministic",), "runtime.deterministic", "op determinism and in-order reading: a resumed run "
+         "ends bitwise equal to an uninterrupted one", is_switch=True),
     Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder, or start from "
          "a model-only one (python -m deepcam.import_reference)"),
     Flag(("--evaluate",), "train.evaluate_only", "evaluate the model once on the validation set "
@@ -104,7 +108,8 @@ def shard(cfg: DeepCAMConfig, rank: int, size: int) -> Shards:
                   train_set_size=train_set)
 
 
-def make_datasets(cfg: DeepCAMConfig, shards: Shards, rank: int, local_size: int):
+def make_datasets(cfg: DeepCAMConfig, shards: Shards, rank: int, local_size: int,
+                  start: epochs.Position = epochs.Position()):
     d = cfg.data
     sample_bytes = d.height * d.width * (len(d.channels) * 4 + 4)
     cache = {"true": True, "false": False}.get(cfg.staging.cache)
@@ -113,7 +118,8 @@ def make_datasets(cfg: DeepCAMConfig, shards: Shards, rank: int, local_size: int
     common = dict(data_dir=d.data_dir, channels=d.channels, height=d.height, width=d.width,
                   batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache)
     train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
-                              shuffle_buffer=d.shuffle_buffer, **common,
+                              start=start,
+                              deterministic=cfg.runtime.deterministic, **common,
                               batches_per_epoch=epochs.batches_per_epoch(
                                   len(shards.train_files), d.local_batch_size,
                                   cfg.train.gradient_accumulation_frequency))

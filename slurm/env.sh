@@ -37,6 +37,34 @@ run_ranks() {
     srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1 "$@"
 }
 
+# Preemption. The scripts ask SLURM for SIGUSR1 a grace time before the wall-time limit
+# (#SBATCH --signal=USR1@GRACE) and may be requeued (#SBATCH --requeue). On SIGUSR1 (or
+# SIGTERM) the ranks agree, write a checkpoint and exit with 75 (common/termination.py);
+# the script then requeues its job, and the requeued job goes on from that checkpoint.
+EXIT_PREEMPTED=75
+
+# --resume when this job was requeued and DIR already holds a checkpoint.
+resume_args() {  # RUN_DIR
+    if (( ${SLURM_RESTART_COUNT:-0} > 0 )) && compgen -G "$1/checkpoints/step-*" >/dev/null; then
+        echo "--resume"
+    fi
+}
+
+# Requeues this job when its run stopped with a checkpoint: exit 75, or a summary.json written
+# by this run (newer than RUN_DIR/.started) that says so, for a rank ended by srun after the
+# others stopped may report another code.
+mark_run_start() {  # RUN_DIR
+    mkdir -p "$1" && touch "$1/.started"
+}
+requeue_if_preempted() {  # EXIT_CODE RUN_DIR
+    if [[ -n "${SLURM_JOB_ID:-}" ]] && { (( $1 == EXIT_PREEMPTED )) || { [[ "$2/summary.json" -nt "$2/.started" ]] &&
+            grep -qs '"status": "preempted"' "$2/summary.json"; }; }; then
+        echo "[sbatch] run stopped with a checkpoint in $2/checkpoints: requeueing job $SLURM_JOB_ID" \
+             "(restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )))"
+        scontrol requeue "$SLURM_JOB_ID"
+    fi
+}
+
 # The closed-division config (one per RCP global batch) that this many ranks run as its
 # RCP entry: ranks x the config's local batch == its train.global_batch_size.
 closed_config() {  # BENCH RANKS

@@ -108,3 +108,49 @@ def kill_a_rank_mid_epoch(cmd, out_dir: Path, rank: int = 1, environ=None, timeo
         proc.kill()
         raise AssertionError(f"the job hung after rank {rank} was killed") from None
     return proc.returncode, time.monotonic() - start, output
+
+
+def final_checkpoint_state(out: Path) -> dict:
+    """Every tensor of a run's newest checkpoint (the state after its last step)."""
+    import tensorflow as tf
+    folders = sorted((Path(out) / "checkpoints").glob("step-??????????"))
+    assert folders, f"no checkpoint in {out}"
+    reader = tf.train.load_checkpoint(str(folders[-1] / "ckpt"))
+    names = [n for n in reader.get_variable_to_shape_map() if not n.startswith(("save_counter", "_CHECKPOINTABLE"))]
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def assert_same_final_state(whole: Path, resumed: Path, bench: str) -> None:
+    """A resumed run ends with an uninterrupted run's model, optimizer and generators, bit for bit,
+    its log says it resumed, and its last epoch's loss is the same."""
+    import json
+    expected, got = final_checkpoint_state(whole), final_checkpoint_state(resumed)
+    assert sorted(got) == sorted(expected)
+    assert any(n.startswith("optimizer/") for n in got) and any(n.startswith("model/") for n in got)
+    if bench == "cosmoflow":
+        assert any(n.startswith("rng/") for n in got)   # the dropout generator's state
+    differ = [n for n in expected if not np.array_equal(expected[n], got[n])]
+    assert not differ, f"{len(differ)} of {len(expected)} tensors differ, e.g. {differ[:3]}"
+    assert '"key": "resumed_from"' in (Path(resumed) / "mlperf.log").read_text()
+    whole_history = json.loads((Path(whole) / "summary.json").read_text())["history"]
+    history = json.loads((Path(resumed) / "summary.json").read_text())["history"]
+    assert history[-1]["loss"] == whole_history[-1]["loss"]
+
+
+# A short CosmoFlow run for the resume tests (test_exact_resume.py, test_slurm.py): 3 epochs of
+# 96 samples, a checkpoint every 3 steps, op determinism; dropout on, so that its generator's
+# state must resume too; a target reached at once, so it exits 0 (horovodrun turns 3 into 1).
+COSMOFLOW_EXACT_ARGS = ["--n-train", "96", "--n-valid", "32", "--batch-size", "4", "--n-epochs", "3",
+                        "--checkpoint-steps", "3", "--deterministic", "--set", "model.dropout=0.3",
+                        "--set", "train.stop_at_target=false", "--set", "target_mae=10",
+                        "--set", "runtime.check_log=false"]
+
+
+def checkpoint_after_epoch(run_dir, epoch: int) -> Path:
+    """The checkpoint folder a run wrote at the end of `epoch` (its state.json says which)."""
+    import json
+    for folder in sorted((Path(run_dir) / "checkpoints").glob("step-??????????")):
+        state = json.loads((folder / "state.json").read_text())
+        if state["epoch"] == epoch and state["steps_done"] == state["steps_per_epoch"]:
+            return folder
+    raise AssertionError(f"no checkpoint of the end of epoch {epoch} in {run_dir}/checkpoints")

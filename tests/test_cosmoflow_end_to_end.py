@@ -28,7 +28,7 @@ def test_single_rank_run_reaches_target_and_log_passes_checker(cosmo_data, tiny_
     assert summary["status"] == "success" and summary["metric"] <= 0.124
     assert summary["log_check"] == "passed"
     ckpts = sorted((out / "checkpoints").iterdir())
-    assert ckpts and ckpts[-1].name == f"epoch-{summary['epochs']:05d}"
+    assert ckpts and ckpts[-1] == helpers.checkpoint_after_epoch(out, summary["epochs"])
     assert (ckpts[-1] / "ckpt.index").exists()
 
     import matplotlib.image
@@ -49,17 +49,18 @@ def test_resume_continues_from_the_checkpoint(cosmo_data, tiny_config, tmp_path)
               "--set", "train.stop_at_target=false", "--checkpoint-every", "1"]
     first = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--n-epochs", "2"))
     assert first.returncode == 3, first.stderr[-2000:]  # ran to the end without reaching the target
-    assert (out / "checkpoints" / "epoch-00002").is_dir()
+    after_2 = helpers.checkpoint_after_epoch(out, 2)
     second = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--n-epochs", "3", "--resume"))
-    assert "resumed from" in second.stdout and "(epoch 2)" in second.stdout, second.stdout + second.stderr
+    assert "resumed from" in second.stdout and "(epoch 2, 32 of 32 steps done)" in second.stdout, \
+        second.stdout + second.stderr
     log = (out / "mlperf.log").read_text()
     assert '"epoch_num": 3' in log and '"epoch_num": 1}' not in log
     assert (out / "mlperf.log.1").exists()  # the first run's log is kept
-    assert (out / "checkpoints" / "epoch-00003").is_dir()
+    helpers.checkpoint_after_epoch(out, 3)
     # The log and summary say where it resumed from, and scoring refuses it as a result.
-    checkpoint = str((out / "checkpoints" / "epoch-00002").resolve())
-    assert f'"key": "resumed_from", "value": {{"checkpoint": "{checkpoint}", "epoch": 2}}' in log
-    assert json.loads((out / "summary.json").read_text())["resumed_from"] == {"checkpoint": checkpoint, "epoch": 2}
+    resumed = {"checkpoint": str(after_2.resolve()), "epoch": 2, "step": 32, "global_step": 64}
+    assert f'"key": "resumed_from", "value": {json.dumps(resumed)}' in log
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == resumed
     from common import run_logs, scoring
     run, _ = scoring.read_run(run_logs.from_run_dir(out), "3.0.0")
     assert run.problem.startswith("resumed from a checkpoint") and "not a valid benchmark result" in run.problem

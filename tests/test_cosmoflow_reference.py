@@ -176,7 +176,7 @@ def test_training_starts_from_a_model_only_folder(imported_run):
     assert '"key": "resumed_from"' in (root / "run" / "mlperf.log").read_text()
     trained = model_lib.from_config(imported_run["cfg"])
     fresh = [v.numpy() for v in trained.variables]
-    restore_model_weights(trained, root / "run" / "checkpoints" / "epoch-00001")
+    restore_model_weights(trained, helpers.checkpoint_after_epoch(root / "run", 1))
     for imported, after in zip(imported_run["imported"], trained.variables):
         np.testing.assert_allclose(after.numpy(), imported, atol=1e-6, err_msg=after.name)
     assert max(np.abs(a - b).max() for a, b in zip(imported_run["imported"], fresh)) > 0.01
@@ -185,7 +185,7 @@ def test_training_starts_from_a_model_only_folder(imported_run):
 def test_predict_command_on_a_training_checkpoint(imported_run, tmp_path):
     root = imported_run["root"]
     sample = root / "data" / "validation" / "univ-003.tfrecord"
-    checkpoint = root / "run" / "checkpoints" / "epoch-00001"
+    checkpoint = helpers.checkpoint_after_epoch(root / "run", 1)
     proc = helpers.run([helpers.PYTHON, "-m", "cosmoflow.predict", checkpoint, sample, "--out", tmp_path / "pred"],
                        timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

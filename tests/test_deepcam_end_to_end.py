@@ -127,9 +127,9 @@ def test_reference_flags_reach_the_config():
     from deepcam.task import TASK
     _, overrides = parse_overrides(TASK, [
         "cfg.yaml", "--lr_schedule", 'type=multistep,milestones="800 1600",decay_rate=0.2',
-        "--optimizer_betas", "0.8 0.95", "--channels", "0 1 2 10", "--run_tag", "r1", "--checkpoint", "ck/epoch-00003"])
+        "--optimizer_betas", "0.8 0.95", "--channels", "0 1 2 10", "--run_tag", "r1", "--checkpoint", "ck/step-0000000300"])
     assert overrides["optimizer.lr_schedule.type"] == "multistep"
     assert overrides["optimizer.lr_schedule.milestones"] == ["800", "1600"]
     assert overrides["optimizer.lr_schedule.decay_rate"] == "0.2"
     assert overrides["optimizer.betas"] == ["0.8", "0.95"] and overrides["data.channels"] == ["0", "1", "2", "10"]
-    assert overrides["run_tag"] == "r1" and overrides["train.resume_from"] == "ck/epoch-00003"
+    assert overrides["run_tag"] == "r1" and overrides["train.resume_from"] == "ck/step-0000000300"

@@ -20,22 +20,37 @@ def test_batches_per_epoch_are_whole_steps_of_full_batches(shard, batch, accumul
     assert epochs.batches_per_epoch(shard, batch, accumulation) == expected
 
 
+def _numbers(paths: tf.data.Dataset) -> tf.data.Dataset:
+    """A stand-in reader: file 'f7' holds the sample 7."""
+    return paths.map(lambda p: tf.strings.to_number(tf.strings.substr(p, 1, 8), tf.int64))
+
+
+def _batches(start, cache, n=None):
+    files = [f"f{i}" for i in range(11)]
+    ds = epochs.training_dataset(files, _numbers, batch_size=3, n_batches=epochs.batches_per_epoch(11, 3, 2),
+                                 seed=5, cache=cache, start=start)
+    return [b.numpy() for b in ds.take(n)]
+
+
 @pytest.mark.parametrize("cache", [False, True])
 def test_each_epoch_is_one_reshuffled_pass(cache):
     # 11 samples, batch 3: 3 full batches per pass; keep 2 (accumulation 2): 6 samples an epoch,
     # all distinct, drawn from the whole shard, a new order each epoch.
-    ds = tf.data.Dataset.range(11)
-    if cache:
-        ds = ds.cache()
-    ds = ds.shuffle(11, seed=1, reshuffle_each_iteration=True)
-    it = iter(epochs.batch_by_epoch(ds, 3, epochs.batches_per_epoch(11, 3, 2)))
-    seen = []
-    for _ in range(6):   # 3 epochs x 2 batches
-        seen.append(np.concatenate([next(it).numpy() for _ in range(2)]))
+    batches = _batches(epochs.Position(), cache, 6)   # 3 epochs x 2 batches
+    seen = [np.concatenate(batches[i:i + 2]) for i in (0, 2, 4)]
     for epoch in seen:
         assert len(epoch) == 6 and len(set(epoch.tolist())) == 6
-    assert len({tuple(e) for e in seen}) == 6            # reshuffled every pass
+    assert len({tuple(e) for e in seen}) == 3             # reshuffled every pass
     assert len(set(np.concatenate(seen).tolist())) > 6   # the dropped samples change from pass to pass
+
+
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("epoch,batch", [(1, 1), (2, 0), (3, 1)])
+def test_a_run_started_at_a_position_reads_what_an_uninterrupted_run_reads_next(cache, epoch, batch):
+    whole = _batches(epochs.Position(), cache, 8)
+    index = (epoch - 1) * 2 + batch
+    resumed = _batches(epochs.Position(epoch, batch), cache, 8 - index)
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in whole[index:]]
 
 
 def test_cosmoflow_divisibility_counts_gradient_accumulation():

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -94,3 +95,68 @@ def test_killing_one_srun_rank_ends_the_job(slurm_cluster, cosmo_data, tiny_conf
     assert code != 0 and seconds < 60, output[-3000:]
     log = (out / "mlperf.log").read_text().splitlines()
     assert '"key": "run_stop"' in log[-1] and '"status": "aborted"' in log[-1], output[-3000:]
+
+
+def _job_state(job_id: str, environ) -> dict:
+    out = subprocess.run(["scontrol", "show", "job", job_id], env=environ, capture_output=True, text=True).stdout
+    return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+
+def test_sbatch_signalled_job_requeues_and_resumes_to_the_uninterrupted_weights(slurm_cluster, cosmo_data,
+                                                                                tiny_config, tmp_path):
+    """SIGUSR1 to the job's ranks (what --signal=USR1@grace sends before the time limit): the
+    ranks checkpoint and exit 75, the script requeues its job, the requeued job resumes from
+    the checkpoint and ends with the weights of an uninterrupted job, bit for bit."""
+    if not helpers.horovod_has_mpi():
+        pytest.fail("Horovod was built without MPI: srun ranks could not be wired (install libopenmpi-dev)")
+    env = helpers.env() | {
+        "SLURM_CONF": str(slurm_cluster), "REPO": str(helpers.REPO), "DATA_DIR": str(cosmo_data),
+        "CONFIG": str(tiny_config), "VENV": str(helpers.REPO / ".venv"),
+        "EXTRA_ARGS": " ".join(helpers.COSMOFLOW_EXACT_ARGS + ["--set", "train.stop_check_steps=1"]),
+    }
+    script = str(helpers.REPO / "slurm" / "cosmoflow.sbatch")
+    whole = tmp_path / "whole"
+    proc = subprocess.run(["sbatch", "--wait", "-N", "1", "-n", "2", "-o", str(tmp_path / "whole.out"), script],
+                          env=env | {"OUTPUT_DIR": str(whole)}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (tmp_path / "whole.out").read_text()[-3000:]
+
+    out, job_out = tmp_path / "preempted", tmp_path / "preempted.out"
+    submit = subprocess.run(["sbatch", "--parsable", "-N", "1", "-n", "2", "-o", str(job_out), script],
+                            env=env | {"OUTPUT_DIR": str(out)}, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert submit.returncode == 0, submit.stderr
+    job_id = submit.stdout.strip().split(";")[0]
+    partial = out / "mlperf.log.partial"
+    deadline = time.monotonic() + 600
+    while not (partial.exists() and "epoch_start" in partial.read_text()):
+        assert time.monotonic() < deadline, job_out.read_text()[-3000:] if job_out.exists() else "no output"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    signalled = time.monotonic()
+    subprocess.run(["scancel", "--signal=USR1", job_id], env=env, check=True, timeout=30)
+    hurried = False
+    while True:
+        state = _job_state(job_id, env)
+        if state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            break
+        idle = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout
+        # The first incarnation's PMIx socket (same job and step id) must be gone, or the next step fails.
+        stale = list((slurm_cluster.parent / "slurmd").glob(f"stepd.slurm.pmix.{job_id}.*"))
+        if state.get("JobState") == "PENDING" and state.get("Restarts") == "1" and idle.strip() == "idle" \
+                and not stale and not hurried:
+            # slurmctld holds a requeued batch job back for a while (about 2 minutes here);
+            # a cluster would wait, the test need not.
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, timeout=30)
+            hurried = True
+        assert time.monotonic() < deadline, f"job {job_id} never finished: {state}"
+        time.sleep(1.0)
+    log_text = job_out.read_text()
+    print(log_text[-2500:])
+    print(f"job {job_id}: {state.get('JobState')} after {state.get('Restarts')} restart(s), "
+          f"{time.monotonic() - signalled:.0f} s after SIGUSR1")
+    assert state["JobState"] == "COMPLETED" and state.get("Restarts") == "1", log_text[-3000:]
+    assert "requeueing job" in log_text and "[done] stopped on request" in log_text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"]["checkpoint"].startswith(str(out / "checkpoints"))
+    helpers.assert_same_final_state(whole, out, "cosmoflow")

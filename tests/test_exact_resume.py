@@ -1,0 +1,141 @@
+"""A run killed with SIGKILL at a random moment, or stopped by SIGUSR1 / SIGTERM, and
+resumed with --resume ends with the weights of an uninterrupted run, bit for bit
+(runtime.deterministic), on 1 and 2 ranks, for both benchmarks: model, optimizer, step
+count and dropout generator state. (Requeued by SLURM: tests/test_slurm.py.)
+
+Each case trains the same run uninterrupted (once per module), then interrupted, then
+resumed. Checkpoints every 3 steps, so a kill lands mid-epoch or between epochs, mid-save
+or between saves.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import helpers
+
+pytestmark = pytest.mark.slow   # three short trainings per case
+
+
+def _cosmoflow(data, config, out, *extra):
+    return helpers.train_cmd("cosmoflow", config, "--data-dir", data, "--output-dir", out,
+                             *helpers.COSMOFLOW_EXACT_ARGS, *extra)
+
+
+def _deepcam(data, config, out, *extra):
+    return helpers.train_cmd("deepcam", config, "--data_dir_prefix", data, "--output_dir", out,
+                             "--local_batch_size", "2", "--max_epochs", "2", "--checkpoint_steps", "3",
+                             "--deterministic", "--set", "data.n_train=32", "--set", "data.n_valid=8",
+                             "--target_iou", "0", "--set", "train.stop_at_target=false",
+                             "--set", "runtime.check_log=false", *extra)
+
+
+def _launch(ranks: int, cmd) -> list:
+    if ranks == 1:
+        return [str(c) for c in cmd]
+    return [helpers.HOROVODRUN, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *map(str, cmd)]
+
+
+def _kill_at_random(cmd, out: Path, rng: random.Random, timeout: float = 600) -> str:
+    """Starts `cmd`, waits for its first complete checkpoint, SIGKILLs a rank a random moment later."""
+    proc = subprocess.Popen(cmd, cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while not list((out / "checkpoints").glob("step-??????????")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("no checkpoint before the kill:\n" + proc.communicate()[0][-3000:])
+        time.sleep(0.05)
+    delay = rng.uniform(0.0, 3.0)
+    time.sleep(delay)
+    victim = proc.pid if cmd[0] != helpers.HOROVODRUN else helpers._rank_pid(rng.randrange(2), b"/train.py")
+    if victim is not None and proc.poll() is None:
+        os.kill(victim, signal.SIGKILL)
+    output = proc.communicate(timeout=timeout)[0]
+    return f"killed {delay:.2f} s after the first checkpoint (exit {proc.returncode})\n" + output[-2000:]
+
+
+@pytest.fixture(scope="module")
+def runs(cosmo_data, tiny_config, deepcam_data, deepcam_config, tmp_path_factory):
+    """make(bench, out, *extra) -> train.py command; whole(bench, ranks) -> an uninterrupted run's folder."""
+    def make(bench, out, *extra):
+        if bench == "cosmoflow":
+            return _cosmoflow(cosmo_data, tiny_config, out, *extra)
+        return _deepcam(deepcam_data, deepcam_config, out, *extra)
+
+    done = {}
+
+    def whole(bench, ranks):
+        if (bench, ranks) not in done:
+            out = tmp_path_factory.mktemp(f"whole-{bench}-{ranks}")
+            proc = helpers.run(_launch(ranks, make(bench, out)), timeout=900)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            done[bench, ranks] = out
+        return done[bench, ranks]
+
+    return make, whole
+
+
+def _resume_and_compare(runs, bench, ranks, broken):
+    make, whole = runs
+    resumed = helpers.run(_launch(ranks, make(bench, broken, "--resume")), timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    summary = json.loads((broken / "summary.json").read_text())
+    print(f"{bench}, {ranks} rank(s): resumed from {summary['resumed_from']}")
+    assert summary["resumed_from"]["checkpoint"].startswith(str(broken / "checkpoints"))
+    helpers.assert_same_final_state(whole(bench, ranks), broken, bench)
+    print(f"{bench}, {ranks} rank(s): ended bitwise equal to the uninterrupted run")
+
+
+@pytest.mark.parametrize("bench,ranks", [("cosmoflow", 1), ("cosmoflow", 2), ("deepcam", 1), ("deepcam", 2)])
+def test_killed_and_resumed_run_ends_bitwise_equal(bench, ranks, runs, tmp_path):
+    make, whole = runs
+    whole(bench, ranks)
+    broken = tmp_path / "broken"
+    rng = random.Random(f"{bench}-{ranks}-{os.getpid()}")
+    story = _kill_at_random(_launch(ranks, make(bench, broken)), broken, rng)
+    print(story.splitlines()[0])
+    assert not (broken / "summary.json").exists(), "the run finished before it was killed:\n" + story
+    _resume_and_compare(runs, bench, ranks, broken)
+
+
+@pytest.mark.parametrize("signum,rank", [(signal.SIGUSR1, 1), (signal.SIGTERM, 0)])
+def test_a_signal_on_one_rank_stops_every_rank_with_a_checkpoint(signum, rank, runs, tmp_path):
+    """SIGUSR1 (SLURM's notice) or SIGTERM on one rank of two: every rank stops at the same
+    step, rank 0 writes a checkpoint, the log ends aborted, the ranks exit 75; resuming
+    from SIGUSR1's checkpoint ends where an uninterrupted run ends."""
+    make, whole = runs
+    whole("cosmoflow", 2)
+    out = tmp_path / "stopped"
+    cmd = _launch(2, make("cosmoflow", out, "--set", "train.stop_check_steps=1"))
+    proc = subprocess.Popen(cmd, cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    partial = out / "mlperf.log.partial"
+    while not (partial.exists() and "epoch_start" in partial.read_text()):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    time.sleep(1.0)
+    pid = helpers._rank_pid(rank, b"/train.py")
+    start = time.monotonic()
+    os.kill(pid, signum)
+    output = proc.communicate(timeout=300)[0]
+    seconds = time.monotonic() - start
+    print(f"{signal.Signals(signum).name} on rank {rank}: job ended {seconds:.1f} s later")
+    assert "Exit code: 75" in output, output[-3000:]   # horovodrun names the first rank's exit code
+    assert "[done] stopped on request" in output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "preempted"
+    assert Path(summary["checkpoint"]).is_dir() and Path(summary["checkpoint"]).parent == out / "checkpoints"
+    last = (out / "mlperf.log").read_text().splitlines()[-1]
+    assert '"key": "run_stop"' in last and '"status": "aborted"' in last
+    if signum == signal.SIGTERM:   # the log closed at once, before the checkpoint existed
+        assert "terminated (SIGTERM)" in output
+        return   # the checkpoint is like SIGUSR1's: resumed and compared there
+    assert summary["checkpoint"] in last
+    _resume_and_compare(runs, "cosmoflow", 2, out)
