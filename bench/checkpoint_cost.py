@@ -114,7 +114,7 @@ def measure(name: str, config_path: str, device: str, saves: int, folder: Path, 
     row["write_gb_per_s"] = row["bytes"] / row["write_median_s"] / 1e9
     row["cost_per_save_s"] = row["blocked_steady_s"] + row["after_save_s"]
     row["min_checkpoint_steps"] = math.ceil(10 * row["cost_per_save_s"] / step_s) if step_s else None
-    del ckpt, model, optimizer, variables, touch
+    del ckpt, model, optimizer
     tf.keras.backend.clear_session()
     return row
 
