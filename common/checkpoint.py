@@ -138,9 +138,7 @@ class Checkpointer:
             finally:
                 os.close(fd)
         write_text_atomic(tmp / STATE_FILE, json.dumps(state, indent=1))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
+        _replace_folder(tmp, folder)
         for old in self.all()[:-self.keep] if self.keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         self.last_save = {"path": str(folder), "blocked_s": blocked, "seconds": time.perf_counter() - start,
@@ -203,10 +201,15 @@ def save_model_weights(model, folder) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tf.train.Checkpoint(model=model).write(str(tmp / "ckpt"))
+    _replace_folder(tmp, folder)
+    return folder
+
+
+def _replace_folder(tmp: Path, folder: Path) -> None:
+    """Publishes a complete folder under its final name, replacing one already there."""
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
-    return folder
 
 
 def holds_training_state(folder) -> bool:
