@@ -12,6 +12,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -42,23 +43,45 @@ def _launch(ranks: int, cmd) -> list:
     return [helpers.HOROVODRUN, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *map(str, cmd)]
 
 
-def _kill_at_random(cmd, out: Path, rng: random.Random, timeout: float = 600) -> str:
-    """Starts `cmd`, waits for its first complete checkpoint, SIGKILLs a rank a random moment later."""
+def _published_steps(out: Path) -> list:
+    return sorted(int(p.name[len("step-"):]) for p in (out / "checkpoints").glob("step-??????????"))
+
+
+def _kill_at_random(cmd, out: Path, total_steps: int, rng: random.Random, timeout: float = 600) -> str:
+    """Starts `cmd` and SIGKILLs a random rank at a random moment between two checkpoints.
+
+    The moment is drawn in steps and in time, not in seconds alone: a checkpoint step is
+    drawn that leaves at least two more saves before the end; once it is published, the kill
+    comes uniform(0, one save interval, as measured on this machine) later. So the kill lands
+    before the run ends on a fast machine as on a slow one, mid-step, mid-save or between.
+    """
+    every = 3   # --checkpoint-steps
+    target = rng.choice(range(2 * every, total_steps - 2 * every + 1, every))
     proc = subprocess.Popen(cmd, cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
-    while not list((out / "checkpoints").glob("step-??????????")):
+    first_seen = {}   # step -> when its folder appeared
+    while len(first_seen) < 2 or max(first_seen) < target:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError("no checkpoint before the kill:\n" + proc.communicate()[0][-3000:])
-        time.sleep(0.05)
-    delay = rng.uniform(0.0, 3.0)
+            raise AssertionError(f"no checkpoint at step {target} before the kill:\n"
+                                 + proc.communicate()[0][-3000:])
+        for step in _published_steps(out):
+            first_seen.setdefault(step, time.monotonic())
+        time.sleep(0.02)
+    seen = sorted(first_seen.items())
+    # The typical pace: an interval holding a validation pass is longer, and two folders
+    # seen in one poll make a zero one.
+    save_interval = every * statistics.median((t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(seen, seen[1:]))
+    s1 = seen[-1][0]
+    delay = rng.uniform(0.0, save_interval)
     time.sleep(delay)
     victim = proc.pid if cmd[0] != helpers.HOROVODRUN else helpers._rank_pid(rng.randrange(2), b"/train.py")
     if victim is not None and proc.poll() is None:
         os.kill(victim, signal.SIGKILL)
     output = proc.communicate(timeout=timeout)[0]
-    return f"killed {delay:.2f} s after the first checkpoint (exit {proc.returncode})\n" + output[-2000:]
+    return (f"killed {delay:.2f} s after the checkpoint of step {s1} of {total_steps} "
+            f"(saves {save_interval:.2f} s apart; exit {proc.returncode})\n" + output[-2000:])
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +122,8 @@ def test_killed_and_resumed_run_ends_bitwise_equal(bench, ranks, runs, tmp_path)
     whole(bench, ranks)
     broken = tmp_path / "broken"
     rng = random.Random(f"{bench}-{ranks}-{os.getpid()}")
-    story = _kill_at_random(_launch(ranks, make(bench, broken)), broken, rng)
+    total_steps = {"cosmoflow": 96 // (4 * ranks) * 3, "deepcam": 32 // (2 * ranks) * 2}[bench]
+    story = _kill_at_random(_launch(ranks, make(bench, broken)), broken, total_steps, rng)
     print(story.splitlines()[0])
     assert not (broken / "summary.json").exists(), "the run finished before it was killed:\n" + story
     _resume_and_compare(runs, bench, ranks, broken)
