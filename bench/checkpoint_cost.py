@@ -48,20 +48,20 @@ def build(name: str, config_path: str, device: str):
     """(model, optimizer, precision) as common.trainer builds them, without data or Horovod."""
     import tensorflow as tf
 
-    from common import runtime
-    from common.config import load_model_config
+    from common import benchmarks, runtime
+    from common.config_loading import load_model_config
     from common.distribution import RankGroup
-    from cosmoflow.task import TASK as COSMOFLOW
-    from deepcam.task import TASK as DEEPCAM
 
-    task = {"cosmoflow": COSMOFLOW, "deepcam": DEEPCAM}[name]
-    cfg = load_model_config(task.config_class, config_path)
+    task_class = benchmarks.task_class(name)
+    task = task_class(load_model_config(task_class.config_class, config_path))
+    cfg = task.cfg
     precision, _ = runtime.choose_precision(cfg.runtime, device)
-    runtime.set_precision(precision)
     tf.keras.backend.experimental.enable_tf_random_generator()   # as common.runtime.configure
-    model = task.build_model(cfg, RankGroup(1, None))
+    with runtime.dtype_policy(precision):
+        model = task.build_model(RankGroup(1, None))
     batch = cfg.train.global_batch_size   # steps per epoch: DeepCAM's n_train 0 (all files) is unused
-    optimizer = runtime.wrap_optimizer(task.build_optimizer(cfg, batch, max(1, cfg.data.n_train // batch))[0])
+    optimizer, _ = task.build_optimizer(batch, max(1, cfg.data.n_train // batch))
+    optimizer = runtime.wrap_optimizer(optimizer, precision)
     optimizer.build(model.trainable_variables)
     return model, optimizer, precision
 

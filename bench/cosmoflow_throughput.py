@@ -1,24 +1,26 @@
-"""CosmoFlow throughput: training samples/s and input-pipeline samples/s, fp32 and --amp.
+"""CosmoFlow throughput: train.py's benchmark mode, training and input-pipeline samples/s per precision mode.
 
-  python bench/cosmoflow_throughput.py                      # 128^3 x 4, the reference model
+  python bench/cosmoflow_throughput.py                      # 128^3 x 4, the reference model, fp32 and --amp
   python bench/cosmoflow_throughput.py --size 32 --config cosmoflow/configs/cosmoflow_synthetic_cpu.yaml
+  python bench/cosmoflow_throughput.py --np 2 --modes fp32,amp,bf16   # 2 ranks under horovodrun, bf16 forced too
 
-Writes synthetic samples in the public format (once, into --data-dir), then
-  - input pipeline: reads, decompresses, parses and log-transforms batches with
-    the training pipeline, no model;
-  - training: the compiled train step of the trainer on batches held in memory,
-    so the figure is compute only; warm-up steps are not timed.
-Prints one line per measurement and a table at the end.
+Writes synthetic samples in the public format (once, into --data-dir), then runs
+`cosmoflow/train.py CONFIG --benchmark STEPS` once per mode (the real trainer: staging,
+input pipeline, Horovod) and reads the figures from its summary.json:
+  - input pipeline alone: the training pipeline (read, inflate, parse, log1p,
+    batch; the config's cache setting) drawn without a model, per rank;
+  - training: --steps steps of the training loop after --warmup-steps untimed ones,
+    so the figure includes the input pipeline feeding each step and, with --np
+    above 1, the allreduce of the gradients; per rank and in total.
+Prints train.py's output, then a table naming the CPU.
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
+from bench import benchmark_mode  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -26,46 +28,39 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="cosmoflow/configs/cosmoflow_closed_gbs512.yaml")
     p.add_argument("--size", type=int, default=128, help="sample edge (must suit the config's model)")
     p.add_argument("--data-dir", default="data/bench_cosmoflow")
-    p.add_argument("--n-samples", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--warmup-steps", type=int, default=3)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--modes", default="fp32,amp", help="comma-separated: fp32, amp (what --amp picks here), bf16 (forced)")
+    p.add_argument("--n-samples", type=int, default=32,
+                   help="training samples to write (and a quarter as many validation samples, which "
+                        "the trainer lists at init but benchmark mode never reads)")
+    p.add_argument("--batch-size", type=int, default=4, help="local (per rank) batch")
+    benchmark_mode.add_arguments(p, warmup_steps=3, steps=8)
     args = p.parse_args(argv)
+    modes = benchmark_mode.parse_modes(p, args.modes)
+    global_batch = args.np * args.batch_size
+    n_valid_files = args.n_samples // 4
+    # Every rank runs the same whole steps: sample counts are multiples of the global batch.
+    n_train = args.n_samples // global_batch * global_batch
+    n_valid = n_valid_files // global_batch * global_batch
+    if not n_valid:
+        p.error(f"--n-samples {args.n_samples} is too few for {args.np} rank(s) x batch {args.batch_size}: "
+                f"use at least {4 * global_batch}")
 
-    import tensorflow as tf
-
-    from bench.timing import print_table, training_rates
-    from common import runtime
-    from common.config import load_config
-    from common.distribution import Distribution
-    from common.profiling import pipeline_samples_per_s
-    from cosmoflow import data, synthetic
-    from cosmoflow.task import TASK
+    from cosmoflow import synthetic
 
     data_dir = Path(args.data_dir) / f"size{args.size}"
-    synthetic.generate(data_dir, args.size, args.n_samples, 0, seed=0)
-    files = sorted(str(f) for f in (data_dir / "train").glob("*.tfrecord"))
+    synthetic.generate(data_dir, args.size, args.n_samples, n_valid_files, seed=0)
     shape = (args.size,) * 3 + (4,)
-    dist = Distribution()
-    base = load_config(TASK.config_class, args.config, {"data.data_dir": str(data_dir)})
-    device = runtime.configure(base.runtime, dist)["device"]
-    results = []
-
-    # Input pipeline alone (no cache: every sample is read, inflated and parsed).
-    ds = data.make_dataset(files, shape, args.batch_size, "GZIP", training=True, seed=0)
-    it = iter(ds)
-    rate = pipeline_samples_per_s(it, args.batch_size, max(1, (2 * args.n_samples) // args.batch_size))
-    print(f"[bench] input pipeline {shape}: {rate:.1f} samples/s", flush=True)
-    results.append(("input pipeline (gzip TFRecord -> log1p batches)", "-", rate))
-
-    overrides = {"data.data_dir": str(data_dir), "data.sample_shape": ",".join(map(str, shape)),
-                 "data.batch_size": args.batch_size}
-    results += training_rates(TASK, args.config, overrides, dist, device, next(it), args.batch_size,
-                              args.modes.split(","), args.warmup_steps, args.steps, label=str(shape))
-
-    print_table(f"CosmoFlow throughput on {os.cpu_count()} CPU core(s), sample {shape}, "
-                f"TensorFlow {tf.__version__}", results)
+    overrides = {"data.data_dir": data_dir, "data.sample_shape": ",".join(map(str, shape)),
+                 "data.batch_size": args.batch_size, "data.n_train": n_train, "data.n_valid": n_valid,
+                 # A closed config accepts its RCP global batch only; this one is not a result.
+                 "mlperf.division": "open"}
+    runs = benchmark_mode.run_modes("cosmoflow", args.config, overrides, modes, args.steps, args.warmup_steps,
+                                    args.np, args.output_dir)
+    rows = benchmark_mode.rows(runs, "input pipeline alone (gzip TFRecord -> log1p batches)",
+                               f"training (input pipeline{', allreduce' if args.np > 1 else ''}), "
+                               f"batch {args.batch_size}/rank")
+    benchmark_mode.print_table(f"CosmoFlow throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
+                               f"warm-up step(s), {args.np} rank(s), sample {shape}, "
+                               f"{benchmark_mode.machine(runs)}", rows)
     return 0
 
 

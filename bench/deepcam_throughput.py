@@ -1,14 +1,19 @@
-"""DeepCAM throughput: training samples/s at full size (fp32 and --amp) and HDF5 reader samples/s.
+"""DeepCAM throughput: train.py's benchmark mode at full size, training and HDF5 reader samples/s per precision mode.
 
-  python bench/deepcam_throughput.py                   # 768x1152x16, the reference model, batch 1
+  python bench/deepcam_throughput.py                   # 768x1152x16, the reference model, batch 1, fp32 and --amp
   python bench/deepcam_throughput.py --height 128 --width 192 --config deepcam/configs/deepcam_synthetic_cpu.yaml
+  python bench/deepcam_throughput.py --np 2 --modes fp32,amp,bf16   # 2 ranks under horovodrun, bf16 forced too
 
-Writes synthetic full-size sample files in the public layout (once, into --data-dir), then
-  - reader: the training input pipeline (h5py in tf.data, --readers files in
-    flight, normalization), no model, no cache;
-  - training: the trainer's compiled step (LAMB, weighted loss) on one batch held
-    in memory, so the figure is compute only; warm-up steps are not timed.
-Prints one line per measurement and a table at the end.
+Writes synthetic sample files in the public layout (once, into --data-dir), then runs
+`deepcam/train.py CONFIG --benchmark STEPS` once per mode (the real trainer: staging,
+input pipeline, Horovod) and reads the figures from its summary.json:
+  - reader alone: the training input pipeline (h5py in tf.data, --readers files
+    in flight, normalization; the config's cache setting) drawn without a model,
+    per rank, also in MB/s of sample files;
+  - training: --steps steps of the training loop (LAMB, weighted loss) after
+    --warmup-steps untimed ones, so the figure includes the reader feeding each
+    step and, with --np above 1, the allreduce of the gradients; per rank and in total.
+Prints train.py's output, then a table naming the CPU.
 """
 
 import argparse
@@ -17,8 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
+from bench import benchmark_mode  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -27,49 +31,42 @@ def main(argv=None) -> int:
     p.add_argument("--height", type=int, default=768)
     p.add_argument("--width", type=int, default=1152)
     p.add_argument("--data-dir", default="data/bench_deepcam")
-    p.add_argument("--n-samples", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--readers", type=int, default=4)
-    p.add_argument("--warmup-steps", type=int, default=2)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--modes", default="fp32,amp", help="comma-separated: fp32, amp (what --amp picks here), bf16 (forced)")
+    p.add_argument("--n-samples", type=int, default=16,
+                   help="training samples to write (and a quarter as many validation samples, which "
+                        "the trainer lists at init but benchmark mode never reads)")
+    p.add_argument("--batch-size", type=int, default=1, help="local (per rank) batch")
+    p.add_argument("--readers", type=int, default=4, help="files in flight per rank (data.readers)")
+    benchmark_mode.add_arguments(p, warmup_steps=2, steps=4)
     args = p.parse_args(argv)
+    modes = benchmark_mode.parse_modes(p, args.modes)
+    global_batch = args.np * args.batch_size
+    # Every rank runs the same whole steps, and takes part in the (unread) validation set.
+    n_train = args.n_samples // global_batch * global_batch
+    if not n_train or args.n_samples // 4 < args.np:
+        p.error(f"--n-samples {args.n_samples} is too few for {args.np} rank(s) x batch {args.batch_size}: "
+                f"use at least {4 * global_batch}")
 
-    import tensorflow as tf
-
-    from bench.timing import print_table, training_rates
-    from common import runtime
-    from common.config import load_config
-    from common.distribution import Distribution
-    from common.profiling import pipeline_samples_per_s
-    from deepcam import data, synthetic
-    from deepcam.task import TASK
+    from deepcam import synthetic
 
     data_dir = Path(args.data_dir) / f"{args.height}x{args.width}"
-    synthetic.generate(data_dir, args.height, args.width, args.n_samples, 0, seed=0)
-    files = sorted(str(f) for f in (data_dir / "train").glob("*.h5"))
-    dist = Distribution()
-    size = {"data.data_dir": str(data_dir), "data.height": args.height, "data.width": args.width,
-            "data.local_batch_size": args.batch_size}
-    base = load_config(TASK.config_class, args.config, size)
-    device = runtime.configure(base.runtime, dist)["device"]
-    results = []
-
-    ds = data.make_dataset(files, data_dir=data_dir, channels=base.data.channels, height=args.height,
-                           width=args.width, batch_size=args.batch_size, training=True, seed=0,
-                           readers=args.readers)
-    it = iter(ds)
-    rate = pipeline_samples_per_s(it, args.batch_size, max(1, (2 * args.n_samples) // args.batch_size))
-    mb = os.path.getsize(files[0]) / 1e6
-    print(f"[bench] reader ({args.readers} files in flight): {rate:.2f} samples/s, {rate * mb:.0f} MB/s", flush=True)
-    results.append((f"HDF5 reader, {args.readers} readers, {mb:.1f} MB/sample", "-", rate))
-
-    results += training_rates(TASK, args.config, size, dist, device, next(it), args.batch_size,
-                              args.modes.split(","), args.warmup_steps, args.steps,
-                              label=f"{args.height}x{args.width}")
-
-    print_table(f"DeepCAM throughput on {os.cpu_count()} CPU core(s), sample {args.height}x{args.width}x"
-                f"{len(base.data.channels)}, device {device}, TensorFlow {tf.__version__}", results)
+    synthetic.generate(data_dir, args.height, args.width, args.n_samples, args.n_samples // 4, seed=0)
+    overrides = {"data.data_dir": data_dir, "data.height": args.height, "data.width": args.width,
+                 "data.local_batch_size": args.batch_size, "data.readers": args.readers,
+                 "data.n_train": n_train, "data.n_valid": 0,
+                 # A closed config accepts its RCP global batch only; this one is not a result.
+                 "mlperf.division": "open"}
+    runs = benchmark_mode.run_modes("deepcam", args.config, overrides, modes, args.steps, args.warmup_steps,
+                                    args.np, args.output_dir)
+    mb = os.path.getsize(next((data_dir / "train").glob("*.h5"))) / 1e6
+    reader_rate = runs[0][1]["benchmark"]["input_samples_per_s_per_rank"]
+    print(f"[bench] reader alone ({args.readers} files in flight, {mb:.1f} MB/sample): {reader_rate:.2f} samples/s, "
+          f"{reader_rate * mb:.0f} MB/s per rank ({modes[0]} run)")
+    rows = benchmark_mode.rows(runs, f"HDF5 reader alone, {args.readers} readers, {mb:.1f} MB/sample",
+                               f"training (reader{', allreduce' if args.np > 1 else ''}), "
+                               f"batch {args.batch_size}/rank")
+    benchmark_mode.print_table(f"DeepCAM throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
+                               f"warm-up step(s), {args.np} rank(s), sample {args.height}x{args.width}, "
+                               f"{benchmark_mode.machine(runs)}", rows)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Config sections every benchmark shares: training loop, runtime, staging, MLPerf."""
 
 import dataclasses
+from pathlib import Path
 from typing import Literal, Optional
 
 
@@ -20,6 +21,13 @@ class TrainLoopConfig:
     # one-value allreduce that waits for the step to finish.
     stop_check_steps: int = 10
     eval_every: int = 1              # epochs between evaluations
+    # Steps between training figures (loss, LR, samples/s) for TensorBoard and the
+    # progress line; each reads the loss, so waits for that step (0: none).
+    log_every_steps: int = 50
+    # Benchmark mode (NVIDIA DLE's --benchmark): train this many steps through the
+    # real loop (staging, input pipeline, Horovod), print samples/s, no MLPerf log (0: off).
+    benchmark_steps: int = 0
+    benchmark_warmup_steps: int = 5  # steps of benchmark mode left out of the figures
     # Evaluate the (restored or imported, see --checkpoint) model once on the
     # validation set and stop: no training, no MLPerf log.
     evaluate_only: bool = False
@@ -54,8 +62,14 @@ class RuntimeConfig:
     # (posix_fadvise DONTNEED), so that the timed run reads them cold; logged as cache_clear.
     cache_clear: bool = True
     check_log: bool = True           # run the MLPerf compliance checker on rank 0 at the end
+    # Shrink the config into a smoke run of a few small steps (big_vision's runlocal):
+    # each benchmark's Task.shrink says how; data paths, precision and the loop stay.
+    tiny: bool = False
+    # Write TensorBoard event files to <run dir>/tensorboard on rank 0 (train loss,
+    # LR, samples/s every train.log_every_steps steps; the validation metric per epoch).
+    tensorboard: bool = False
     # After run_stop, measure FLOPs, input rate, memory, allreduce time for
-    # `python -m common.characterize RUN_DIR` (outside the timed region).
+    # `python -m offline.characterize RUN_DIR` (outside the timed region).
     characterize: bool = False
 
 
@@ -115,6 +129,32 @@ def check_shared_sections(cfg) -> None:
                               ("train.keep_checkpoints", t.keep_checkpoints, 0),
                               ("train.eval_every", t.eval_every, 1),
                               ("train.stop_check_steps", t.stop_check_steps, 1),
+                              ("train.log_every_steps", t.log_every_steps, 0),
+                              ("train.benchmark_steps", t.benchmark_steps, 0),
+                              ("train.benchmark_warmup_steps", t.benchmark_warmup_steps, 0),
                               ("runtime.sigterm_grace_s", r.sigterm_grace_s, 0)):
         if value < least:
             raise ConfigError(f"config key '{key}' must be >= {least}, got {value}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaseConfig:
+    """The root of every benchmark's config: where the run goes and the shared sections.
+
+    A benchmark's config subclasses it, adds its own sections (data, model,
+    optimizer) and target, and may change the defaults of the shared ones.
+    """
+    output_dir: str = "runs"
+    run_tag: str = ""                # the run's folder inside output_dir (the reference's --run_tag)
+    train: TrainLoopConfig = TrainLoopConfig()
+    staging: StagingConfig = StagingConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    mlperf: MLPerfConfig = MLPerfConfig()
+
+    @property
+    def run_dir(self) -> str:
+        """The run's folder: output_dir, or output_dir/run_tag."""
+        return str(Path(self.output_dir) / self.run_tag)
+
+    def validate(self) -> None:
+        check_shared_sections(self)

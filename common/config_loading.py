@@ -87,9 +87,14 @@ def to_dict(cfg) -> dict:
     return plain(cfg)
 
 
+def yaml_text(cfg) -> str:
+    """The resolved config as YAML text."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
 def dump_config(cfg, path) -> None:
     """Writes the resolved config as YAML (temporary name, then rename)."""
-    write_text_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    write_text_atomic(path, yaml_text(cfg))
 
 
 def replace(cfg, overrides: Mapping[str, Any]):

@@ -2,13 +2,19 @@
 
 The trainer says what happens (init started, epoch 3 stopped, eval gave 0.11);
 listeners decide what to do with it: the MLPerf logger writes mllog lines, the
-progress printer prints a line per epoch. Builders (models, datasets,
-optimizers) emit nothing.
+progress listener draws a bar, TensorBoard writes scalars. Builders (models,
+datasets, optimizers) emit nothing.
+
+Every event is a method written out on `Listener` and on `Events`, so that
+"go to definition" finds its callers and listeners, and a listener method
+spelled wrong is an error at construction instead of a method that never runs.
+Each event carries the trainer's call site (`CallSite`), taken once where the
+trainer calls `Events`: the file:line an MLPerf log line names does not depend
+on how deep the listeners sit.
 """
 
 import dataclasses
 import sys
-import time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,77 +31,158 @@ class RunInfo:
     hyperparameters: dict
     target_name: str
     target: float
+    steps_per_epoch: int = 0
+    n_epochs: int = 0
     # {"checkpoint": path, "epoch": n} when the run continues a checkpointed one.
     resumed_from: dict | None = None
 
 
-class Listener:
-    """No-op base: override what you need. Epochs are numbered from 1."""
+@dataclasses.dataclass(frozen=True)
+class CallSite:
+    """Where the trainer raised an event: the file (relative to the repository) and line."""
+    file: str
+    line: int
 
-    def on_init_start(self): ...
-    def on_init_stop(self, info: RunInfo): ...
-    def on_staging_start(self): ...
-    def on_staging_stop(self, stats: dict): ...
-    def on_caches_cleared(self, cleared: bool, files: int): ...
-    def on_run_start(self): ...
-    def on_epoch_start(self, epoch: int): ...
-    def on_epoch_stop(self, epoch: int, train: dict): ...
-    def on_eval_start(self, epoch: int): ...
-    def on_eval_stop(self, epoch: int, value: float): ...
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None): ...
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """One optimizer step done (every step: cheap, no tensor is read)."""
+    epoch: int
+    step: int                 # steps done in this epoch, from 1
+    steps_per_epoch: int
+    global_step: int          # steps done in the whole run, resumes included
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLog:
+    """Training figures every `train.log_every_steps` steps (reads the loss: waits for that step)."""
+    epoch: int
+    global_step: int
+    loss: float               # mean over the steps since the previous TrainLog, this rank
+    lr: float
+    samples_per_s: float      # all ranks, over the steps since the previous TrainLog
+
+
+class Listener:
+    """No-op base: override what you need. Epochs are numbered from 1.
+
+    Every method takes the trainer's call site as its last argument.
+    """
+
+    def on_init_start(self, site: CallSite): ...
+    def on_init_stop(self, info: RunInfo, site: CallSite): ...
+    def on_staging_start(self, site: CallSite): ...
+    def on_staging_stop(self, stats: dict, site: CallSite): ...
+    def on_caches_cleared(self, cleared: bool, files: int, site: CallSite): ...
+    def on_run_start(self, site: CallSite): ...
+    def on_epoch_start(self, epoch: int, site: CallSite): ...
+    def on_step(self, step: StepInfo, site: CallSite): ...
+    def on_train_log(self, log: TrainLog, site: CallSite): ...
+    def on_epoch_stop(self, epoch: int, train: dict, site: CallSite): ...
+    def on_eval_start(self, epoch: int, site: CallSite): ...
+    def on_eval_stop(self, epoch: int, value: float, site: CallSite): ...
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, site: CallSite): ...
     def close(self): ...
 
 
+_EVENT_NAMES = frozenset(name for name in vars(Listener) if name.startswith("on_"))
+
+
+def _check_listener(listener) -> None:
+    """A method named like an event that is not one (a typo) would never run: refuse it."""
+    for name in dir(type(listener)):
+        if name.startswith("on_") and name not in _EVENT_NAMES:
+            raise TypeError(f"{type(listener).__name__}.{name}: no such event (events: {sorted(_EVENT_NAMES)})")
+
+
+def _caller() -> CallSite:
+    """The call site of the `Events` method that calls this (the trainer's line)."""
+    frame = sys._getframe(2)
+    return CallSite(_relative(frame.f_code.co_filename), frame.f_lineno)
+
+
+def _relative(path: str) -> str:
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return path
+
+
 class Events:
-    """Fans every Listener event out to a list of listeners, in order."""
+    """Hands each event to every listener, in order, with the caller's file:line."""
 
     def __init__(self, listeners):
         self.listeners = list(listeners)
+        for listener in self.listeners:
+            _check_listener(listener)
 
-    def __getattr__(self, name):
-        if not hasattr(Listener, name):
-            raise AttributeError(name)
+    def on_init_start(self):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_init_start(site)
 
-        def fan_out(*args, **kwargs):
-            for listener in self.listeners:
-                getattr(listener, name)(*args, **kwargs)
-        return fan_out
+    def on_init_stop(self, info: RunInfo):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_init_stop(info, site)
 
+    def on_staging_start(self):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_staging_start(site)
 
-class ProgressPrinter(Listener):
-    """One line per epoch on rank 0: loss, validation metric, throughput, LR."""
+    def on_staging_stop(self, stats: dict):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_staging_stop(stats, site)
 
-    def __init__(self, stream=sys.stdout):
-        self.stream = stream
-        self.run_start = None
-        self.info = None
-        self.train = {}
-
-    def _print(self, msg):
-        print(msg, file=self.stream, flush=True)
-
-    def on_init_stop(self, info):
-        self.info = info
-
-    def on_staging_stop(self, stats):
-        self._print(f"[staging] {stats['files']} files ({stats['skipped']} already staged), "
-                    f"{stats['bytes'] / 1e9:.3f} GB in {stats['seconds']:.2f} s = {stats['gb_per_s']:.3f} GB/s "
-                    f"(all ranks)")
+    def on_caches_cleared(self, cleared: bool, files: int):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_caches_cleared(cleared, files, site)
 
     def on_run_start(self):
-        self.run_start = time.time()
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_run_start(site)
 
-    def on_epoch_stop(self, epoch, train):
-        self.train = train
+    def on_epoch_start(self, epoch: int):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_epoch_start(epoch, site)
 
-    def on_eval_stop(self, epoch, value):
-        t = self.train
-        self._print(f"[epoch {epoch:3d}] train_loss {t.get('loss', float('nan')):.4f}  "
-                    f"{self.info.target_name} {value:.4f} (target {self.info.target})  "
-                    f"{t.get('samples_per_s', 0):.1f} samples/s  lr {t.get('lr', 0):.3g}  "
-                    f"t={time.time() - self.run_start:.1f}s")
+    def on_step(self, step: StepInfo):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_step(step, site)
 
-    def on_run_stop(self, status, epoch, checkpoint=None):
-        minutes = (time.time() - self.run_start) / 60 if self.run_start else float("nan")
-        saved = f"; checkpoint {checkpoint}" if checkpoint else ""
-        self._print(f"[run] {status} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}")
+    def on_train_log(self, log: TrainLog):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_train_log(log, site)
+
+    def on_epoch_stop(self, epoch: int, train: dict):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_epoch_stop(epoch, train, site)
+
+    def on_eval_start(self, epoch: int):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_eval_start(epoch, site)
+
+    def on_eval_stop(self, epoch: int, value: float):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_eval_stop(epoch, value, site)
+
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_run_stop(status, epoch, checkpoint, site)
+
+    def close(self):
+        for listener in self.listeners:
+            listener.close()

@@ -1,6 +1,9 @@
 """Entry point shared by every benchmark's train.py.
 
-  python <bench>/train.py CONFIG [--flag value ...] [--set key.sub=value ...]
+  python <bench>/train.py [CONFIG] [--flag value ...] [--set key.sub=value ...]
+
+Without CONFIG (a reference-style job script: flags only), the closed config
+whose global batch the job gives is used, and the `[init]` line says which.
 
 Works the same under `horovodrun -np N`, `mpirun -np N` and `srun`. A bad input
 ends the run with one line naming the culprit and a non-zero exit on the rank
@@ -16,10 +19,13 @@ import traceback
 from pathlib import Path
 
 from common.compliance import check_log
-from common.config import dump_config, load_config
+from common import benchmarks
+from common.config_loading import dump_config, load_config, replace, yaml_text
 from common.distribution import Distribution, launcher_env
 from common.errors import ConfigError, InputError
-from common.events import Events, ProgressPrinter
+from common.events import Events
+from common.progress import ProgressPrinter, StepProgress
+from common.tensorboard import TensorBoardListener
 from common.mlperf_logger import LOG_NAME, MLPerfLogger
 from common.plots import plot_training_curve
 from common import termination
@@ -36,13 +42,21 @@ EXIT_PREEMPTED = termination.EXIT_PREEMPTED
 def build_parser(task) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{task.name}/train.py",
                                      description=f"Train {task.name} (MLPerf HPC).")
-    parser.add_argument("config", help="YAML config file (see configs/)")
+    parser.add_argument("config", nargs="?", default=None,
+                        help="YAML config file (see configs/); default: the closed config of the job's global batch")
     for flag in task.flags:
         if flag.is_switch:
             parser.add_argument(*flag.names, dest=flag.key, action="store_const", const=True,
                                 default=None, help=flag.help)
         else:
             parser.add_argument(*flag.names, dest=flag.key, default=None, metavar="VALUE", help=flag.help)
+    parser.add_argument("--tensorboard", dest="runtime.tensorboard", action="store_const", const=True, default=None,
+                        help="write TensorBoard event files to <run dir>/tensorboard (rank 0)")
+    parser.add_argument("--benchmark", dest="train.benchmark_steps", default=None, metavar="STEPS",
+                        help="benchmark mode: time STEPS training steps through the real loop (staging, input "
+                             "pipeline, Horovod) after train.benchmark_warmup_steps, print samples/s; no MLPerf log")
+    parser.add_argument("--tiny", dest="runtime.tiny", action="store_const", const=True, default=None,
+                        help="shrink the config into a smoke run of a few small steps (runtime.tiny)")
     parser.add_argument("--set", dest="_set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. --set model.dropout=0.2 (repeatable)")
     return parser
@@ -60,7 +74,44 @@ def parse_overrides(task, argv) -> tuple[str, dict]:
         value = getattr(args, flag.key)
         if value is not None:
             overrides.update(flag.parse(value) if flag.parse else {flag.key: value})
+    for key in ("runtime.tensorboard", "train.benchmark_steps", "runtime.tiny"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
     return args.config, overrides
+
+
+def load_run_config(task, config_path, overrides: dict, ranks: int) -> tuple[object, str]:
+    """The run's validated config, and a note for the [init] line ('' when nothing to say).
+
+    Without a config file, the closed config of the benchmark's registry entry
+    whose global batch equals ranks x local batch x accumulation is used (the
+    reference is started with flags only). runtime.tiny then shrinks the
+    config (Task.tiny_overrides); what the command line sets still wins.
+    """
+    note = ""
+    if config_path is None:
+        config_path = closed_config_for(task, overrides, ranks)
+        note = f"no config given: using {config_path}, the closed config of this job's global batch"
+    cfg = load_config(task.config_class, config_path, overrides)
+    if cfg.runtime.tiny:
+        cfg = replace(cfg, {**task.tiny_overrides(cfg), **overrides})
+        note = (note + "; " if note else "") + "runtime.tiny: the config is shrunk into a smoke run " \
+            "(not a benchmark result)"
+    return cfg, note
+
+
+def closed_config_for(task, overrides: dict, ranks: int) -> str:
+    """The closed config whose train.global_batch_size this job gives; ConfigError if none does."""
+    bench = benchmarks.get(task.name)
+    local_batch = overrides.get(bench.local_batch_key)
+    accumulation = overrides.get("train.gradient_accumulation_frequency")
+    path = benchmarks.closed_config_for_ranks(task.name, ranks, int(local_batch) if local_batch else None,
+                                              int(accumulation) if accumulation else None)
+    if path is not None:
+        return str(path)
+    offered = ", ".join(f"{p.name} (global batch {gbs})" for p, gbs, _, _ in benchmarks.closed_config_batches(task.name))
+    raise ConfigError(f"no config given and no closed config of {task.name} has this job's global batch "
+                      f"({ranks} ranks): give a config file, or launch as one of {offered}")
 
 
 def _fail(rank_prefix: str, message: str, code: int) -> None:
@@ -70,7 +121,7 @@ def _fail(rank_prefix: str, message: str, code: int) -> None:
 
 
 def main(task, argv=None) -> int:
-    """Parses flags, trains `task`, reports; returns the process exit code."""
+    """Parses flags, trains the Task class `task`, reports; returns the process exit code."""
     rank_prefix = ""
     events = None
     trainer = None
@@ -86,34 +137,29 @@ def main(task, argv=None) -> int:
     termination.on_signals(terminated)
     try:
         config_path, overrides = parse_overrides(task, argv)
-        cfg = load_config(task.config_class, config_path, overrides)
-        termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
         dist = Distribution()
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
-        # A run tag (DeepCAM's --run_tag) names a run folder inside output_dir.
-        output_dir = Path(cfg.output_dir) / getattr(cfg, "run_tag", "")
+        cfg, note = load_run_config(task, config_path, overrides, dist.size)
+        termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
+        bound = task(cfg)
+        run_dir = Path(cfg.run_dir)
         listeners = []
         if dist.is_root:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            dump_config(cfg, output_dir / "config.yaml")
-            submission = {"benchmark": task.name, "org": cfg.mlperf.org, "division": cfg.mlperf.division,
-                          "status": cfg.mlperf.status, "platform": cfg.mlperf.platform}
-            instance = {k: getattr(cfg.mlperf, k) for k in ("instance_id", "number_of_instances")
-                        if getattr(cfg.mlperf, k) is not None}
-            listeners = [ProgressPrinter()]
-            if not cfg.train.evaluate_only:   # an evaluation is no benchmark run: no MLPerf log
-                listeners.insert(0, MLPerfLogger(output_dir, submission, metric_key=task.metric(cfg).name,
-                                                 instance=instance))
+            if note:
+                print(f"[init] {note}", flush=True)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            dump_config(cfg, run_dir / "config.yaml")
+            listeners = _listeners(bound, cfg, run_dir)
         events = Events(listeners)
-        trainer = Trainer(task, cfg, dist, events, output_dir)
+        trainer = Trainer(bound, dist, events, run_dir)
         result = trainer.run()
         events.close()
         if dist.is_root:
-            verdict = _report(task, cfg, result, output_dir)
-            write_summary(result, output_dir / "summary.json",
+            verdict = _report(bound, result, run_dir)
+            write_summary(result, run_dir / "summary.json",
                           {"benchmark": task.name, "ranks": dist.size, "nodes": dist.num_nodes,
                            "controller": dist.controller(), "launcher": launcher_env(),
-                           "metric_name": task.metric(cfg).name, "target": task.target(cfg),
+                           "metric_name": trainer.metric.name, "target": bound.target,
                            "log_check": verdict})
         # Every rank waits for rank 0's report: a rank that exits first with a
         # non-zero status would make the launcher kill rank 0 mid-write.
@@ -121,7 +167,7 @@ def main(task, argv=None) -> int:
         if result.status == "preempted":
             termination.stopped()   # in order: the SIGTERM deadline no longer applies
             return EXIT_PREEMPTED
-        return 0 if result.status in ("success", "evaluated") else EXIT_NOT_CONVERGED
+        return 0 if result.status in ("success", "evaluated", "benchmarked") else EXIT_NOT_CONVERGED
     except InputError as e:
         _abort(events, trainer)
         _fail(rank_prefix, " ".join(str(e).split()), EXIT_INPUT_ERROR)
@@ -147,19 +193,43 @@ def _abort(events, trainer) -> None:
         pass
 
 
-def _report(task, cfg, result, output_dir) -> str:
+def _listeners(task, cfg, run_dir) -> list:
+    """Rank 0's listeners: the MLPerf log (a benchmark run only), progress, TensorBoard."""
+    listeners = [ProgressPrinter(), StepProgress()]
+    if not (cfg.train.evaluate_only or cfg.train.benchmark_steps):   # no benchmark run: no MLPerf log
+        submission = {"benchmark": task.name, "org": cfg.mlperf.org, "division": cfg.mlperf.division,
+                      "status": cfg.mlperf.status, "platform": cfg.mlperf.platform}
+        instance = {k: getattr(cfg.mlperf, k) for k in ("instance_id", "number_of_instances")
+                    if getattr(cfg.mlperf, k) is not None}
+        listeners.insert(0, MLPerfLogger(run_dir, submission, metric_key=task.build_metrics().name,
+                                         instance=instance))
+    if cfg.runtime.tensorboard:
+        listeners.append(TensorBoardListener(run_dir / "tensorboard", yaml_text(cfg)))
+    return listeners
+
+
+def _report(task, result, output_dir) -> str:
+    cfg = task.cfg
     log = (output_dir / LOG_NAME).resolve()
-    metric_name = task.metric(cfg).name
+    metric_name = task.build_metrics().name
+    if result.status == "benchmarked":
+        b = result.throughput
+        print(f"[benchmark] {task.name}: {b['steps']} steps after {b['warmup_steps']} warm-up, {b['ranks']} rank(s), "
+              f"global batch {b['global_batch_size']}, {b['precision']}: {b['samples_per_s_per_rank']:.2f} "
+              f"samples/s per rank, {b['samples_per_s']:.2f} samples/s in total; input pipeline alone "
+              f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank")
+        print(f"[done] run directory: {output_dir.resolve()}")
+        return "no log (benchmark mode)"
     if result.status == "evaluated":
         print(f"[done] {task.name}: evaluated the model of epoch {result.epochs}: {metric_name} "
-              f"{result.metric:.4f} (target {task.target(cfg)})")
+              f"{result.metric:.4f} (target {task.target})")
         print(f"[done] run directory: {output_dir.resolve()}")
         return "no log (evaluation only)"
     print(f"[done] {task.name}: {result.status}, {result.epochs} epoch(s), "
           f"{metric_name} {result.metric:.4f}, time to train {result.time_to_train_s / 60:.3f} min")
     print(f"[done] run directory: {output_dir.resolve()}")
     if result.history:
-        plot_training_curve(result.history, metric_name, task.target(cfg),
+        plot_training_curve(result.history, metric_name, task.target,
                             f"{task.name}: {result.status} after {result.epochs} epoch(s), "
                             f"{result.time_to_train_s / 60:.2f} min", output_dir / "training_curve.png")
     if result.status == "preempted":

@@ -5,22 +5,41 @@ renamed to `mlperf.log` once the run has stopped, so `mlperf.log` is always a
 finished log. A log already there (a resumed run) is kept as mlperf.log.1, .2...
 """
 
-import logging
+import json
 import os
 import threading
+import time
 from pathlib import Path
 
-from mlperf_logging.mllog.mllog import MLLogger
+from mlperf_logging.mllog import constants
 
-from common.events import Listener, RunInfo
+from common.events import CallSite, Listener, RunInfo
 
 RESUMED_KEY = "resumed_from"
 LOG_NAME = "mlperf.log"
-_CALLER_OFFSET = 3
+
+
+def encode_line(event_type: str, key: str, value, metadata: dict, time_ms: int | None = None) -> str:
+    """One MLPerf log line, as `mlperf_logging.mllog` writes it (':::MLLOG {json}', keys in its order)."""
+    record = {"namespace": "", "time_ms": int(time.time() * 1e3) if time_ms is None else time_ms,
+              "event_type": event_type, "key": key, "value": value, "metadata": metadata}
+    return ":::MLLOG " + json.dumps(record, default=_json_default)
+
+
+def _json_default(value):
+    if hasattr(value, "item"):   # NumPy scalars
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serializable: {value!r}")
 
 
 class MLPerfLogger(Listener):
     """Listener that writes the MLPerf log of one run.
+
+    Each line's metadata names the trainer's call site that the event carries
+    (`CallSite`), in mllog's format, without mllog's stack walk (whose depth
+    would change with every layer between the trainer and this class).
 
     Args:
       output_dir: where mlperf.log goes.
@@ -35,92 +54,84 @@ class MLPerfLogger(Listener):
         self.final = Path(output_dir) / LOG_NAME
         self.partial = Path(output_dir) / (LOG_NAME + ".partial")
         self.partial.unlink(missing_ok=True)
-        # A private logging.Logger per run keeps runs in one process (tests) apart.
-        logger = logging.getLogger(f"mlperf.{id(self)}")
-        logger.propagate = False
-        logger.setLevel(logging.INFO)
-        self._handler = logging.FileHandler(self.partial)
-        logger.addHandler(self._handler)
-        self._logger = logger
-        # Offsets so that each line's metadata names the trainer's call site,
-        # past the event fan-out and this listener.
-        self._ml = MLLogger(logger=logger, default_stack_offset=_CALLER_OFFSET,
-                            root_dir=str(Path(__file__).resolve().parents[1]))
+        self._file = open(self.partial, "a", encoding="utf-8")
         self._submission = dict(submission)
         self._closed = False
         # SIGTERM closes the log from another thread (common.termination) while
         # the main thread may be writing a line: one at a time, none after close.
         self._lock = threading.RLock()
 
-    def _event(self, key, value=None, **metadata):
+    def _write(self, event_type, key, value, site: CallSite, metadata: dict):
+        line = encode_line(event_type, key, value, {"file": site.file, "lineno": site.line, **metadata})
         with self._lock:
             if not self._closed:
-                self._ml.event(key=key, value=value, metadata=metadata or None, stack_offset=_CALLER_OFFSET + 1)
+                self._file.write(line + "\n")
+                self._file.flush()
 
-    def _start(self, key, **metadata):
-        with self._lock:
-            if not self._closed:
-                self._ml.start(key=key, metadata=metadata or None, stack_offset=_CALLER_OFFSET + 1)
+    def _event(self, key, value, site, **metadata):
+        self._write(constants.POINT_IN_TIME, key, value, site, metadata)
 
-    def _end(self, key, **metadata):
-        with self._lock:
-            if not self._closed:
-                self._ml.end(key=key, metadata=metadata or None, stack_offset=_CALLER_OFFSET + 1)
+    def _start(self, key, site, **metadata):
+        self._write(constants.INTERVAL_START, key, None, site, metadata)
 
-    def on_init_start(self):
-        self._start("init_start")
+    def _end(self, key, site, **metadata):
+        self._write(constants.INTERVAL_END, key, None, site, metadata)
+
+    def on_init_start(self, site):
+        self._start("init_start", site)
         for key in ("benchmark", "org", "division", "status", "platform"):
-            self._event(f"submission_{key}", self._submission[key])
+            self._event(f"submission_{key}", self._submission[key], site)
 
-    def on_init_stop(self, info: RunInfo):
-        self._event("seed", info.seed)
-        self._event("number_of_nodes", info.num_nodes)
-        self._event("number_of_ranks", info.ranks)
+    def on_init_stop(self, info: RunInfo, site):
+        self._event("seed", info.seed, site)
+        self._event("number_of_nodes", info.num_nodes, site)
+        self._event("number_of_ranks", info.ranks, site)
         for key, value in self._instance.items():
-            self._event(key, value)
-        self._event("accelerators_per_node", info.accelerators_per_node)
-        self._event("global_batch_size", info.global_batch_size)
-        self._event("train_samples", info.train_samples)
-        self._event("eval_samples", info.eval_samples)
+            self._event(key, value, site)
+        self._event("accelerators_per_node", info.accelerators_per_node, site)
+        self._event("global_batch_size", info.global_batch_size, site)
+        self._event("train_samples", info.train_samples, site)
+        self._event("eval_samples", info.eval_samples, site)
         for key, value in info.hyperparameters.items():
-            self._event(key, value)
+            self._event(key, value, site)
         if info.resumed_from:
             # Not an MLPerf key: a resumed run is no benchmark result, and scoring refuses it.
-            self._event(RESUMED_KEY, info.resumed_from)
-        self._end("init_stop")
+            self._event(RESUMED_KEY, info.resumed_from, site)
+        self._end("init_stop", site)
 
-    def on_staging_start(self):
-        self._start("staging_start")
+    def on_staging_start(self, site):
+        self._start("staging_start", site)
 
-    def on_staging_stop(self, stats):
-        self._end("staging_stop", **{k: stats[k] for k in ("files", "bytes", "seconds", "gb_per_s")})
+    def on_staging_stop(self, stats, site):
+        self._end("staging_stop", site, **{k: stats[k] for k in ("files", "bytes", "seconds", "gb_per_s")})
 
-    def on_caches_cleared(self, cleared, files):
+    def on_caches_cleared(self, cleared, files, site):
         # True only when this rank's input files were evicted from the page cache
         # (common.page_cache); metadata says how many files that covered.
-        self._event("cache_clear", bool(cleared), files=files, method="posix_fadvise(DONTNEED)")
+        self._event("cache_clear", bool(cleared), site, files=files, method="posix_fadvise(DONTNEED)")
 
-    def on_run_start(self):
-        self._start("run_start")
+    def on_run_start(self, site):
+        self._start("run_start", site)
 
-    def on_epoch_start(self, epoch):
-        self._start("epoch_start", epoch_num=epoch)
+    def on_epoch_start(self, epoch, site):
+        self._start("epoch_start", site, epoch_num=epoch)
 
-    def on_epoch_stop(self, epoch, train):
-        self._end("epoch_stop", epoch_num=epoch)
-        self._event("train_loss", train["loss"], epoch_num=epoch)
-        self._event("tracked_stats", {"throughput": train["samples_per_s"]}, step=epoch)
+    def on_epoch_stop(self, epoch, train, site):
+        self._end("epoch_stop", site, epoch_num=epoch)
+        self._event("train_loss", train["loss"], site, epoch_num=epoch)
+        self._event("tracked_stats", {"throughput": train["samples_per_s"]}, site, step=epoch)
 
-    def on_eval_start(self, epoch):
-        self._start("eval_start", epoch_num=epoch)
+    def on_eval_start(self, epoch, site):
+        self._start("eval_start", site, epoch_num=epoch)
 
-    def on_eval_stop(self, epoch, value):
-        self._end("eval_stop", epoch_num=epoch)
-        self._event(self.metric_key, value, epoch_num=epoch)
+    def on_eval_stop(self, epoch, value, site):
+        self._end("eval_stop", site, epoch_num=epoch)
+        self._event(self.metric_key, value, site, epoch_num=epoch)
 
-    def on_run_stop(self, status, epoch, checkpoint=None):
+    def on_run_stop(self, status, epoch, checkpoint, site):
         # A run stopped on request says where it can go on from (aborted-with-checkpoint).
-        self._end("run_stop", status=status, epoch_num=epoch, **({"checkpoint": checkpoint} if checkpoint else {}))
+        self._end("run_stop", site, status=status, epoch_num=epoch,
+                  **({"checkpoint": checkpoint} if checkpoint else {}))
 
     def close(self):
         """Closes the file and moves it to its final name (idempotent, from any thread)."""
@@ -131,8 +142,7 @@ class MLPerfLogger(Listener):
             self._close_file()
 
     def _close_file(self):
-        self._handler.close()
-        self._logger.removeHandler(self._handler)
+        self._file.close()
         if self.final.exists():
             n = 1
             while self.final.with_name(f"{LOG_NAME}.{n}").exists():

@@ -1,5 +1,6 @@
 """Runtime knobs (device, threads, precision), set in one place and reported."""
 
+import contextlib
 import os
 
 import tensorflow as tf
@@ -19,7 +20,6 @@ def configure(runtime, dist) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
     precision, why = choose_precision(runtime, device)
-    set_precision(precision)
     # Random layers (dropout) draw from a tf.random.Generator, whose state a
     # checkpoint can hold (common.checkpoint), not from stateful ops whose
     # state lives in the kernels and restarts with the process.
@@ -59,14 +59,24 @@ def choose_precision(runtime, device: str, native_bf16=None) -> tuple[str, str]:
                        "so training stays float32; --set runtime.amp_dtype=bfloat16 forces emulated bf16")
 
 
-def set_precision(precision: str) -> None:
-    """Sets the Keras dtype policy for the models built from now on."""
-    tf.keras.mixed_precision.set_global_policy(precision)
+@contextlib.contextmanager
+def dtype_policy(policy: str):
+    """Builds the layers made under it with the Keras dtype policy `policy`, then restores the old one.
+
+    The policy is chosen once (`configure` -> its "precision") and passed to the
+    model builders; nothing outside this block sees it.
+    """
+    previous = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        tf.keras.mixed_precision.set_global_policy(previous)
 
 
-def wrap_optimizer(optimizer):
-    """Adds dynamic loss scaling when the global policy computes in float16 (bf16 needs none)."""
-    if tf.keras.mixed_precision.global_policy().compute_dtype == "float16":
+def wrap_optimizer(optimizer, policy):
+    """Adds dynamic loss scaling when `policy` (a name or Policy) computes in float16 (bf16 needs none)."""
+    if tf.keras.mixed_precision.Policy(policy if isinstance(policy, str) else policy.name).compute_dtype == "float16":
         return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer
 

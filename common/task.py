@@ -1,7 +1,7 @@
 """What a benchmark hands the generic trainer: the single-replica view of training."""
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 import numpy as np
 
@@ -46,41 +46,96 @@ class EvalMetric:
     n_sums: int = 2               # length of update()'s vector (a rank without data adds zeros)
 
 
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One benchmark: everything the trainer needs, as builders without side effects.
+# runtime.tiny, the part every benchmark shares: one epoch, no checkpoints, figures every 2
+# steps, no stop at the target, no compliance check (a smoke run is no result). Each
+# Task.tiny_overrides adds the samples, batch and model width.
+TINY_LOOP = {"train.n_epochs": 1, "train.global_batch_size": None, "train.checkpoint_every": 0,
+             "train.checkpoint_steps": 0, "train.log_every_steps": 2, "train.stop_at_target": False,
+             "runtime.check_log": False}
 
-    Attributes:
-      name: MLPerf benchmark name ('cosmoflow').
-      config_class: root config dataclass; it has sections `data` (with
-        data_dir, batch_size), `train`, `runtime`, `staging`, `mlperf` and
-        a field `output_dir`.
-      flags: command-line flags mapped onto config keys.
-      shard: (cfg, rank, size) -> Shards.
-      make_datasets: (cfg, Shards with readable paths, rank, local_size[, start]) -> (train_ds, valid_ds);
-        train_ds is endless, epoch after epoch, from `start` (a common.epochs.Position:
-        the order of each epoch depends on the seed and the epoch only), valid_ds is one pass.
-      build_model: (cfg, bn_group) -> tf.keras.Model; bn_group is the RankGroup
-        that shares batch-norm statistics (see batchnorm_group_size).
-      build_optimizer: (cfg, global_batch_size, steps_per_epoch) -> (optimizer, schedule)
-        where schedule.at_step(step) gives the LR for logging.
-      loss: cfg -> (y, pred) -> scalar loss.
-      metric: cfg -> EvalMetric.
-      target: cfg -> target value of the metric.
-      mlperf_hyperparameters: (cfg, global_batch_size) -> {mllog key: value}.
-      find_bad_file: (cfg, files) -> message naming the first unreadable file, or None.
-      batchnorm_group_size: cfg -> ranks that share batch-norm statistics (1: local).
+
+class Task:
+    """One benchmark bound to its config: the single-replica view of training.
+
+    The shape of TF Model Garden's `official/core` task: built once from a
+    validated config (`Task(cfg)`), it builds the inputs, model, losses,
+    metrics and optimizer; the generic trainer (common.trainer) runs it, and
+    common.data_preparation shards and stages its files before. Builders have
+    no side effects: no logging, no collectives, no global state.
+
+    A subclass sets the class attributes and implements the `build_*` methods.
     """
-    name: str
-    config_class: type
-    flags: tuple
-    shard: Callable
-    make_datasets: Callable
-    build_model: Callable
-    build_optimizer: Callable
-    loss: Callable
-    metric: Callable
-    target: Callable
-    mlperf_hyperparameters: Callable
-    find_bad_file: Optional[Callable] = None
-    batchnorm_group_size: Callable = lambda cfg: 1
+    name: ClassVar[str]                   # MLPerf benchmark name ('cosmoflow')
+    # Root config dataclass (a common.base_config.BaseConfig with a `data` section).
+    config_class: ClassVar[type]
+    flags: ClassVar[tuple[Flag, ...]] = ()   # command-line flags mapped onto config keys
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    @classmethod
+    def tiny_overrides(cls, cfg) -> dict:
+        """{config key: value} that shrink `cfg` into a smoke run of a few small steps (runtime.tiny).
+
+        The data on disk stays as it is (sample shape, channels); what shrinks is the
+        number of samples, the batch, the epochs and the model's width.
+        """
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ data
+    @property
+    def local_batch_size(self) -> int:
+        """Samples per rank per forward pass."""
+        raise NotImplementedError
+
+    def shard(self, rank: int, size: int) -> Shards:
+        """The files rank `rank` of `size` reads, and the global sample counts."""
+        raise NotImplementedError
+
+    def input_specs(self) -> tuple:
+        """(x, y) `tf.TensorSpec`s of one local batch: what the steps are traced for at init."""
+        raise NotImplementedError
+
+    def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None) -> tuple:
+        """(train, valid) datasets over readable paths. train is endless, epoch after epoch from
+        `start` (a common.epochs.Position; each epoch's order depends on the seed and the epoch
+        only); valid is one pass."""
+        raise NotImplementedError
+
+    def find_bad_file(self, files) -> Optional[str]:
+        """A message naming the first unreadable file of `files`, or None."""
+        del files
+        return None
+
+    # ----------------------------------------------------------------- model
+    @property
+    def batchnorm_group_size(self) -> int:
+        """Ranks that share batch-norm statistics (1: each rank its own)."""
+        return 1
+
+    def build_model(self, bn_group):
+        """The tf.keras.Model; `bn_group` is the RankGroup that shares batch-norm statistics.
+
+        Built under the run's dtype policy (the trainer's common.runtime.dtype_policy block).
+        """
+        raise NotImplementedError
+
+    def build_losses(self) -> Callable:
+        """(y, pred) -> scalar training loss of one local batch."""
+        raise NotImplementedError
+
+    def build_metrics(self) -> EvalMetric:
+        raise NotImplementedError
+
+    def build_optimizer(self, global_batch_size: int, steps_per_epoch: int) -> tuple:
+        """(optimizer, schedule); schedule.at_step(step) gives the LR for logging."""
+        raise NotImplementedError
+
+    @property
+    def target(self) -> float:
+        """The quality target of the metric."""
+        raise NotImplementedError
+
+    def mlperf_hyperparameters(self, global_batch_size: int) -> dict:
+        """{mllog key: value} of what this run does, under the names of the RCP table."""
+        raise NotImplementedError

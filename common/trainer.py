@@ -1,9 +1,10 @@
 """The generic training loop shared by every benchmark.
 
-Canonical Horovod order: configure the device by local rank, build the model,
-scale the LR with the global batch, average gradients, broadcast the initial
-state from rank 0, average metrics, write on rank 0 only. The trainer emits
-events; listeners (MLPerf log, progress lines) act on them.
+`Trainer.run` reads top to bottom in Horovod's canonical order: pin the
+device by local rank, build the model, scale the LR with the global batch,
+wrap the optimizer, broadcast the initial state from rank 0, train with
+averaged gradients, average metrics, write on rank 0 only. The trainer emits
+events; listeners (MLPerf log, progress, TensorBoard) act on them.
 """
 
 import contextlib
@@ -21,11 +22,13 @@ from common import termination
 from common.checkpoint import (Checkpointer, holds_training_state, random_generators, read_rank_state,
                                restore_model_weights)
 from common.errors import InputError
-from common.events import RunInfo
+from common.data_preparation import prepare_data
+from common.events import RunInfo, StepInfo, TrainLog
 from common.files import write_text_atomic
+from common.fingerprint import variables_in_sync
 from common.page_cache import drop_from_page_cache
-from common.profiling import characterize_run
-from common.staging import stage_files
+from common.run_measurements import characterize_run, pipeline_samples_per_s
+from common.progress import Progress
 from common.steps import TrainStep, make_eval_step
 from common.sync_batchnorm import average_batchnorm_statistics, batchnorm_statistics
 
@@ -54,16 +57,27 @@ class RunResult:
     # and the most and mean seconds a save held the step up; the steps between saves.
     checkpoint_save: dict = dataclasses.field(default_factory=dict)
     runtime: dict = dataclasses.field(default_factory=dict)
+    # Benchmark mode (train.benchmark_steps): steps timed, samples/s per rank and in total.
+    throughput: dict = dataclasses.field(default_factory=dict)
     characterization: dict = dataclasses.field(default_factory=dict)
 
 
 class Trainer:
-    def __init__(self, task, cfg, dist, events, output_dir, print_fn=print):
+    """Runs a bound Task (common.task) on every rank; rank 0 prints.
+
+    Args:
+      task: the benchmark's Task, built from the run's config (task.cfg).
+      dist: the Distribution (rank, size, collectives).
+      events: the Events that the listeners get.
+      run_dir: the run's folder (checkpoints/, shards/).
+    """
+
+    def __init__(self, task, dist, events, run_dir, print_fn=print):
         self.task = task
-        self.cfg = cfg
+        self.cfg = task.cfg
         self.dist = dist
         self.events = events
-        self.output_dir = Path(output_dir)
+        self.output_dir = Path(run_dir)
         self.print = print_fn if dist.is_root else (lambda *a, **k: None)
         self.result = RunResult()
         self.run_started = False
@@ -74,83 +88,120 @@ class Trainer:
         self._rank_state = None       # this rank's batch-norm statistics from a mid-epoch checkpoint
         self._saved_at = None         # global step of the newest checkpoint this run wrote
         self._blocked_s = []          # rank 0: seconds each save held the step up
+        self._stage_bar = None
+        self.start_epoch = 0
+        self.resumed_from = None
 
-    # ---------------------------------------------------------------- set-up
-    def _init(self):
-        cfg, dist, task = self.cfg, self.dist, self.task
+    # ------------------------------------------------------------------ run
+    def run(self) -> RunResult:
+        """init -> (staging) -> run: the order every Horovod program follows, a line a step."""
+        cfg, dist, task, events = self.cfg, self.dist, self.task, self.events
+        events.on_init_start()
+        # Horovod is initialized (common.distribution); pin the device by local rank, threads, precision.
         self.result.runtime = runtime_lib.configure(cfg.runtime, dist)
         tf.keras.utils.set_random_seed(cfg.train.seed)
+        self._print_runtime()
+        self.shards = task.shard(dist.rank, dist.size)          # this rank's files
+        global_batch = self._plan_epochs()
+        self._build(global_batch)                                # model, LR for the global batch, wrapped optimizer
+        self._restore_or_start()                                 # rank 0 picks the checkpoint, if any
+        dist.broadcast_variables(self.model.variables + self.optimizer.variables)   # all start from rank 0's state
+        self._restore_rank_state()
+        self._build_steps()                                      # gradients allreduced inside TrainStep
+        info = self._run_info(global_batch)
+        events.on_init_stop(info)
+
+        # Outside the timed region: stage the shard node-locally, build the input pipeline once.
+        self.shards, self.result.staging = prepare_data(cfg, dist, self.shards, events, self.output_dir,
+                                                        self._staging_progress)
+        train_ds, valid_ds = task.build_inputs(self.shards, dist.rank, dist.local_size, self.position)
+        self._check_specs(train_ds)
+        if cfg.train.evaluate_only:
+            return self._evaluate_only(valid_ds)
+        if cfg.train.benchmark_steps:
+            return self._benchmark(train_ds, info)
+        self._clear_page_cache()
+        return self._train(train_ds, valid_ds, info)             # metrics averaged; rank 0 writes
+
+    # ---------------------------------------------------------------- set-up
+    def _print_runtime(self):
         rt = self.result.runtime
-        self.print(f"[init] {dist.describe()}; runtime "
+        self.print(f"[init] {self.dist.describe()}; runtime "
                    f"{ {k: v for k, v in rt.items() if k not in ('cpu', 'precision_note')} }")
         self.print(f"[init] CPU {rt['cpu']['cpu']}: {rt['cpu']['isa']}, bf16 {rt['cpu']['bf16']}, "
                    f"oneDNN {rt['cpu']['onednn']}")
         if rt["precision_note"]:
             self.print(f"[init] {rt['precision_note']}")
 
-        self.shards = task.shard(cfg, dist.rank, dist.size)
+    def _plan_epochs(self) -> int:
+        """Steps and samples per epoch from the shard; returns the global batch."""
+        shards, accumulation = self.shards, self.cfg.train.gradient_accumulation_frequency
         # Gradient accumulation makes each optimizer step see n local batches.
-        accumulation = cfg.train.gradient_accumulation_frequency
-        global_batch = self.shards.local_batch_size * dist.size * accumulation
+        global_batch = shards.local_batch_size * self.dist.size * accumulation
         # An epoch is one pass over the shard in whole steps (common.epochs).
         self.steps_per_epoch = epochs.batches_per_epoch(
-            len(self.shards.train_files), self.shards.local_batch_size, accumulation) // accumulation
+            len(shards.train_files), shards.local_batch_size, accumulation) // accumulation
         self.samples_per_epoch = self.steps_per_epoch * global_batch
         if self.steps_per_epoch == 0:
-            raise InputError(f"{len(self.shards.train_files)} training samples per rank make no whole step of "
-                             f"local batch {self.shards.local_batch_size} x accumulation {accumulation}")
-        if self.samples_per_epoch < self.shards.n_train:
+            raise InputError(f"{len(shards.train_files)} training samples per rank make no whole step of "
+                             f"local batch {shards.local_batch_size} x accumulation {accumulation}")
+        if self.samples_per_epoch < shards.n_train:
             self.print(f"[init] epoch: {self.steps_per_epoch} steps x global batch {global_batch} = "
-                       f"{self.samples_per_epoch} of {self.shards.n_train} samples; the rest of each rank's "
+                       f"{self.samples_per_epoch} of {shards.n_train} samples; the rest of each rank's "
                        f"shuffled shard is dropped each epoch (partial batches, as the reference's drop_last)")
+        return global_batch
 
+    def _build(self, global_batch: int):
+        cfg, dist, task = self.cfg, self.dist, self.task
+        precision = self.result.runtime["precision"]
         # Collective (registers a process set): every rank, same order.
-        bn_group = dist.rank_group(task.batchnorm_group_size(cfg), "batchnorm_group_size")
-        self.model = task.build_model(cfg, bn_group)
+        bn_group = dist.rank_group(task.batchnorm_group_size, "batchnorm_group_size")
+        with runtime_lib.dtype_policy(precision):
+            self.model = task.build_model(bn_group)
         self.result.num_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
         self.print(f"[init] model {self.model.name}: {self.result.num_params:,} trainable parameters")
         n_bn = len(batchnorm_statistics(self.model)) // 2
         if n_bn and dist.size > 1:
             self.print(f"[init] batch norm: running statistics of {n_bn} layers averaged over the "
                        f"{dist.size} ranks after every epoch")
-        optimizer, self.schedule = task.build_optimizer(cfg, global_batch, self.steps_per_epoch)
-        self.optimizer = runtime_lib.wrap_optimizer(optimizer)
+        optimizer, self.schedule = task.build_optimizer(global_batch, self.steps_per_epoch)
+        self.optimizer = runtime_lib.wrap_optimizer(optimizer, precision)   # fp16: dynamic loss scaling
         self.optimizer.build(self.model.trainable_variables)
-        self.loss_fn = task.loss(cfg)
-        self.metric = task.metric(cfg)
-        self.target = task.target(cfg)
-
+        self.loss_fn = task.build_losses()
+        self.metric = task.build_metrics()
+        self.target = task.target
         self.checkpointer = Checkpointer(self.output_dir / "checkpoints", self.model, self.optimizer,
                                          keep=cfg.train.keep_checkpoints, generators=random_generators(self.model))
         if dist.is_root:   # before any rank writes a part of a new checkpoint (collectives follow)
             self.checkpointer.remove_partial()
             if cfg.train.checkpoint_every or cfg.train.checkpoint_steps:
                 self.checkpointer.prepare()
-        self.start_epoch = 0
-        self.resumed_from = None
-        if cfg.train.resume or cfg.train.resume_from:
-            source = cfg.train.resume_from or self.checkpointer.latest()
+
+    def _restore_or_start(self):
+        t = self.cfg.train
+        if t.resume or t.resume_from:
+            source = t.resume_from or self.checkpointer.latest()
             # Rank 0 chooses for all: ranks that see the file system differently
             # must not resume from different epochs (and hang in the first collective).
-            source = dist.broadcast_object(None if source is None else str(source))
+            source = self.dist.broadcast_object(None if source is None else str(source))
             self._restore(source)
-        # Every rank starts from rank 0's weights and optimizer state.
-        self.dist.broadcast_variables(self.model.variables + self.optimizer.variables)
+        self.result.resumed_from = self.resumed_from
+
+    def _restore_rank_state(self):
         if self._rank_state is not None:
             # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
-            stats = batchnorm_statistics(self.model)
-            for i, v in enumerate(stats):
+            for i, v in enumerate(batchnorm_statistics(self.model)):
                 v.assign(self._rank_state[f"bn_{i}"])
 
-        self.result.resumed_from = self.resumed_from
-        self._build_steps()
+    def _run_info(self, global_batch: int) -> RunInfo:
+        cfg, dist, shards = self.cfg, self.dist, self.shards
         return RunInfo(
-            benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
+            benchmark=self.task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
             accelerators_per_node=runtime_lib.accelerators_per_node(self.result.runtime["device"], dist),
-            global_batch_size=global_batch, train_samples=self.shards.train_set_size or self.shards.n_train,
-            eval_samples=self.shards.n_valid,
-            hyperparameters=task.mlperf_hyperparameters(cfg, global_batch),
-            target_name=self.metric.name, target=self.target, resumed_from=self.resumed_from)
+            global_batch_size=global_batch, train_samples=shards.train_set_size or shards.n_train,
+            eval_samples=shards.n_valid, hyperparameters=self.task.mlperf_hyperparameters(global_batch),
+            target_name=self.metric.name, target=self.target, steps_per_epoch=self.steps_per_epoch,
+            n_epochs=cfg.train.n_epochs, resumed_from=self.resumed_from)
 
     def _restore(self, source):
         """Continues a run from a training checkpoint, or starts one from a model-only folder."""
@@ -232,71 +283,37 @@ class Trainer:
         self.events.on_caches_cleared(bool(failed == 0 and done > 0), int(done))
 
     def _build_steps(self):
+        """Traces the train and eval steps from the task's TensorSpecs: init work under the MLPerf
+        rules (graphs built, no training sample touched)."""
         cfg = self.cfg
         rt = cfg.runtime
         self.train_step = TrainStep(self.model, self.optimizer, self.loss_fn, self.dist,
                                     rt.gradient_compression, rt.xla, cfg.train.gradient_accumulation_frequency)
         self.eval_step = make_eval_step(self.model, self.metric, rt.xla)
+        specs = self.task.input_specs()
+        self.train_step.trace(specs)
+        self.eval_step.get_concrete_function(*specs)
 
-    def _trace(self, train_ds):
-        # Tracing builds the graphs without running them on any data, so it is
-        # init work under the MLPerf rules (no training sample is touched).
-        spec = train_ds.element_spec
-        self.train_step.trace(spec)
-        self.eval_step.get_concrete_function(*spec)
+    def _check_specs(self, train_ds):
+        """The graphs traced at init are the ones training runs: no tracing inside the timed region."""
+        declared, actual = tuple(self.task.input_specs()), tuple(train_ds.element_spec)
+        if any(d.shape != a.shape or d.dtype != a.dtype for d, a in zip(declared, actual)):
+            raise RuntimeError(f"{self.task.name}: input_specs() {declared} differ from the training "
+                               f"dataset's element_spec {actual}")
 
-    def _record_shards(self):
-        d = self.output_dir / "shards"
-        d.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(d / f"rank-{self.dist.rank:05d}.json",
-                          json.dumps({"rank": self.dist.rank, "host": self.dist.hostname,
-                                      "train": self.shards.train_files, "valid": self.shards.valid_files}))
-
-    def _stage(self):
-        cfg, dist = self.cfg, self.dist
-        # '{node}' / '{host}' in the path name a directory per node, for nodes
-        # that share a file system (or several "nodes" on one machine).
-        stage_dir = Path(cfg.staging.stage_dir.replace("{node}", str(dist.node_rank))
-                         .replace("{host}", dist.hostname))
-
-        def progress(done, total, nbytes):
-            self.print(f"[staging] rank 0: {done}/{total} files, {nbytes / 1e6:.1f} MB")
-
-        start = time.perf_counter()
-        options = dict(verify=cfg.staging.verify, threads=cfg.staging.threads)
-        train, st = stage_files(self.shards.train_files, stage_dir, cfg.staging.decompress, progress, **options)
-        valid, sv = stage_files(self.shards.valid_files, stage_dir, cfg.staging.decompress, progress, **options)
-        seconds = time.perf_counter() - start
-        # Staging ends when the slowest rank is done; bytes add up over ranks.
-        nbytes, nfiles, nskipped = dist.allreduce_sum([st.bytes + sv.bytes, st.files + sv.files,
-                                                       st.skipped + sv.skipped])
-        seconds = float(dist.allreduce_max([seconds])[0])
-        self.shards = dataclasses.replace(self.shards, train_files=train, valid_files=valid)
-        return {"files": int(nfiles), "skipped": int(nskipped), "bytes": int(nbytes), "seconds": seconds,
-                "gb_per_s": nbytes / 1e9 / seconds if seconds > 0 else 0.0}
+    def _staging_progress(self, done, total, nbytes):
+        if not self.dist.is_root:
+            return
+        if self._stage_bar is None:
+            self._stage_bar = Progress("staging", total, unit="files")
+        self._stage_bar.update(done, f"rank 0: {nbytes / 1e6:.1f} MB")
+        if done >= total:
+            self._stage_bar.close()
+            self._stage_bar = None
 
     # ------------------------------------------------------------------ loop
-    def run(self) -> RunResult:
+    def _train(self, train_ds, valid_ds, info) -> RunResult:
         cfg, events = self.cfg, self.events
-        events.on_init_start()
-        info = self._init()
-        train_ds, _ = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size,
-                                              self.position)
-        self._trace(train_ds)
-        events.on_init_stop(info)
-
-        if cfg.staging.stage_dir:
-            events.on_staging_start()
-            self.result.staging = self._stage()
-            events.on_staging_stop(self.result.staging)
-        if cfg.runtime.record_shards:
-            self._record_shards()  # the paths actually read, staged or not
-        train_ds, valid_ds = self.task.make_datasets(cfg, self.shards, self.dist.rank, self.dist.local_size,
-                                                     self.position)
-
-        if cfg.train.evaluate_only:
-            return self._evaluate_only(valid_ds)
-        self._clear_page_cache()
         events.on_run_start()
         self.run_started = True
         run_start = time.perf_counter()
@@ -359,6 +376,40 @@ class Trainer:
             self.result.characterization = self._characterize(train_ds.element_spec[0].shape[1:], info)
         return self.result
 
+    def _benchmark(self, train_ds, info) -> RunResult:
+        """Benchmark mode: the input pipeline alone, then train.benchmark_steps steps of the real
+        loop (staged files, input pipeline, allreduce, events), timed after the warm-up steps."""
+        t, dist = self.cfg.train, self.dist
+        accumulation = t.gradient_accumulation_frequency
+        # As many batches as the timed steps read, after the warm-up steps' worth.
+        input_rate = pipeline_samples_per_s(iter(train_ds), self.shards.local_batch_size,
+                                            t.benchmark_steps * accumulation,
+                                            warmup_batches=t.benchmark_warmup_steps * accumulation)
+        train_iter = iter(train_ds)
+        loss = None
+        for _ in range(t.benchmark_warmup_steps):
+            loss = self.train_step(train_iter)
+        if loss is not None:
+            float(loss)   # the warm-up steps are done before the clock starts
+        dist.barrier()
+        start = time.perf_counter()
+        for step in range(1, t.benchmark_steps + 1):
+            loss = self.train_step(train_iter)
+            self.global_step += 1
+            self.events.on_step(StepInfo(1, step, t.benchmark_steps, self.global_step))
+        float(loss)
+        seconds = float(dist.allreduce_max([time.perf_counter() - start])[0])
+        per_rank = t.benchmark_steps * self.shards.local_batch_size * accumulation / seconds
+        self.result.throughput = {
+            "steps": t.benchmark_steps, "warmup_steps": t.benchmark_warmup_steps, "seconds": seconds,
+            "samples_per_s_per_rank": per_rank, "samples_per_s": per_rank * dist.size,
+            "input_samples_per_s_per_rank": float(dist.allreduce_mean([input_rate])[0]),
+            "global_batch_size": info.global_batch_size, "ranks": dist.size,
+            "precision": self.result.runtime["precision"]}
+        self.result.status = "benchmarked"
+        self.result.weights_in_sync, self.result.weights_compared = self._weights_in_sync()
+        return self.result
+
     def _evaluate_only(self, valid_ds) -> RunResult:
         """One pass over the validation set with the model as restored (--evaluate); rank 0's
         report says the result (no run, so no run events)."""
@@ -374,8 +425,8 @@ class Trainer:
             model=self.model, dist=self.dist, sample_shape=sample_shape, history=self.result.history,
             staging=self.result.staging, global_batch_size=info.global_batch_size,
             compression=self.cfg.runtime.gradient_compression,
-            make_train_dataset=lambda: self.task.make_datasets(self.cfg, self.shards, self.dist.rank,
-                                                               self.dist.local_size)[0],
+            make_train_dataset=lambda: self.task.build_inputs(self.shards, self.dist.rank,
+                                                              self.dist.local_size)[0],
             local_batch_size=self.shards.local_batch_size, files_read=self.shards.train_files,
             samples_read=len(self.shards.train_files))
 
@@ -388,11 +439,16 @@ class Trainer:
         start = time.perf_counter()
         losses = self.epoch_losses   # the steps a resumed run did before, if any
         first = len(losses)
+        log_from, log_start = first, start   # the steps and time since the last TrainLog
         with self._naming_bad_files(self.shards.train_files):
             for step in range(first + 1, self.steps_per_epoch + 1):
                 # Keep the loss tensors: reading one would wait for its step.
                 losses.append(self.train_step(train_iter))
                 self.global_step += 1
+                self.events.on_step(StepInfo(epoch, step, self.steps_per_epoch, self.global_step))
+                if t.log_every_steps and self.global_step % t.log_every_steps == 0:
+                    self.events.on_train_log(self._train_log(epoch, losses[log_from:], log_start))
+                    log_from, log_start = len(losses), time.perf_counter()
                 if step == self.steps_per_epoch:
                     break   # the epoch's end checks and saves after its statistics are averaged
                 if t.checkpoint_steps and self.global_step % t.checkpoint_steps == 0:
@@ -408,6 +464,15 @@ class Trainer:
         return {"loss": loss, "seconds": seconds, "lr": self.schedule.at_step((epoch - 1) * self.steps_per_epoch),
                 "samples_per_s": self.samples_per_epoch * steps / self.steps_per_epoch / seconds}
 
+    def _train_log(self, epoch, losses, since) -> TrainLog:
+        """This rank's mean loss over `losses` (waits for the last step), the LR, samples/s since `since`."""
+        loss = float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
+        seconds = time.perf_counter() - since
+        samples = len(losses) * self.samples_per_epoch / self.steps_per_epoch
+        return TrainLog(epoch=epoch, global_step=self.global_step, loss=loss,
+                        lr=float(self.schedule.at_step(self.global_step - 1)),
+                        samples_per_s=samples / seconds if seconds > 0 else 0.0)
+
     def _evaluate(self, valid_ds) -> float:
         sums = np.zeros(self.metric.n_sums)   # a rank may hold no validation file
         with self._naming_bad_files(self.shards.valid_files):
@@ -421,24 +486,14 @@ class Trainer:
         try:
             yield
         except tf.errors.OpError:
-            found = self.task.find_bad_file(self.cfg, files) if self.task.find_bad_file else None
+            found = self.task.find_bad_file(files)
             if found:
                 raise InputError(found) from None
             raise
 
     def _weights_in_sync(self) -> tuple[bool, int]:
-        """All ranks must end with identical variables; a cheap fingerprint checks it.
-
-        All of them, not only the trainable ones: batch-norm running statistics
-        that drifted apart (evaluation differs per rank, the checkpoint holds
-        rank 0's) show up here. Returns (in sync, number of values compared).
-        """
-        flat = [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in self.model.variables]
-        w = tf.concat(flat, 0).numpy()
-        probe = np.random.default_rng(1234).standard_normal(w.shape[0])
-        fingerprint = np.array([w.sum(), np.abs(w).sum(), float(w @ probe)])
-        gathered = self.dist.allgather(fingerprint)
-        return bool(np.all(gathered == gathered[0])), int(w.shape[0])
+        """All ranks must end with identical variables, batch-norm statistics included (common.fingerprint)."""
+        return variables_in_sync(self.model.variables, self.dist)
 
 
 def write_summary(result: RunResult, path, extra: dict) -> None:

@@ -4,7 +4,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from common.errors import ConfigError
-from common.run_config import MLPerfConfig, RuntimeConfig, StagingConfig, TrainLoopConfig, check_shared_sections
+from common.base_config import BaseConfig, TrainLoopConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,20 +53,17 @@ class OptimizerConfig:
     weight_decay: float = 0.0             # opt_weight_decay: L2 on the two hidden Dense layers
 
 
-@dataclasses.dataclass(frozen=True)
-class CosmoFlowConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CosmoFlowConfig(BaseConfig):
     output_dir: str = "runs/cosmoflow"
     target_mae: float = 0.124
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     train: TrainLoopConfig = TrainLoopConfig(n_epochs=128, global_batch_size=64)
-    staging: StagingConfig = StagingConfig()
-    runtime: RuntimeConfig = RuntimeConfig()
-    mlperf: MLPerfConfig = MLPerfConfig()
 
     def validate(self) -> None:
-        check_shared_sections(self)
+        super().validate()
         d, m = self.data, self.model
         if not d.data_dir:
             raise ConfigError("config key 'data.data_dir' is not set (use --data-dir)")

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.checkpoint import find_run_config, restore_model_weights
-from common import config as config_lib
+from common import config_loading as config_lib
 from common.errors import InputError
 from common.files import write_text_atomic
 from cosmoflow import data

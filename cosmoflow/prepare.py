@@ -14,13 +14,13 @@ import argparse
 import multiprocessing
 import os
 import sys
-import time
 import zlib
 from pathlib import Path
 
 import numpy as np
 
 from common.errors import InputError
+from common.progress import Progress, progress_stream
 
 
 def split_universe(full: np.ndarray, sub: int):
@@ -67,8 +67,12 @@ def _prepare_one(job):
 
 
 def prepare(input_dir, output_dir, sub: int = 128, valid_fraction: float = 0.1, gzip: bool = True,
-            workers: int = 0, progress=print) -> dict:
-    """Converts every *.h5/*.hdf5 in input_dir; returns {'train': n, 'validation': n}."""
+            workers: int = 0, progress=None) -> dict:
+    """Converts every *.h5/*.hdf5 in input_dir; returns {'train': n, 'validation': n}.
+
+    `progress`: None prints on stdout (a bar on a terminal, else a line every
+    30 s, then a summary line); a function of one line gets the lines instead.
+    """
     src = Path(input_dir)
     if not src.is_dir():
         raise InputError(f"input directory not found: {src}")
@@ -83,15 +87,14 @@ def prepare(input_dir, output_dir, sub: int = 128, valid_fraction: float = 0.1, 
         jobs.append((path, str(split_dir), sub, gzip))
     counts = {"train": 0, "validation": 0}
     workers = workers or min(len(os.sched_getaffinity(0)), len(jobs))
-    start = time.time()
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    with multiprocessing.get_context("spawn").Pool(workers) as pool, \
+            Progress("prepare", len(jobs), unit="universes", stream=progress_stream(progress)) as bar:
         for done, (path, n, error) in enumerate(pool.imap_unordered(_prepare_one, jobs), start=1):
             if error:
                 pool.terminate()
                 raise InputError(f"{path}: {error}")
             counts[split_of[path]] += n
-            progress(f"[prepare] {done}/{len(jobs)} universes, {sum(counts.values())} samples, "
-                     f"{time.time() - start:.1f} s")
+            bar.update(done, extra=f"{sum(counts.values())} samples")
     return counts
 
 

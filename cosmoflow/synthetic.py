@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.datagen import already_written, write_files
+from offline.datagen import already_written, write_files
 
 FORMAT_VERSION = 1  # bump when the generator's output changes
 GROWTH = np.array([0.55, 0.7, 0.85, 1.0])  # amplitude of each channel ("redshift")
@@ -73,15 +73,16 @@ def _write_one(job) -> int:
 
 
 def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, gzip: bool = True,
-             workers: int = 0, progress=print) -> None:
+             workers: int = 0, progress=None) -> None:
     """Writes DATA/train/*.tfrecord and DATA/validation/*.tfrecord, one sample per file.
 
     Returns at once if `output_dir` already holds a complete data set made with
-    the same arguments (a marker file is written last).
+    the same arguments (a marker file is written last). `progress`: None prints
+    on stdout (a bar on a terminal), a function of one line gets the lines instead.
     """
     spec = dict(size=size, n_train=n_train, n_valid=n_valid, seed=seed, gzip=gzip, version=FORMAT_VERSION)
     if already_written(output_dir, spec):
-        progress(f"[synthetic] {output_dir} already holds this data set; nothing to do")
+        (progress or print)(f"[synthetic] {output_dir} already holds this data set; nothing to do")
         return
     rng = np.random.default_rng(seed)
     jobs = []

@@ -1,4 +1,4 @@
-"""CosmoFlow as a Task for the common trainer: single-replica view of training."""
+"""CosmoFlow bound to its config for the common trainer: the single-replica view of training."""
 
 import numpy as np
 import tensorflow as tf
@@ -6,15 +6,16 @@ import tensorflow as tf
 from common import epochs
 from common.lr_schedules import EpochWarmupStepDecay, scale_lr
 from common.memory import fits_in_memory
-from common.run_config import check_global_batch
+from common.base_config import check_global_batch
 from common.sharding import check_divisible, list_files, select_and_shard
-from common.task import EvalMetric, Flag, Shards, Task
+from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from cosmoflow import data, model
 from cosmoflow.config import CosmoFlowConfig
 
 # The reference's flag names, each mapped onto the config key it overrides.
 FLAGS = (
-    Flag(("--output-dir", "-o"), "output_dir", "run directory (log, config, checkpoints)"),
+    Flag(("--output-dir", "-o"), "output_dir", "output directory (log, config, checkpoints go to its run_tag folder)"),
+    Flag(("--run-tag",), "run_tag", "the run's folder inside the output directory (default: none)"),
     Flag(("--data-dir",), "data.data_dir", "directory with train/ and validation/"),
     Flag(("--n-train",), "data.n_train", "training samples"),
     Flag(("--n-valid",), "data.n_valid", "validation samples"),
@@ -39,38 +40,101 @@ FLAGS = (
 )
 
 
-def shard(cfg: CosmoFlowConfig, rank: int, size: int) -> Shards:
-    d = cfg.data
-    check_global_batch(cfg, d.batch_size * size * cfg.train.gradient_accumulation_frequency, d.batch_size, size)
-    check_divisible(d.n_train, size, d.batch_size, "n_train", cfg.train.gradient_accumulation_frequency)
-    check_divisible(d.n_valid, size, d.batch_size, "n_valid")
-    train = list_files(f"{d.data_dir}/train", data.SUFFIXES)
-    valid = list_files(f"{d.data_dir}/validation", data.SUFFIXES)
-    seed = cfg.train.seed
-    return Shards(train_files=select_and_shard(train, d.n_train, rank, size, seed, "n_train"),
-                  valid_files=select_and_shard(valid, d.n_valid, rank, size, seed + 1, "n_valid"),
-                  n_train=d.n_train, n_valid=d.n_valid, local_batch_size=d.batch_size)
+class CosmoFlowTask(Task):
+    """CosmoFlow: 3D CNN regressing 4 cosmological parameters, MSE loss, validation MAE."""
+    name = "cosmoflow"
+    config_class = CosmoFlowConfig
+    flags = FLAGS
 
+    @classmethod
+    def tiny_overrides(cls, cfg) -> dict:
+        # Batch 1 on 8 samples (any rank count up to 8), a 2-filter model.
+        return {**TINY_LOOP, "data.batch_size": 1, "data.n_train": 8, "data.n_valid": 8, "model.conv_size": 2}
 
-def make_datasets(cfg: CosmoFlowConfig, shards: Shards, rank: int, local_size: int,
-                  start: epochs.Position = epochs.Position()):
-    d = cfg.data
-    sample_bytes = int(np.prod(d.sample_shape)) * 2
-    n_local = len(shards.train_files) + len(shards.valid_files)
-    cache = {"true": True, "false": False}.get(cfg.staging.cache)
-    if cache is None:
-        cache = fits_in_memory(n_local * sample_bytes, local_size)
-    common = dict(sample_shape=d.sample_shape, batch_size=d.batch_size, transform=d.transform,
-                  cache=cache, parallelism=d.read_parallelism, prefetch=d.prefetch)
-    train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
-                              compression=data.resolve_compression(d.compression, shards.train_files),
-                              start=start,
-                              deterministic=cfg.runtime.deterministic, **common,
-                              batches_per_epoch=epochs.batches_per_epoch(
-                                  len(shards.train_files), d.batch_size, cfg.train.gradient_accumulation_frequency))
-    valid = data.make_dataset(shards.valid_files, training=False,
-                              compression=data.resolve_compression(d.compression, shards.valid_files), **common)
-    return train, valid
+    @property
+    def local_batch_size(self) -> int:
+        return self.cfg.data.batch_size
+
+    def shard(self, rank: int, size: int) -> Shards:
+        cfg, d = self.cfg, self.cfg.data
+        check_global_batch(cfg, d.batch_size * size * cfg.train.gradient_accumulation_frequency, d.batch_size, size)
+        check_divisible(d.n_train, size, d.batch_size, "n_train", cfg.train.gradient_accumulation_frequency)
+        check_divisible(d.n_valid, size, d.batch_size, "n_valid")
+        train = list_files(f"{d.data_dir}/train", data.SUFFIXES)
+        valid = list_files(f"{d.data_dir}/validation", data.SUFFIXES)
+        seed = cfg.train.seed
+        return Shards(train_files=select_and_shard(train, d.n_train, rank, size, seed, "n_train"),
+                      valid_files=select_and_shard(valid, d.n_valid, rank, size, seed + 1, "n_valid"),
+                      n_train=d.n_train, n_valid=d.n_valid, local_batch_size=d.batch_size)
+
+    def input_specs(self) -> tuple:
+        d = self.cfg.data
+        return (tf.TensorSpec((d.batch_size, *d.sample_shape), tf.float32),
+                tf.TensorSpec((d.batch_size, 4), tf.float32))
+
+    def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None):
+        cfg, d = self.cfg, self.cfg.data
+        sample_bytes = int(np.prod(d.sample_shape)) * 2
+        n_local = len(shards.train_files) + len(shards.valid_files)
+        cache = {"true": True, "false": False}.get(cfg.staging.cache)
+        if cache is None:
+            cache = fits_in_memory(n_local * sample_bytes, local_size)
+        common = dict(sample_shape=d.sample_shape, batch_size=d.batch_size, transform=d.transform,
+                      cache=cache, parallelism=d.read_parallelism, prefetch=d.prefetch)
+        train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
+                                  compression=data.resolve_compression(d.compression, shards.train_files),
+                                  start=start or epochs.Position(), deterministic=cfg.runtime.deterministic,
+                                  batches_per_epoch=epochs.batches_per_epoch(
+                                      len(shards.train_files), d.batch_size, cfg.train.gradient_accumulation_frequency),
+                                  **common)
+        valid = data.make_dataset(shards.valid_files, training=False,
+                                  compression=data.resolve_compression(d.compression, shards.valid_files), **common)
+        return train, valid
+
+    def find_bad_file(self, files):
+        return data.find_bad_file(files, self.cfg.data.sample_shape)
+
+    def build_model(self, bn_group):
+        del bn_group   # no batch norm
+        return model.from_config(self.cfg)
+
+    def build_losses(self):
+        return mean_squared_error
+
+    def build_metrics(self) -> EvalMetric:
+        return mean_absolute_error()
+
+    def build_optimizer(self, global_batch_size: int, steps_per_epoch: int):
+        o = self.cfg.optimizer
+        peak, start = learning_rates(self.cfg, global_batch_size)
+        schedule = EpochWarmupStepDecay(peak_lr=peak, init_lr=start, warmup_epochs=o.warmup_epochs,
+                                        boundaries=o.decay_boundary_epochs, factors=o.decay_factors,
+                                        steps_per_epoch=steps_per_epoch)
+        return tf.keras.optimizers.SGD(learning_rate=schedule, momentum=o.momentum), schedule
+
+    @property
+    def target(self) -> float:
+        return self.cfg.target_mae
+
+    def mlperf_hyperparameters(self, global_batch_size: int) -> dict:
+        """What this run does, under the names of the RCP table (rcps_cosmoflow.json).
+
+        The warmup factor is the LR after warmup over the LR warmup starts from (the
+        reference's global / base batch); with no warmup epochs it only tells the
+        scaling, as in the reference's logs.
+        """
+        cfg, o = self.cfg, self.cfg.optimizer
+        peak, start = learning_rates(cfg, global_batch_size)
+        return {
+            "opt_name": o.name,
+            "opt_base_learning_rate": peak,
+            "opt_learning_rate_warmup_epochs": o.warmup_epochs,
+            "opt_learning_rate_warmup_factor": peak / start,
+            "opt_learning_rate_decay_boundary_epochs": list(o.decay_boundary_epochs),
+            "opt_learning_rate_decay_factor": list(o.decay_factors),
+            "dropout": cfg.model.dropout,
+            "opt_weight_decay": o.weight_decay,
+        }
 
 
 def learning_rates(cfg: CosmoFlowConfig, global_batch_size: int) -> tuple[float, float]:
@@ -88,62 +152,15 @@ def learning_rates(cfg: CosmoFlowConfig, global_batch_size: int) -> tuple[float,
     return peak, start
 
 
-def build_optimizer(cfg: CosmoFlowConfig, global_batch_size: int, steps_per_epoch: int):
-    o = cfg.optimizer
-    peak, start = learning_rates(cfg, global_batch_size)
-    schedule = EpochWarmupStepDecay(peak_lr=peak, init_lr=start, warmup_epochs=o.warmup_epochs,
-                                    boundaries=o.decay_boundary_epochs, factors=o.decay_factors,
-                                    steps_per_epoch=steps_per_epoch)
-    return tf.keras.optimizers.SGD(learning_rate=schedule, momentum=o.momentum), schedule
+def mean_squared_error(y, pred):
+    return tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - y))
 
 
-def loss(cfg):
-    del cfg
-    return lambda y, pred: tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - y))
-
-
-def metric(cfg) -> EvalMetric:
+def mean_absolute_error() -> EvalMetric:
     """Mean absolute error over all samples and the 4 parameters (lower is better)."""
-    del cfg
     return EvalMetric(
         name="eval_error",
-        update=lambda y, pred: tf.stack([tf.reduce_sum(tf.abs(pred - y)), tf.cast(tf.size(y), tf.float32)]),
+        update=lambda y, pred: tf.stack([tf.reduce_sum(tf.abs(tf.cast(pred, tf.float32) - y)),
+                                         tf.cast(tf.size(y), tf.float32)]),
         finalize=lambda sums: float(sums[0] / sums[1]),
         lower_is_better=True)
-
-
-def mlperf_hyperparameters(cfg: CosmoFlowConfig, global_batch_size: int) -> dict:
-    """What this run does, under the names of the RCP table (rcps_cosmoflow.json).
-
-    The warmup factor is the LR after warmup over the LR warmup starts from (the
-    reference's global / base batch); with no warmup epochs it only tells the
-    scaling, as in the reference's logs.
-    """
-    o = cfg.optimizer
-    peak, start = learning_rates(cfg, global_batch_size)
-    return {
-        "opt_name": o.name,
-        "opt_base_learning_rate": peak,
-        "opt_learning_rate_warmup_epochs": o.warmup_epochs,
-        "opt_learning_rate_warmup_factor": peak / start,
-        "opt_learning_rate_decay_boundary_epochs": list(o.decay_boundary_epochs),
-        "opt_learning_rate_decay_factor": list(o.decay_factors),
-        "dropout": cfg.model.dropout,
-        "opt_weight_decay": o.weight_decay,
-    }
-
-
-TASK = Task(
-    name="cosmoflow",
-    config_class=CosmoFlowConfig,
-    flags=FLAGS,
-    shard=shard,
-    make_datasets=make_datasets,
-    build_model=lambda cfg, bn_group: model.from_config(cfg),  # no batch norm
-    build_optimizer=build_optimizer,
-    loss=loss,
-    metric=metric,
-    target=lambda cfg: cfg.target_mae,
-    mlperf_hyperparameters=mlperf_hyperparameters,
-    find_bad_file=lambda cfg, files: data.find_bad_file(files, cfg.data.sample_shape),
-)

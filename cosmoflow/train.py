@@ -1,7 +1,7 @@
 """Train CosmoFlow.
 
   python cosmoflow/train.py cosmoflow/configs/cosmoflow_synthetic_cpu.yaml --data-dir data/cosmo
-  horovodrun -np 4 python cosmoflow/train.py CONFIG ...      # or mpirun / srun
+  horovodrun -np 4 python cosmoflow/train.py [CONFIG] ...      # or mpirun / srun
 """
 
 import os
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from common.launch import main  # noqa: E402
-from cosmoflow.task import TASK  # noqa: E402
+from cosmoflow.task import CosmoFlowTask  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(TASK))
+    sys.exit(main(CosmoFlowTask))

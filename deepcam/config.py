@@ -4,7 +4,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from common.errors import ConfigError
-from common.run_config import MLPerfConfig, RuntimeConfig, StagingConfig, TrainLoopConfig, check_shared_sections
+from common.base_config import BaseConfig, TrainLoopConfig
 
 N_CHANNELS = 16          # fields per sample in the public data set
 N_CLASSES = 3            # background, tropical cyclone, atmospheric river
@@ -58,21 +58,17 @@ class OptimizerConfig:
     lr_schedule: LRScheduleConfig = LRScheduleConfig(milestones=(800,))
 
 
-@dataclasses.dataclass(frozen=True)
-class DeepCAMConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeepCAMConfig(BaseConfig):
     output_dir: str = "runs/deepcam"
-    run_tag: str = ""                     # the run's folder inside output_dir (reference flag)
     target_iou: float = 0.82
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     train: TrainLoopConfig = TrainLoopConfig(n_epochs=64, seed=333)
-    staging: StagingConfig = StagingConfig()
-    runtime: RuntimeConfig = RuntimeConfig()
-    mlperf: MLPerfConfig = MLPerfConfig()
 
     def validate(self) -> None:
-        check_shared_sections(self)
+        super().validate()
         d, m, o = self.data, self.model, self.optimizer
         if not d.data_dir:
             raise ConfigError("config key 'data.data_dir' is not set (use --data_dir_prefix)")

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.checkpoint import find_run_config, restore_model_weights
-from common import config as config_lib
+from common import config_loading as config_lib
 from common.errors import InputError
 from deepcam import data, task
 from deepcam.config import N_CLASSES, DeepCAMConfig

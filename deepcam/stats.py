@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 from common.errors import InputError
+from common.progress import Progress, progress_stream
 from common.sharding import list_files
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES
 
@@ -45,17 +46,25 @@ def _combine(a: dict, b: dict) -> dict:
             "sum": a["sum"] + b["sum"], "sqsum": a["sqsum"] + b["sqsum"], "count": a["count"] + b["count"]}
 
 
-def compute_stats(data_dir, workers: int = 0, print_fn=print) -> Path:
-    """Writes DATA/stats.h5 from the files in DATA/train; returns its path."""
+def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
+    """Writes DATA/stats.h5 from the files in DATA/train; returns its path.
+
+    `print_fn`: None prints on stdout (a bar on a terminal, else a line every
+    30 s, then the summary); a function of one line gets the lines instead.
+    """
     files = list_files(Path(data_dir) / "train", SUFFIXES)
-    workers = workers or min(len(os.sched_getaffinity(0)), 16)
-    chunks = [files[i::workers] for i in range(workers) if files[i::workers]]
+    workers = min(workers or min(len(os.sched_getaffinity(0)), 16), len(files))
+    # One task per file, handed out in chunks: the workers share the files as
+    # they free up, and progress moves file by file instead of once per worker
+    # at the very end.
+    chunksize = max(1, len(files) // (workers * 16))
     start = time.perf_counter()
     total = None
-    with multiprocessing.get_context("spawn").Pool(len(chunks)) as pool:
-        for done, part in enumerate(pool.imap_unordered(_partial, chunks), 1):
+    with multiprocessing.get_context("spawn").Pool(workers) as pool, \
+            Progress("stats", len(files), unit="files", stream=progress_stream(print_fn)) as bar:
+        for done, part in enumerate(pool.imap_unordered(_partial, [[path] for path in files], chunksize), 1):
             total = part if total is None else _combine(total, part)
-            print_fn(f"[stats] {done}/{len(chunks)} worker(s) done")
+            bar.update(done)
     mean = total["sum"] / total["count"]
     sqmean = total["sqsum"] / total["count"]
     out = Path(data_dir) / STATS_FILE
@@ -65,7 +74,8 @@ def compute_stats(data_dir, workers: int = 0, print_fn=print) -> Path:
         g["minval"], g["maxval"] = total["min"], total["max"]
         g["mean"], g["sqmean"], g["count"] = mean, sqmean, total["count"]
     os.replace(tmp, out)
-    print_fn(f"[stats] {len(files)} files, {len(mean)} channels -> {out} ({time.perf_counter() - start:.1f} s)")
+    (print_fn or print)(f"[stats] {len(files)} files, {len(mean)} channels -> {out} "
+                        f"({time.perf_counter() - start:.1f} s)")
     return out
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from common.datagen import already_written, write_files
+from offline.datagen import already_written, write_files
 from deepcam.config import N_CHANNELS
 from deepcam.layout import DATA_KEY, LABEL_KEY, STATS_FILE
 from deepcam.stats import compute_stats
@@ -122,14 +122,18 @@ def _write_one(job) -> int:
 
 def generate(output_dir, height: int, width: int, n_train: int, n_valid: int, seed: int = 0,
              cyclone_fraction: float = REAL_FRACTIONS[1], river_fraction: float = REAL_FRACTIONS[2],
-             label_dtype: str = "float32", workers: int = 0, progress=print) -> None:
-    """Writes DATA/train/*.h5, DATA/validation/*.h5 and DATA/stats.h5 (idempotent)."""
+             label_dtype: str = "float32", workers: int = 0, progress=None) -> None:
+    """Writes DATA/train/*.h5, DATA/validation/*.h5 and DATA/stats.h5 (idempotent).
+
+    `progress`: None prints on stdout (a bar on a terminal), a function of one
+    line gets the lines instead.
+    """
     spec = dict(height=height, width=width, n_train=n_train, n_valid=n_valid, seed=seed,
                 cyclone_fraction=cyclone_fraction, river_fraction=river_fraction, label_dtype=label_dtype,
                 version=FORMAT_VERSION)
     stats = Path(output_dir) / STATS_FILE
     if already_written(output_dir, spec) and stats.exists():
-        progress(f"[synthetic] {output_dir} already holds this data set; nothing to do")
+        (progress or print)(f"[synthetic] {output_dir} already holds this data set; nothing to do")
         return
     rng = np.random.default_rng(seed)
     jobs = []

@@ -7,9 +7,9 @@ from common.errors import InputError
 from common.lr_schedules import StepWarmupSchedule
 from common.memory import fits_in_memory
 from common.optimizers import LAMB, AdamL2
-from common.run_config import check_global_batch
+from common.base_config import check_global_batch
 from common.sharding import list_files, select_and_shard
-from common.task import EvalMetric, Flag, Shards, Task
+from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
 from deepcam.config import N_CLASSES, DeepCAMConfig
 from deepcam.layout import SUFFIXES
@@ -81,68 +81,133 @@ FLAGS = (
 )
 
 
-def shard(cfg: DeepCAMConfig, rank: int, size: int) -> Shards:
-    """Training: all files (data.n_train: 0) rounded down to a multiple of the ranks, as the
-    reference's sampler drops the remainder; the full count is logged as train_samples.
-    Validation: every file once, the first ranks taking one more when it does not divide."""
-    d = cfg.data
-    check_global_batch(cfg, d.local_batch_size * size * cfg.train.gradient_accumulation_frequency,
-                       d.local_batch_size, size)
-    train = list_files(f"{d.data_dir}/train", SUFFIXES)
-    valid = list_files(f"{d.data_dir}/validation", SUFFIXES)
-    if d.n_train and d.n_train % size:
-        raise InputError(f"data.n_train={d.n_train} is not divisible by the {size} ranks; "
-                         f"use a multiple of {size} (or 0: all files)")
-    train_set = d.n_train or len(train)
-    n_train = train_set // size * size
-    per_step = size * d.local_batch_size * cfg.train.gradient_accumulation_frequency
-    if n_train < per_step:
-        raise InputError(f"data.n_train={n_train} is smaller than one global batch ({per_step} samples: "
-                         f"{size} ranks x local batch {d.local_batch_size} x accumulation "
-                         f"{cfg.train.gradient_accumulation_frequency})")
-    n_valid = d.n_valid or len(valid)
-    seed = cfg.train.seed
-    return Shards(train_files=select_and_shard(train, n_train, rank, size, seed, "data.n_train"),
-                  valid_files=select_and_shard(valid, n_valid, rank, size, seed + 1, "data.n_valid", even=False),
-                  n_train=n_train, n_valid=n_valid, local_batch_size=d.local_batch_size,
-                  train_set_size=train_set)
+class DeepCAMTask(Task):
+    """DeepCAM: DeepLabv3+ segmentation of climate fields, weighted cross-entropy, validation IoU."""
+    name = "deepcam"
+    config_class = DeepCAMConfig
+    flags = FLAGS
 
+    @classmethod
+    def tiny_overrides(cls, cfg) -> dict:
+        # Batch 1 on 8 samples, a 1/16-width model with one middle block, no warmup.
+        return {**TINY_LOOP, "data.local_batch_size": 1, "data.n_train": 8, "data.n_valid": 4,
+                "model.width": 0.0625, "model.middle_blocks": 1, "optimizer.lr_warmup_steps": 0}
 
-def make_datasets(cfg: DeepCAMConfig, shards: Shards, rank: int, local_size: int,
-                  start: epochs.Position = epochs.Position()):
-    d = cfg.data
-    sample_bytes = d.height * d.width * (len(d.channels) * 4 + 4)
-    cache = {"true": True, "false": False}.get(cfg.staging.cache)
-    if cache is None:
-        cache = fits_in_memory((len(shards.train_files) + len(shards.valid_files)) * sample_bytes, local_size)
-    common = dict(data_dir=d.data_dir, channels=d.channels, height=d.height, width=d.width,
-                  batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache)
-    train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
-                              start=start,
-                              deterministic=cfg.runtime.deterministic, **common,
-                              batches_per_epoch=epochs.batches_per_epoch(
-                                  len(shards.train_files), d.local_batch_size,
-                                  cfg.train.gradient_accumulation_frequency))
-    valid = data.make_dataset(shards.valid_files, training=False, **common)
-    return train, valid
+    @property
+    def local_batch_size(self) -> int:
+        return self.cfg.data.local_batch_size
+
+    def shard(self, rank: int, size: int) -> Shards:
+        """Training: all files (data.n_train: 0) rounded down to a multiple of the ranks, as the
+        reference's sampler drops the remainder; the full count is logged as train_samples.
+        Validation: every file once, the first ranks taking one more when it does not divide."""
+        cfg, d = self.cfg, self.cfg.data
+        accumulation = cfg.train.gradient_accumulation_frequency
+        check_global_batch(cfg, d.local_batch_size * size * accumulation, d.local_batch_size, size)
+        train = list_files(f"{d.data_dir}/train", SUFFIXES)
+        valid = list_files(f"{d.data_dir}/validation", SUFFIXES)
+        if d.n_train and d.n_train % size:
+            raise InputError(f"data.n_train={d.n_train} is not divisible by the {size} ranks; "
+                             f"use a multiple of {size} (or 0: all files)")
+        train_set = d.n_train or len(train)
+        n_train = train_set // size * size
+        per_step = size * d.local_batch_size * accumulation
+        if n_train < per_step:
+            raise InputError(f"data.n_train={n_train} is smaller than one global batch ({per_step} samples: "
+                             f"{size} ranks x local batch {d.local_batch_size} x accumulation {accumulation})")
+        n_valid = d.n_valid or len(valid)
+        seed = cfg.train.seed
+        return Shards(train_files=select_and_shard(train, n_train, rank, size, seed, "data.n_train"),
+                      valid_files=select_and_shard(valid, n_valid, rank, size, seed + 1, "data.n_valid",
+                                                   even=False),
+                      n_train=n_train, n_valid=n_valid, local_batch_size=d.local_batch_size,
+                      train_set_size=train_set)
+
+    def input_specs(self) -> tuple:
+        d = self.cfg.data
+        return (tf.TensorSpec((d.local_batch_size, d.height, d.width, len(d.channels)), tf.float32),
+                tf.TensorSpec((d.local_batch_size, d.height, d.width), tf.int32))
+
+    def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None):
+        cfg, d = self.cfg, self.cfg.data
+        sample_bytes = d.height * d.width * (len(d.channels) * 4 + 4)
+        cache = {"true": True, "false": False}.get(cfg.staging.cache)
+        if cache is None:
+            cache = fits_in_memory((len(shards.train_files) + len(shards.valid_files)) * sample_bytes, local_size)
+        common = dict(data_dir=d.data_dir, channels=d.channels, height=d.height, width=d.width,
+                      batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache)
+        train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
+                                  start=start or epochs.Position(), deterministic=cfg.runtime.deterministic,
+                                  batches_per_epoch=epochs.batches_per_epoch(
+                                      len(shards.train_files), d.local_batch_size,
+                                      cfg.train.gradient_accumulation_frequency),
+                                  **common)
+        valid = data.make_dataset(shards.valid_files, training=False, **common)
+        return train, valid
+
+    def find_bad_file(self, files):
+        d = self.cfg.data
+        return data.find_bad_file(files, d.channels, d.height, d.width)
+
+    @property
+    def batchnorm_group_size(self) -> int:
+        return self.cfg.model.batchnorm_group_size
+
+    def build_model(self, bn_group):
+        return model.from_config(self.cfg, bn_group)
+
+    def build_losses(self):
+        return weighted_cross_entropy
+
+    def build_metrics(self) -> EvalMetric:
+        return mean_iou()
+
+    def build_optimizer(self, global_batch_size: int, steps_per_epoch: int):
+        del global_batch_size, steps_per_epoch   # DeepCAM's schedule counts steps; no LR scaling rule
+        o = self.cfg.optimizer
+        schedule = build_schedule(self.cfg)
+        common = dict(learning_rate=schedule, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
+        if o.name == "Adam":
+            return AdamL2(l2=o.weight_decay, **common), schedule
+        if o.name == "AdamW":
+            return tf.keras.optimizers.AdamW(weight_decay=o.weight_decay, **common), schedule
+        return LAMB(weight_decay_rate=o.weight_decay, max_grad_norm=o.max_grad_norm, **common), schedule
+
+    @property
+    def target(self) -> float:
+        return self.cfg.target_iou
+
+    def mlperf_hyperparameters(self, global_batch_size: int) -> dict:
+        del global_batch_size
+        cfg = self.cfg
+        o, s = cfg.optimizer, cfg.optimizer.lr_schedule
+        keys = {
+            "batchnorm_group_size": cfg.model.batchnorm_group_size,
+            "gradient_accumulation_frequency": cfg.train.gradient_accumulation_frequency,
+            "opt_name": o.name,
+            "opt_lr": o.start_lr,
+            "opt_betas": list(o.betas),
+            "opt_eps": o.eps,
+            "opt_weight_decay": o.weight_decay,
+        }
+        if o.name == "LAMB":
+            keys |= {"opt_bias_correction": True, "opt_grad_averaging": True, "opt_max_grad_norm": o.max_grad_norm}
+        # The reference logs every key of its --lr_schedule argument, whose
+        # decay_rate is there for cosine annealing too (rcps_deepcam.json, batch 128).
+        keys |= {"scheduler_type": s.type, "scheduler_decay_rate": s.decay_rate}
+        if s.type == "multistep":
+            keys |= {"scheduler_milestones": list(s.milestones)}
+        else:
+            keys |= {"scheduler_t_max": s.t_max, "scheduler_eta_min": s.eta_min}
+        keys |= {"scheduler_lr_warmup_steps": o.lr_warmup_steps,
+                 "scheduler_lr_warmup_factor": o.lr_warmup_factor}
+        return keys
 
 
 def build_schedule(cfg: DeepCAMConfig) -> StepWarmupSchedule:
     o, s = cfg.optimizer, cfg.optimizer.lr_schedule
     return StepWarmupSchedule(s.type, o.start_lr, o.lr_warmup_steps, o.lr_warmup_factor,
                               milestones=s.milestones, decay_rate=s.decay_rate, t_max=s.t_max, eta_min=s.eta_min)
-
-
-def build_optimizer(cfg: DeepCAMConfig, global_batch_size: int, steps_per_epoch: int):
-    del global_batch_size, steps_per_epoch   # DeepCAM's schedule counts steps; no LR scaling rule
-    o = cfg.optimizer
-    schedule = build_schedule(cfg)
-    common = dict(learning_rate=schedule, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
-    if o.name == "Adam":
-        return AdamL2(l2=o.weight_decay, **common), schedule
-    if o.name == "AdamW":
-        return tf.keras.optimizers.AdamW(weight_decay=o.weight_decay, **common), schedule
-    return LAMB(weight_decay_rate=o.weight_decay, max_grad_norm=o.max_grad_norm, **common), schedule
 
 
 def weighted_cross_entropy(labels, logits):
@@ -169,53 +234,10 @@ def _iou_sums(labels, logits):
     return tf.stack([tf.reduce_sum(scores), tf.cast(tf.size(scores), tf.float32)])
 
 
-def metric(cfg) -> EvalMetric:
+def mean_iou() -> EvalMetric:
     """Validation IoU averaged over samples of all ranks (higher is better)."""
-    del cfg
     return EvalMetric(
         name="eval_accuracy",
         update=_iou_sums,
         finalize=lambda sums: float(sums[0] / sums[1]),
         lower_is_better=False)
-
-
-def mlperf_hyperparameters(cfg: DeepCAMConfig, global_batch_size: int) -> dict:
-    del global_batch_size
-    o, s = cfg.optimizer, cfg.optimizer.lr_schedule
-    keys = {
-        "batchnorm_group_size": cfg.model.batchnorm_group_size,
-        "gradient_accumulation_frequency": cfg.train.gradient_accumulation_frequency,
-        "opt_name": o.name,
-        "opt_lr": o.start_lr,
-        "opt_betas": list(o.betas),
-        "opt_eps": o.eps,
-        "opt_weight_decay": o.weight_decay,
-    }
-    if o.name == "LAMB":
-        keys |= {"opt_bias_correction": True, "opt_grad_averaging": True, "opt_max_grad_norm": o.max_grad_norm}
-    # The reference logs every key of its --lr_schedule argument, whose
-    # decay_rate is there for cosine annealing too (rcps_deepcam.json, batch 128).
-    keys |= {"scheduler_type": s.type, "scheduler_decay_rate": s.decay_rate}
-    if s.type == "multistep":
-        keys |= {"scheduler_milestones": list(s.milestones)}
-    else:
-        keys |= {"scheduler_t_max": s.t_max, "scheduler_eta_min": s.eta_min}
-    keys |= {"scheduler_lr_warmup_steps": o.lr_warmup_steps, "scheduler_lr_warmup_factor": o.lr_warmup_factor}
-    return keys
-
-
-TASK = Task(
-    name="deepcam",
-    config_class=DeepCAMConfig,
-    flags=FLAGS,
-    shard=shard,
-    make_datasets=make_datasets,
-    build_model=model.from_config,
-    build_optimizer=build_optimizer,
-    loss=lambda cfg: weighted_cross_entropy,
-    metric=metric,
-    target=lambda cfg: cfg.target_iou,
-    mlperf_hyperparameters=mlperf_hyperparameters,
-    find_bad_file=lambda cfg, files: data.find_bad_file(files, cfg.data.channels, cfg.data.height, cfg.data.width),
-    batchnorm_group_size=lambda cfg: cfg.model.batchnorm_group_size,
-)

@@ -1,7 +1,7 @@
 """Train DeepCAM.
 
   python deepcam/train.py deepcam/configs/deepcam_synthetic_cpu.yaml --data_dir_prefix data/deepcam
-  horovodrun -np 4 python deepcam/train.py CONFIG ...      # or mpirun / srun
+  horovodrun -np 4 python deepcam/train.py [CONFIG] ...      # or mpirun / srun
 """
 
 import os
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from common.launch import main  # noqa: E402
-from deepcam.task import TASK  # noqa: E402
+from deepcam.task import DeepCAMTask  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(TASK))
+    sys.exit(main(DeepCAMTask))

@@ -6,12 +6,16 @@
 #   STAGE_DIR   node-local directory to stage each node's shard into (e.g. /tmp/$USER/data);
 #               unset: read DATA_DIR in place. '{node}' expands to the node index.
 #   OUTPUT_DIR  run directory (default: $REPO/runs/<benchmark>-$SLURM_JOB_ID)
+#   BENCH       the benchmark (`python -m common.benchmarks names`); slurm/cosmoflow.sbatch and
+#               slurm/deepcam.sbatch set it
 #   CONFIG      YAML config (default: the benchmark's closed-division config whose global batch
 #               this job gives: ranks x the config's local batch; see closed_config below)
 #   CONTAINER   an Apptainer/Singularity image: ranks run in `apptainer exec --nv $CONTAINER`
 #   VENV        otherwise a virtual environment to activate (default: $REPO/.venv)
 #   SRUN_MPI    srun's PMI plugin (default: pmix; `srun --mpi=list` shows yours)
 #   EXTRA_ARGS  more train.py flags, e.g. "--amp --seed 7"
+#   ORG         result sets: the submitter's name in the submission layout (default: the
+#               config's mlperf.org)
 # Account, partition, QoS, time: give them to sbatch (-A, -p, -q, -t); none are set here.
 
 set -euo pipefail
@@ -65,18 +69,23 @@ requeue_if_preempted() {  # EXIT_CODE RUN_DIR
     fi
 }
 
+# The benchmark table (common/benchmarks.py) holds each benchmark's train script and flags.
+# Sets TRAIN_SCRIPT, DATA_FLAG, OUTPUT_FLAG and STAGE_FLAG for BENCH.
+read_benchmark() {  # BENCH
+    local fields
+    fields=$("${PYTHON[@]}" -m common.benchmarks get "$1" train_script data_flag output_flag stage_flag)
+    # shellcheck disable=SC2034  # read by the sbatch scripts that source this file
+    { read -r TRAIN_SCRIPT; read -r DATA_FLAG; read -r OUTPUT_FLAG; read -r STAGE_FLAG; } <<< "$fields"
+}
+
+# A set's folder in the submission layout, OUTPUT/<org>/results/<system>/<scaling>/<benchmark>,
+# as offline/result_set.py names it: <org> is the config's mlperf.org unless ORG is set.
+submission_folder() {  # OUTPUT_DIR CONFIG BENCH SYSTEM SCALING
+    "${PYTHON[@]}" -m offline.run_logs folder "$1" "$2" "$3" --system "$4" --scaling "$5" ${ORG:+--org "$ORG"}
+}
+
 # The closed-division config (one per RCP global batch) that this many ranks run as its
 # RCP entry: ranks x the config's local batch == its train.global_batch_size.
 closed_config() {  # BENCH RANKS
-    local f gbs local_batch
-    for f in "$1"/configs/"$1"_closed_gbs*.yaml; do
-        gbs=$(sed -n 's/^  global_batch_size: *//p' "$f")
-        local_batch=$(sed -n -E 's/^  (local_)?batch_size: *//p' "$f")
-        if (( local_batch * $2 == gbs )); then
-            echo "$f"
-            return 0
-        fi
-    done
-    echo "[sbatch] no closed $1 config runs on $2 ranks (ranks x local batch must be an RCP global batch; see $1/configs/): set CONFIG" >&2
-    return 1
+    "${PYTHON[@]}" -m common.benchmarks closed-config "$1" "$2"
 }

@@ -154,3 +154,20 @@ def checkpoint_after_epoch(run_dir, epoch: int) -> Path:
         if state["epoch"] == epoch and state["steps_done"] == state["steps_per_epoch"]:
             return folder
     raise AssertionError(f"no checkpoint of the end of epoch {epoch} in {run_dir}/checkpoints")
+
+
+def probe_on_two_ranks(script: str, out) -> list:
+    """Runs tests/<script> on 2 Horovod ranks (Gloo) writing `out`/rank-R.json; returns both ranks' JSON."""
+    import json
+    proc = horovodrun(2, [PYTHON, REPO / "tests" / script, out], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((Path(out) / f"rank-{r}.json").read_text()) for r in (0, 1)]
+
+
+class SingleProcess:
+    """The Distribution of one process without Horovod, for TrainStep in unit tests."""
+    size = 1
+
+    @staticmethod
+    def average_gradients(grads, compression="none"):
+        return grads

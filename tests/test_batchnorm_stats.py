@@ -1,6 +1,5 @@
 """Batch-norm running statistics averaged over ranks after each epoch (as the MLCommons DeepCAM reference)."""
 
-import json
 
 import numpy as np
 import pytest
@@ -43,11 +42,11 @@ def test_model_without_batch_norm_makes_no_collective():
 
 
 def test_deepcam_model_hands_over_every_batch_norm_layer():
-    from common.config import load_config
-    from deepcam.task import TASK
-    cfg = load_config(TASK.config_class, helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml",
+    from common.config_loading import load_config
+    from deepcam.task import DeepCAMTask
+    cfg = load_config(DeepCAMTask.config_class, helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml",
                       {"data.data_dir": "unused"})
-    model = TASK.build_model(cfg, RankGroup(1, None))
+    model = DeepCAMTask(cfg).build_model(RankGroup(1, None))
     stats = batchnorm_statistics(model)
     n_bn = sum(isinstance(layer, tf.keras.layers.BatchNormalization) for layer in model.submodules)
     assert n_bn > 10 and len(stats) == 2 * n_bn
@@ -70,10 +69,7 @@ def _eval_oracle(weights: dict, x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bn_probe")
-    proc = helpers.horovodrun(2, [helpers.PYTHON, helpers.REPO / "tests" / "bn_probe.py", out], timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    return helpers.probe_on_two_ranks("bn_probe.py", tmp_path_factory.mktemp("bn_probe"))
 
 
 STATS = ["bn_a/moving_mean:0", "bn_a/moving_variance:0", "bn_b/moving_mean:0", "bn_b/moving_variance:0"]

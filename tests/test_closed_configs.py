@@ -14,18 +14,17 @@ import mlperf_logging
 import numpy as np
 import pytest
 
-from common.config import load_config
+from common.config_loading import load_config
 from common.errors import ConfigError
-from cosmoflow import task as cosmoflow_task
+from common import benchmarks
 from cosmoflow.config import CosmoFlowConfig
-from deepcam import task as deepcam_task
-from deepcam.config import DeepCAMConfig
+from cosmoflow.task import CosmoFlowTask
 from tests.helpers import REPO
 from tests.test_lr_schedule import reference_cosmoflow_lr, reference_deepcam_lrs
 
 RCP_DIR = Path(mlperf_logging.__file__).parent / "rcp_checker" / "hpc_3.0.0"
-BENCHMARKS = {"cosmoflow": (CosmoFlowConfig, cosmoflow_task), "deepcam": (DeepCAMConfig, deepcam_task)}
-CLOSED = sorted(REPO.glob("*/configs/*_closed_gbs*.yaml"))
+BENCHMARKS = {name: (benchmarks.config_class(name), benchmarks.task_class(name)) for name in benchmarks.names()}
+CLOSED = [path for name in benchmarks.names() for path in benchmarks.closed_configs(name)]
 
 
 def rcp_entries(benchmark: str) -> dict:
@@ -69,7 +68,7 @@ def test_config_logs_exactly_its_rcp_entry(path):
     gbs = cfg.train.global_batch_size
     assert path.stem.endswith(f"_gbs{gbs}") and cfg.mlperf.division == "closed"
     rcp = rcp_entries(benchmark)[gbs]
-    logged = task.mlperf_hyperparameters(cfg, gbs) | {"global_batch_size": gbs}
+    logged = task(cfg).mlperf_hyperparameters(gbs) | {"global_batch_size": gbs}
     if benchmark == "deepcam":
         logged |= {"batchnorm_groupsize": cfg.model.batchnorm_group_size,   # the RCP's spelling
                    "num_workers": gbs // local_batch(cfg)}
@@ -95,7 +94,7 @@ def test_launch_line_gives_the_global_batch(path):
 def test_schedule_is_the_references_at_every_step(path):
     benchmark, cfg, task = load(path)
     gbs, steps_per_epoch = cfg.train.global_batch_size, 5
-    _, schedule = task.build_optimizer(cfg, gbs, steps_per_epoch)
+    _, schedule = task(cfg).build_optimizer(gbs, steps_per_epoch)
     rcp = rcp_entries(benchmark)[gbs]
     if benchmark == "cosmoflow":
         peak = rcp["opt_base_learning_rate"]
@@ -119,7 +118,7 @@ def test_closed_run_at_another_global_batch_stops_at_init(path):
     _, cfg, task = load(path)
     ranks = cfg.train.global_batch_size // local_batch(cfg)
     with pytest.raises(ConfigError, match=rf"train\.global_batch_size'={cfg.train.global_batch_size}.*launch {ranks} ranks"):
-        task.shard(cfg, 0, ranks * 2)
+        task(cfg).shard(0, ranks * 2)
 
 
 COSMOFLOW_CONFIGS = sorted(REPO.glob("cosmoflow/configs/*.yaml")) + [REPO / "tests/configs/cosmoflow_tiny.yaml"]
@@ -133,8 +132,8 @@ def test_cosmoflow_log_says_what_the_schedule_does(path, batch_ratio):
     # opt_base_learning_rate / opt_learning_rate_warmup_factor.
     cfg = load_config(CosmoFlowConfig, path, {"data.data_dir": "/data", "mlperf.division": "open"})
     gbs = cfg.train.global_batch_size * batch_ratio
-    logged = cosmoflow_task.mlperf_hyperparameters(cfg, gbs)
-    _, schedule = cosmoflow_task.build_optimizer(cfg, gbs, steps_per_epoch=3)
+    logged = CosmoFlowTask(cfg).mlperf_hyperparameters(gbs)
+    _, schedule = CosmoFlowTask(cfg).build_optimizer(gbs, steps_per_epoch=3)
     warmup = logged["opt_learning_rate_warmup_epochs"]
     if warmup:   # without warmup epochs the factor is only the scale factor, as the reference logs it
         assert schedule.at_epoch(0) == pytest.approx(logged["opt_base_learning_rate"]

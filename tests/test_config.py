@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config import dump_config, load_config, replace, to_dict
+from common import benchmarks
+from common.config_loading import dump_config, load_config, replace, to_dict
 from common.errors import ConfigError
 from cosmoflow.config import CosmoFlowConfig
-from deepcam.config import DeepCAMConfig
 from tests.helpers import REPO
 
 
@@ -87,16 +87,18 @@ SHIPPED = sorted(REPO.glob("*/configs/*.yaml")) + sorted((REPO / "tests" / "conf
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shipped_config_loads(path):
-    bench = path.name.split("_")[0]
-    config_class = {"cosmoflow": CosmoFlowConfig, "deepcam": DeepCAMConfig}[bench]
-    cfg = load_config(config_class, path, {"data.data_dir": "/data"})
+    bench = benchmarks.get(path.name.split("_")[0])   # every config belongs to a benchmark of the table
+    cfg = load_config(benchmarks.config_class(bench.name), path, {"data.data_dir": "/data"})
     text = path.read_text()
     # Each config opens with the command that runs it.
-    assert f"{bench}/train.py" in text.split("\n\n")[0] or f"{bench}/train.py" in text[:600]
+    assert bench.train_script in text.split("\n\n")[0] or bench.train_script in text[:600]
     assert yaml.safe_load(text)
     assert cfg.output_dir
 
 
-def test_shipped_configs_exist():
-    assert any("cosmoflow_closed_gbs" in p.name for p in SHIPPED)
-    assert any("deepcam_closed_gbs" in p.name for p in SHIPPED)
+@pytest.mark.parametrize("name", benchmarks.names())
+def test_shipped_configs_exist(name):
+    bench = benchmarks.get(name)
+    assert REPO / bench.synthetic_config in SHIPPED
+    closed = benchmarks.closed_configs(name)
+    assert closed and set(closed) <= set(SHIPPED)

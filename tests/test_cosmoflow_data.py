@@ -48,16 +48,31 @@ def test_transforms_eager_and_in_map():
     assert mapped.mean() == pytest.approx(1.0)
 
 
-def test_training_pipeline_shuffles_repeats_and_covers_every_sample(tmp_path):
+@pytest.mark.parametrize("cache", [False, True])
+def test_training_pipeline_shuffles_repeats_and_covers_every_sample(tmp_path, cache):
     files, samples = make_files(tmp_path / "d", 8)
-    ds = data.make_dataset(files, SHAPE, batch_size=4, compression="GZIP", training=True, seed=3)
-    it = iter(ds)
-    epochs = []
-    for _ in range(2):
-        ys = np.concatenate([next(it)[1].numpy() for _ in range(2)])
-        epochs.append([tuple(np.round(v, 5)) for v in ys])
-    every = sorted(tuple(np.round(y, 5)) for _, y in samples)
-    assert sorted(epochs[0]) == every and sorted(epochs[1]) == every
+    index = {tuple(np.round(y, 5)): i for i, (_, y) in enumerate(samples)}   # targets name the samples
+    assert len(index) == 8
+
+    def orders(seed, n_epochs=3):
+        """The sample indices each epoch gives, in order (in-order reading: the order is the seed's)."""
+        ds = data.make_dataset(files, SHAPE, batch_size=4, compression="GZIP", training=True, seed=seed,
+                               cache=cache, deterministic=True)
+        it = iter(ds)
+        return [[index[tuple(np.round(v, 5))] for v in np.concatenate([next(it)[1].numpy() for _ in range(2)])]
+                for _ in range(n_epochs)]
+
+    epochs = orders(seed=3)
+    for order in epochs:   # each epoch is one pass: every sample exactly once
+        assert sorted(order) == list(range(8)), epochs
+    # A new order every epoch (8! orders: equal by chance with probability 1/40320).
+    assert len({tuple(order) for order in epochs}) == 3, epochs
+    assert epochs[0] != list(range(8))   # not the file order either
+    # The order is the seed's: the same again with seed 3, another with seed 4.
+    assert orders(seed=3) == epochs
+    other = orders(seed=4)
+    assert all(sorted(order) == list(range(8)) for order in other)
+    assert all(a != b for a, b in zip(other, epochs)), (other, epochs)
 
 
 def test_cache_gives_same_samples(tmp_path):

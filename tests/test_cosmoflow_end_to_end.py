@@ -4,6 +4,7 @@ import json
 import platform
 import shutil
 
+import numpy as np
 import pytest
 import yaml
 
@@ -43,25 +44,66 @@ def test_single_rank_run_reaches_target_and_log_passes_checker(cosmo_data, tiny_
     assert not (out / "mlperf.log.partial").exists()
 
 
+def _checkpoint_tensors(folder) -> dict:
+    """Every tensor of one checkpoint folder, by name (optimizer step, slots, model, generator)."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(folder / "ckpt"))
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()
+            if not n.startswith(("save_counter", "_CHECKPOINTABLE"))}
+
+
+def _iterations(tensors: dict) -> int:
+    """The optimizer's step count (optimizer.iterations), which drives the LR schedule."""
+    return int(tensors["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+
+
 def test_resume_continues_from_the_checkpoint(cosmo_data, tiny_config, tmp_path):
-    out = tmp_path / "run"
-    common = ["--data-dir", cosmo_data, "--output-dir", out, "--n-train", "256", "--n-valid", "64",
-              "--set", "train.stop_at_target=false", "--checkpoint-every", "1"]
-    first = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--n-epochs", "2"))
-    assert first.returncode == 3, first.stderr[-2000:]  # ran to the end without reaching the target
+    """Two epochs, then --resume to three, against three epochs in one go (op determinism,
+    dropout on): the state the resumed run starts from is the uninterrupted run's state after
+    epoch 2, and it ends with that run's model, optimizer and dropout generator, bit for bit.
+    The LR decays at the resumed epoch (boundary 1 acts from 0-based epoch 2: steps 64..95 run
+    at 0.01 x 0.5), so a resumed run that restored the step count wrongly trains at another LR."""
+    out, whole_dir = tmp_path / "run", tmp_path / "whole"
+    common = ["--data-dir", cosmo_data, "--n-train", "256", "--n-valid", "64",
+              "--set", "train.stop_at_target=false", "--checkpoint-every", "1", "--deterministic",
+              "--set", "model.dropout=0.3", "--set", "optimizer.decay_boundary_epochs=1",
+              "--set", "optimizer.decay_factors=0.5", "--set", "runtime.check_log=false"]
+    whole = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--output-dir", whole_dir,
+                                          "--n-epochs", "3"))
+    assert whole.returncode == 3, whole.stdout[-2000:] + whole.stderr[-2000:]   # no target reached
+    first = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--output-dir", out, "--n-epochs", "2"))
+    assert first.returncode == 3, first.stdout[-2000:] + first.stderr[-2000:]
     after_2 = helpers.checkpoint_after_epoch(out, 2)
-    second = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--n-epochs", "3", "--resume"))
-    assert "resumed from" in second.stdout and "(epoch 2, 32 of 32 steps done)" in second.stdout, \
-        second.stdout + second.stderr
+
+    # What the resumed run will restore: the uninterrupted run's state after the same 64 steps.
+    held, expected = _checkpoint_tensors(after_2), _checkpoint_tensors(helpers.checkpoint_after_epoch(whole_dir, 2))
+    assert sorted(held) == sorted(expected) and any(n.startswith("rng/") for n in held)
+    assert [n for n in expected if not np.array_equal(held[n], expected[n])] == []
+    assert _iterations(held) == 64
+
+    second = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, *common, "--output-dir", out,
+                                           "--n-epochs", "3", "--resume"))
+    assert second.returncode == 3, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "(epoch 2, 32 of 32 steps done)" in second.stdout, second.stdout + second.stderr
+    # Model weights, optimizer step and momentum, dropout generator: bit for bit after step 96.
+    helpers.assert_same_final_state(whole_dir, out, "cosmoflow")
+    final = helpers.final_checkpoint_state(out)
+    assert _iterations(final) == 96 and final.keys() == held.keys()
+    assert any(not np.array_equal(final[n], held[n]) for n in final if n.startswith("model/"))   # it trained on
+    # The resumed epoch ran at the LR of steps 64..95, as in the uninterrupted run.
+    history = json.loads((out / "summary.json").read_text())["history"]
+    whole_history = json.loads((whole_dir / "summary.json").read_text())["history"]
+    assert [h["lr"] for h in whole_history] == pytest.approx([0.001, 0.01, 0.005])
+    assert history[-1]["lr"] == whole_history[-1]["lr"]
+
     log = (out / "mlperf.log").read_text()
     assert '"epoch_num": 3' in log and '"epoch_num": 1}' not in log
     assert (out / "mlperf.log.1").exists()  # the first run's log is kept
-    helpers.checkpoint_after_epoch(out, 3)
     # The log and summary say where it resumed from, and scoring refuses it as a result.
     resumed = {"checkpoint": str(after_2.resolve()), "epoch": 2, "step": 32, "global_step": 64}
     assert f'"key": "resumed_from", "value": {json.dumps(resumed)}' in log
     assert json.loads((out / "summary.json").read_text())["resumed_from"] == resumed
-    from common import run_logs, scoring
+    from offline import run_logs, scoring
     run, _ = scoring.read_run(run_logs.from_run_dir(out), "3.0.0")
     assert run.problem.startswith("resumed from a checkpoint") and "not a valid benchmark result" in run.problem
 

@@ -61,6 +61,9 @@ def write_config(path, sample_shape, conv_size, n_conv_layers, fc1_size, fc2_siz
 @pytest.fixture(scope="module")
 def reference_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("reference")
+    # Layer names as the reference's own fresh process gives them (dense, dense_1, ...), whatever
+    # other tests of this process built before.
+    tf.keras.backend.clear_session()
     model = reference_model(**SMALL)
     model.save(d / "checkpoint-001.h5")        # what the reference's ModelCheckpoint writes
     model.save_weights(d / "weights.h5")

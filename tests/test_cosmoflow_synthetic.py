@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 
-from common import datagen
+from offline import datagen
 from cosmoflow import data, synthetic
 
 

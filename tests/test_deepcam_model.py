@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from common.checkpoint import CONFIG_NAME, restore_model_weights, save_model_weights
-from common.config import dump_config
+from common.config_loading import dump_config
 from deepcam import import_reference, model, predict, task
 from tests import helpers
 
@@ -188,7 +188,7 @@ def test_iou_by_hand_including_absent_classes():
     score = task.per_sample_iou(tf.constant([[[0, 0]]]), one_hot_logits([[[0, 0]]]))
     assert float(score[0]) == pytest.approx(1.0)
     # Per sample, then averaged: the metric's sums over a batch of both.
-    both = task.metric(None).update(tf.constant([[label[0]], [[0, 0, 0, 0]]]),
+    both = task.mean_iou().update(tf.constant([[label[0]], [[0, 0, 0, 0]]]),
                                     one_hot_logits([[pred[0]], [[0, 0, 0, 0]]]))
     assert both.numpy() == pytest.approx([(1 / 3 + 1 / 2) / 3 + 1.0, 2.0])
-    assert task.metric(None).finalize(both.numpy()) == pytest.approx(((1 / 3 + 1 / 2) / 3 + 1.0) / 2)
+    assert task.mean_iou().finalize(both.numpy()) == pytest.approx(((1 / 3 + 1 / 2) / 3 + 1.0) / 2)

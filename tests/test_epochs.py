@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 from common import epochs
-from common.config import load_config
+from common.config_loading import load_config
 from common.errors import ConfigError, InputError
-from cosmoflow import task as cosmoflow_task
+from cosmoflow.task import CosmoFlowTask
 from cosmoflow.config import CosmoFlowConfig
 from deepcam.config import DeepCAMConfig
 from tests.helpers import REPO
@@ -59,7 +59,7 @@ def test_cosmoflow_divisibility_counts_gradient_accumulation():
                        "train.gradient_accumulation_frequency": "4"})
     with pytest.raises(InputError, match=r"n_train=48 is not divisible by ranks x local batch x accumulation "
                                          r"= 2 x 4 x 4 = 32"):
-        cosmoflow_task.shard(cfg, 0, 2)
+        CosmoFlowTask(cfg).shard(0, 2)
 
 
 def test_xla_with_group_batch_norm_is_rejected():

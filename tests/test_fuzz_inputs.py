@@ -14,7 +14,7 @@ Anything else (a traceback, exit 1, a signal, a hang past TIMEOUT_S, the wrong
 file named) fails the test and prints the case's reproducer.
 
 The cases run in one `tests/fuzz_driver.py` process, which imports TensorFlow once
-and forks a child per case that runs `common.launch.main(TASK, argv)`, what
+and forks a child per case that runs `common.launch.main(Task, argv)`, what
 train.py runs; a few cases also run as `python <bench>/train.py` and must give the
 same exit code and error line.
 """
@@ -34,7 +34,7 @@ from tests import helpers
 
 SEED = 20240611
 TIMEOUT_S = 120
-# (bench, target, damage, cases in the fast tier, in all): 100 cases, 15 of them fast.
+# (bench, target, damage, cases in the fast tier, in all): 88 cases, 15 of them fast.
 # A DeepCAM case that trains costs ~15-30 s here (a CosmoFlow one ~4 s): the fast tier
 # takes DeepCAM's cheap ones (stats.h5 and config damage that ends the run before the
 # first step) and leaves its damaged samples, and stats.h5 with garbage appended (HDF5
@@ -46,10 +46,10 @@ PLAN = (
     ("cosmoflow", "tfrecord", "append", 2, 10),
     ("cosmoflow", "config", "flip", 1, 7),
     ("cosmoflow", "config", "truncate", 1, 7),
-    ("deepcam", "sample", "flip", 0, 6),
-    ("deepcam", "sample", "truncate", 0, 6),
-    ("deepcam", "sample", "zero", 0, 6),
-    ("deepcam", "sample", "append", 0, 6),
+    ("deepcam", "sample", "flip", 0, 3),
+    ("deepcam", "sample", "truncate", 0, 3),
+    ("deepcam", "sample", "zero", 0, 3),
+    ("deepcam", "sample", "append", 0, 3),
     ("deepcam", "stats", "flip", 1, 3),
     ("deepcam", "stats", "truncate", 1, 3),
     ("deepcam", "stats", "zero", 1, 3),

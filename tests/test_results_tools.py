@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from common import characterize, scoring
+from offline import characterize, scoring
 from common.compliance import check_log
 from tests import helpers
 from tests.test_scoring import COSMO, extract_fixtures, killed, not_converged
@@ -36,7 +36,7 @@ exit "$(cat "$src/exit_code")"
 @pytest.mark.slow
 def test_result_set_runs_seeded_runs_into_the_submission_layout(cosmo_data, tiny_config, tmp_path):
     out = tmp_path / "set"
-    proc = helpers.run([helpers.PYTHON, "-m", "common.result_set", "--bench", "cosmoflow", "--config", tiny_config,
+    proc = helpers.run([helpers.PYTHON, "-m", "offline.result_set", "--bench", "cosmoflow", "--config", tiny_config,
                         "--data-dir", cosmo_data, "--runs", "2", "--seed-base", "5", "--output", out,
                         "--system", "testbox", "--", "--n-train", "256", "--n-valid", "64", "--n-epochs", "1"],
                        timeout=600)
@@ -63,7 +63,7 @@ def test_characterization_of_a_tiny_run_writes_json_table_and_pngs(cosmo_data, t
     assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
     machine = characterize.measure_machine(matmul_size=512, copy_bytes=1 << 24)
     (tmp_path / "machine.json").write_text(json.dumps(machine))
-    proc = helpers.run([helpers.PYTHON, "-m", "common.characterize", run, "--machine", tmp_path / "machine.json"])
+    proc = helpers.run([helpers.PYTHON, "-m", "offline.characterize", run, "--machine", tmp_path / "machine.json"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     c = json.loads((run / "characterization.json").read_text())
     expected = {"staging_bytes", "staging_seconds", "staging_gb_per_s", "input_samples_per_s",
@@ -91,7 +91,7 @@ def test_characterize_explains_a_run_without_figures(tmp_path):
 @pytest.mark.slow
 def test_weak_scaling_launcher_trains_instances_concurrently(cosmo_data, tiny_config, tmp_path):
     out = tmp_path / "weak"
-    proc = helpers.run([helpers.PYTHON, "-m", "common.weak_scaling", "--bench", "cosmoflow", "--config", tiny_config,
+    proc = helpers.run([helpers.PYTHON, "-m", "offline.weak_scaling", "--bench", "cosmoflow", "--config", tiny_config,
                         "--data-dir", cosmo_data, "--instances", "2", "--ranks", "1", "--output", out,
                         "--system", "testbox", "--", "--n-train", "1024", "--n-valid", "128"], timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -130,6 +130,8 @@ def fake_cluster(tmp_path, runs: dict) -> dict:
         (tmp_path / "fake" / name / "exit_code").write_text(str(code))
         for file, text in files.items():
             (tmp_path / "fake" / name / file).write_text(text)
+    # The sbatch scripts name the submission folder after the config's mlperf.org.
+    (tmp_path / "config.yaml").write_text("mlperf: {org: reference}\n")
     environ = {k: v for k, v in helpers.env().items() if not k.startswith("SLURM_")}
     return environ | {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "FAKE_RUNS": str(tmp_path / "fake"),
                       "REPO": str(helpers.REPO), "VENV": str(Path(helpers.PYTHON).parent.parent),
@@ -202,7 +204,7 @@ sys.exit(int((fake / "exit_code").read_text()))
 
 @pytest.mark.parametrize("launcher", ["result_set", "weak_scaling"])
 def test_python_launchers_collect_every_run_and_fail_the_set(cosmo_logs, tmp_path, monkeypatch, capsys, launcher):
-    from common import result_set, weak_scaling
+    from offline import result_set, weak_scaling
     ok, old, other = cosmo_logs
     kind = "runs" if launcher == "result_set" else "instances"
     name = "run" if launcher == "result_set" else "instance"
@@ -212,7 +214,6 @@ def test_python_launchers_collect_every_run_and_fail_the_set(cosmo_logs, tmp_pat
     (tmp_path / "out" / kind / f"{name}_1").mkdir(parents=True)
     (tmp_path / "out" / kind / f"{name}_1" / "mlperf.log").write_text(old)   # an earlier run's
     (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
-    (tmp_path / "config.yaml").write_text("mlperf: {org: reference}\n")
     module = result_set if launcher == "result_set" else weak_scaling
     monkeypatch.setattr(module, "run_command", lambda bench, config, run_dir, *a: [
         helpers.PYTHON, str(tmp_path / "fake_train.py"), str(run_dir), str(tmp_path / "fake")])

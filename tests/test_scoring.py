@@ -14,7 +14,7 @@ import tarfile
 import pytest
 from mlperf_logging.compliance_checker import mlp_compliance
 
-from common import run_logs, scoring
+from offline import run_logs, scoring
 from tests import helpers
 
 FIXTURES = helpers.REPO / "tests" / "fixtures" / "hpc_results_v3.0.tar.gz"

@@ -17,12 +17,27 @@ def test_shards_are_disjoint_cover_the_selection_and_agree_across_ranks():
     assert other != flat
 
 
-def test_node_blocks_are_contiguous():
-    files = [f"f{i:03d}" for i in range(16)]
-    per_rank = [select_and_shard(files, 16, r, 4, 0, "n") for r in range(4)]
-    node0 = per_rank[0] + per_rank[1]
-    node1 = per_rank[2] + per_rank[3]
-    assert not set(node0) & set(node1)
+def test_shards_are_consecutive_slices_of_one_selection_so_node_blocks_are_contiguous():
+    """What common.sharding promises: the seeded selection does not depend on the number of
+    ranks, rank r reads its r-th consecutive slice, so the ranks of a node (numbered node by
+    node) read one contiguous block of it: the block the node stages, which is exactly what
+    sharding the selection over the nodes gives that node."""
+    files = [f"f{i:03d}" for i in range(40)]
+    selection = select_and_shard(files, 32, 0, 1, seed=5, key="n")   # one rank reads it all
+    assert sorted(selection) != selection and len(set(selection)) == 32   # shuffled, no repeats
+    for size in (2, 4, 8):
+        per_rank = [select_and_shard(files, 32, r, size, seed=5, key="n") for r in range(size)]
+        for rank, shard in enumerate(per_rank):
+            assert shard == selection[rank * 32 // size:(rank + 1) * 32 // size], (size, rank)
+    # 2 nodes x 4 ranks: node k's ranks 4k..4k+3 read the k-th half, in rank order.
+    per_rank = [select_and_shard(files, 32, r, 8, seed=5, key="n") for r in range(8)]
+    for node in range(2):
+        block = sum(per_rank[4 * node:4 * node + 4], [])
+        assert block == selection[16 * node:16 * (node + 1)]
+        assert block == select_and_shard(files, 32, node, 2, seed=5, key="n")
+    # Uneven (evaluation) shards are consecutive slices too, the first ranks one longer.
+    uneven = [select_and_shard(files, 30, r, 4, seed=5, key="n", even=False) for r in range(4)]
+    assert sum(uneven, []) == select_and_shard(files, 30, 0, 1, seed=5, key="n", even=False)
 
 
 def test_indivisible_counts_name_the_key():
@@ -49,15 +64,15 @@ def test_uneven_shards_cover_every_file_once():
 
 
 def test_deepcam_logs_the_whole_training_set_and_validates_every_file(tmp_path):
-    from common.config import load_config
+    from common.config_loading import load_config
     from deepcam.config import DeepCAMConfig
-    from deepcam.task import shard
+    from deepcam.task import DeepCAMTask
     for split, n in (("train", 11), ("validation", 5)):
         (tmp_path / split).mkdir()
         for i in range(n):
             (tmp_path / split / f"s{i}.h5").write_bytes(b"")
     cfg = load_config(DeepCAMConfig, None, {"data.data_dir": str(tmp_path), "data.local_batch_size": 1})
-    shards = [shard(cfg, r, 4) for r in range(4)]
+    shards = [DeepCAMTask(cfg).shard(r, 4) for r in range(4)]
     assert shards[0].n_train == 8 and shards[0].train_set_size == 11     # 11 // 4 * 4 per epoch
     assert sorted(len(s.valid_files) for s in shards) == [1, 1, 1, 2]
     assert len({f for s in shards for f in s.valid_files}) == 5

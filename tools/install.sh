@@ -81,6 +81,9 @@ else
     || fail "horovod check" "horovod.tensorflow does not import; full build log in $log"
   echo "$hvd_want" > "$hvd_stamp"
 fi
+# The build above wants the newest setuptools; TensorBoard 2.15's command line
+# (`tensorboard --logdir runs/`) imports pkg_resources, which setuptools 81 dropped.
+"${pip[@]}" install -q 'setuptools<81' || fail "setuptools" "could not install setuptools<81 (TensorBoard needs pkg_resources)"
 step "horovod controllers and frameworks:"
 TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build | sed -n '/Available Controllers/,$p'
 

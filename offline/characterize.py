@@ -1,7 +1,11 @@
-"""Characterizes a finished run: staging, I/O, compute, memory, network, and a roofline.
+"""Offline report read from a finished run folder: staging, I/O, compute, memory, network, roofline.
+
+The run's own figures are measured inside the training process after run_stop
+(common/run_measurements.py, with runtime.characterize=true) and saved in summary.json;
+this tool reads them, adds this machine's limits and writes the report.
 
   python deepcam/train.py CONFIG ... --set runtime.characterize=true      # records what is needed
-  python -m common.characterize RUN_DIR [--machine machine.json]
+  python -m offline.characterize RUN_DIR [--machine machine.json]
 
 Reads RUN_DIR/summary.json, measures this machine's limits (a large matmul in fp32 and bf16
 for peak FLOP/s, a large memory copy for bandwidth) unless --machine gives them, and writes
@@ -21,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from common.files import write_text_atomic
-from common.plots import plot_curves_time_and_epoch, plot_roofline
+from offline.plots import plot_curves_time_and_epoch, plot_roofline
 
 
 def measure_machine(matmul_size: int = 4096, copy_bytes: int = 1 << 30) -> dict:

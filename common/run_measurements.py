@@ -1,4 +1,4 @@
-"""Measurements of a finished run for characterization (seed paper: staging, I/O, compute, network).
+"""In-process measurements of a finished run for characterization (seed paper: staging, I/O, compute, network).
 
 The trainer calls `characterize_run` after run_stop (outside the timed region) when
 `runtime.characterize` is set. Every rank calls it: it contains collectives.
@@ -72,7 +72,7 @@ def allreduce_seconds(dist, variables, compression: str, repeats: int = 5) -> fl
 
 def characterize_run(*, model, dist, sample_shape, history, staging, global_batch_size, compression,
                      make_train_dataset, local_batch_size, files_read, samples_read) -> dict:
-    """The run's figures for common.characterize (collective: every rank calls it)."""
+    """The run's figures for offline.characterize (collective: every rank calls it)."""
     forward = forward_flops_per_sample(model, sample_shape)
     timed = history[1:] or history          # epoch 1 includes warm-up (graph optimization, caches)
     train_rate = float(np.mean([h["samples_per_s"] for h in timed])) if timed else 0.0

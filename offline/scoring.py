@@ -1,6 +1,6 @@
 """Scores result sets by the MLPerf HPC rules, with the official mlperf_logging tools.
 
-  python -m common.scoring PATH [--json] [--ruleset 3.0.0]
+  python -m offline.scoring PATH [--json] [--ruleset 3.0.0]
 
 PATH is an MLPerf submission tree (<org>/results/<system>/<strong|weak>/<benchmark>/
 result_*.txt), one such benchmark folder, or (when it holds no result_*.txt) a directory of run
@@ -15,9 +15,9 @@ A run fails, and is counted as failed (never dropped from the set, never replace
   - the checker crashes on it (the exception is reported: not a verdict on the log);
   - it left no complete log: its run directory holds mlperf.log.partial (killed, or still
     running), no mlperf.log, or a log without run_stop. An earlier run's mlperf.log.<n>, or an
-    mlperf.log beside a .partial, is never taken for it (common/run_logs.py);
+    mlperf.log beside a .partial, is never taken for it (offline/run_logs.py);
   - its result_<i>.txt has a result_<i>.txt.failed marker: the result-set launchers write one
-    for a run that crashed or was killed, with the reason (common/run_logs.py).
+    for a run that crashed or was killed, with the reason (offline/run_logs.py).
 The score:
   strong scaling: the olympic mean (fastest and slowest run dropped; a run that failed counts
                   as the dropped slowest), computed by the official result summarizer; closed
@@ -50,7 +50,7 @@ from mlperf_logging.compliance_checker.mlp_parser import parse_file
 from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer as summarizer
 
-from common import run_logs
+from offline import run_logs
 from common.mlperf_logger import RESUMED_KEY
 
 USAGE = "hpc"

@@ -9,8 +9,9 @@ returns at once.
 import json
 import multiprocessing
 import os
-import time
 from pathlib import Path
+
+from common.progress import Progress, progress_stream
 
 MARKER = ".synthetic.json"
 
@@ -20,7 +21,7 @@ def already_written(output_dir, spec: dict) -> bool:
     return marker.exists() and marker.read_text() == json.dumps(spec, sort_keys=True)
 
 
-def write_files(output_dir, spec: dict, jobs: list, write_one, workers: int = 0, progress=print,
+def write_files(output_dir, spec: dict, jobs: list, write_one, workers: int = 0, progress=None,
                 chunksize: int = 8) -> None:
     """Runs write_one(job) -> bytes written for every job, then writes the marker.
 
@@ -30,21 +31,19 @@ def write_files(output_dir, spec: dict, jobs: list, write_one, workers: int = 0,
       spec: everything that determines the files (sizes, seed, version).
       jobs: picklable arguments, one per file.
       write_one: a module-level function (it runs in the workers).
+      progress: None prints on stdout (a bar on a terminal, else a line every
+        30 s, then a summary line); a function of one line gets those lines instead.
     """
     if already_written(output_dir, spec):
-        progress(f"[synthetic] {output_dir} already holds this data set; nothing to do")
+        (progress or print)(f"[synthetic] {output_dir} already holds this data set; nothing to do")
         return
     workers = workers or min(len(os.sched_getaffinity(0)), 8)
-    start = time.time()
-    done = total_bytes = 0
-    report_every = max(1, len(jobs) // 10)
+    total_bytes = 0
     # 'spawn': the workers import TensorFlow themselves instead of inheriting a
     # forked copy of the parent's TensorFlow runtime (which can deadlock).
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        for nbytes in pool.imap_unordered(write_one, jobs, chunksize=chunksize):
-            done += 1
+    with multiprocessing.get_context("spawn").Pool(workers) as pool, \
+            Progress("synthetic", len(jobs), unit="samples", stream=progress_stream(progress)) as bar:
+        for done, nbytes in enumerate(pool.imap_unordered(write_one, jobs, chunksize=chunksize), start=1):
             total_bytes += nbytes
-            if done % report_every == 0 or done == len(jobs):
-                progress(f"[synthetic] {done}/{len(jobs)} samples, {total_bytes / 2**20:.1f} MiB, "
-                         f"{time.time() - start:.1f} s")
+            bar.update(done, extra=f"{total_bytes / 2**20:.1f} MiB")
     (Path(output_dir) / MARKER).write_text(json.dumps(spec, sort_keys=True))

@@ -1,7 +1,8 @@
 """Which MLPerf log is a run's, and how a run's log joins a result set, failed runs included.
 
-  python -m common.run_logs prepare RUN_DIR...                    # before the runs start
-  python -m common.run_logs collect RUN_DIR RESULTS INDEX EXIT_CODE   # after run INDEX ended
+  python -m offline.run_logs prepare RUN_DIR...                    # before the runs start
+  python -m offline.run_logs collect RUN_DIR RESULTS INDEX EXIT_CODE   # after run INDEX ended
+  python -m offline.run_logs folder OUTPUT CONFIG BENCH --system S --scaling strong   # prints RESULTS
 
 train.py writes <run_dir>/mlperf.log.partial and renames it to mlperf.log when the run stops
 (common/mlperf_logger.py); a log already there is kept as mlperf.log.1, .2... So in a run
@@ -21,18 +22,23 @@ run_start with the launch time would depend on the batch host's and rank 0's clo
 tools see every run of the set (a log without run_stop fails the compliance checker, and the
 result summarizer counts it as a failed run). A run that failed (an exit code other than 0 or 3,
 or no complete log) also gets RESULTS/result_<INDEX>.txt.failed, one line saying why; a run that
-left no log at all gets an empty result_<INDEX>.txt beside it. common.scoring reads both.
+left no log at all gets an empty result_<INDEX>.txt beside it. offline.scoring reads both.
 """
 
 import argparse
 import dataclasses
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 
+import yaml
+
+from common import benchmarks
 from common.mlperf_logger import LOG_NAME
+from common.base_config import MLPerfConfig
 
 PARTIAL_NAME = LOG_NAME + ".partial"
 FAILED_SUFFIX = ".failed"       # result_3.txt.failed: the result_*.txt glob of the official tools skips it
@@ -131,6 +137,26 @@ def collect(run_dir, results, index: int, exit_code: int) -> RunLog:
     return RunLog(dest.name, dest, "; ".join(reasons))
 
 
+def submission_folder(output: Path, config: Path, bench: str, system: str | None, ranks: int,
+                      scaling: str = "strong", org: str | None = None) -> Path:
+    """A set's folder in the submission layout: OUTPUT/<org>/results/<system>/<scaling>/<benchmark>.
+
+    Args:
+      output: the set's output directory.
+      config: the runs' YAML config; its mlperf.org and mlperf.platform name the folder.
+      bench: the benchmark's name in common/benchmarks.py (its submission name is used).
+      system: the system's name; None: mlperf.platform, or <host>_<ranks>ranks when that is unknown.
+      ranks: ranks of the whole set (for the default system name).
+      scaling: "strong" (a result set) or "weak" (instances trained at once).
+      org: overrides mlperf.org.
+    """
+    mlperf = (yaml.safe_load(Path(config).read_text()) or {}).get("mlperf", {}) or {}
+    org = org or mlperf.get("org", MLPerfConfig.org)
+    platform = mlperf.get("platform", MLPerfConfig.platform)
+    system = system or (platform if platform != MLPerfConfig.platform else f"{socket.gethostname()}_{ranks}ranks")
+    return Path(output) / org / "results" / system / scaling / benchmarks.get(bench).submission_name
+
+
 def exit_status(codes) -> int:
     """A set's exit status: 0 all converged, 3 some did not converge, 1 some failed."""
     codes = list(codes)
@@ -149,7 +175,19 @@ def main(argv=None) -> int:
     gather.add_argument("results", help="the set's folder (<org>/results/<system>/<scaling>/<benchmark>)")
     gather.add_argument("index", type=int)
     gather.add_argument("exit_code", type=int, help="the run's exit status")
+    folder = sub.add_parser("folder", help="print a set's folder in the submission layout")
+    folder.add_argument("output", help="the set's output directory")
+    folder.add_argument("config", help="the runs' config (mlperf.org, mlperf.platform)")
+    folder.add_argument("bench", choices=benchmarks.names())
+    folder.add_argument("--system", help="system name (default: mlperf.platform, else <host>_<ranks>ranks)")
+    folder.add_argument("--ranks", type=int, default=1, help="ranks of the whole set, for the default system name")
+    folder.add_argument("--scaling", choices=("strong", "weak"), default="strong")
+    folder.add_argument("--org", help="overrides the config's mlperf.org")
     args = parser.parse_args(argv)
+    if args.command == "folder":
+        print(submission_folder(Path(args.output), Path(args.config), args.bench, args.system, args.ranks,
+                                args.scaling, args.org))
+        return 0
     if args.command == "prepare":
         for run_dir in args.run_dirs:
             moved = set_aside(run_dir)

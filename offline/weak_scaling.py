@@ -1,6 +1,6 @@
 """Weak scaling (MLPerf HPC "throughput"): M model instances train at once, each on its own ranks.
 
-  python -m common.weak_scaling --bench deepcam --config CONFIG --data-dir DATA \
+  python -m offline.weak_scaling --bench deepcam --config CONFIG --data-dir DATA \
       --instances 4 --ranks 2 --output DIR
 
 Starts M independent Horovod jobs concurrently on this machine (horovodrun over Gloo, R ranks
@@ -9,8 +9,8 @@ allocation). Instance i writes DIR/instances/instance_<i>/ with seed seed_base +
 `instance_id`, `number_of_instances` and `number_of_ranks` (a directory an earlier run left
 there is moved to DIR/instances.previous/ first). Its MLPerf log is copied to
 DIR/<org>/results/<system>/weak/<bench>/result_<i>.txt whatever became of the run (a failed one
-with result_<i>.txt.failed saying why: common/run_logs.py), then the set is scored with
-common.scoring: number of models, instance scale, time_to_train_all and models per minute.
+with result_<i>.txt.failed saying why: offline/run_logs.py), then the set is scored with
+offline.scoring: number of models, instance scale, time_to_train_all and models per minute.
 Exit status: 0 every instance converged, 3 one or more did not converge, 1 one or more failed.
 """
 
@@ -21,13 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-from common import run_logs, scoring
-from common.result_set import BENCHMARKS, REPO, collect, earlier_results, fresh_run_dir, run_command, submission_folder
+from common import benchmarks
+from offline import run_logs, scoring
+from offline.result_set import REPO, collect, earlier_results, fresh_run_dir, run_command
+from offline.run_logs import submission_folder
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench", required=True, choices=BENCHMARKS)
+    parser.add_argument("--bench", required=True, choices=benchmarks.names())
     parser.add_argument("--config", required=True)
     parser.add_argument("--data-dir", help="sets data.data_dir")
     parser.add_argument("--instances", type=int, required=True, help="models trained concurrently (M)")

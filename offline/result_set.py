@@ -1,45 +1,34 @@
 """Runs N seeded runs of a benchmark config one after the other, as an MLPerf result set.
 
-  python -m common.result_set --bench cosmoflow --config CONFIG --data-dir DATA --runs 10 --output DIR
-  python -m common.result_set ... --only 3        # just run 3 (one task of a SLURM job array)
+  python -m offline.result_set --bench cosmoflow --config CONFIG --data-dir DATA --runs 10 --output DIR
+  python -m offline.result_set ... --only 3        # just run 3 (one task of a SLURM job array)
 
 Each run gets its own seed (seed_base + index, logged as `seed`) and run directory
 (DIR/runs/run_<i>/; one an earlier run left there is moved to DIR/runs.previous/ first). Its
 MLPerf log is copied into the submission layout DIR/<org>/results/<system>/strong/<bench>/
 result_<i>.txt whatever became of the run: a run that crashed or was killed stays in the set,
-with result_<i>.txt.failed saying why (common/run_logs.py). At the end the set is scored with
-common.scoring (olympic mean, checker verdicts, failed runs, RCP for closed division). Exit
+with result_<i>.txt.failed saying why (offline/run_logs.py). At the end the set is scored with
+offline.scoring (olympic mean, checker verdicts, failed runs, RCP for closed division). Exit
 status: 0 every run converged, 3 one or more did not converge, 1 one or more failed.
 """
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from common import run_logs, scoring
+from common import benchmarks
+from offline import run_logs, scoring
+from offline.run_logs import submission_folder
 
 REPO = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("cosmoflow", "deepcam")
-
-
-def submission_folder(output: Path, config: Path, bench: str, system: str | None, ranks: int,
-                      scaling: str = "strong") -> Path:
-    mlperf = (yaml.safe_load(config.read_text()) or {}).get("mlperf", {}) or {}
-    org = mlperf.get("org", "reference")
-    platform = mlperf.get("platform", "unknown")
-    system = system or (platform if platform != "unknown" else f"{socket.gethostname()}_{ranks}ranks")
-    return output / org / "results" / system / scaling / bench
 
 
 def run_command(bench: str, config: Path, run_dir: Path, seed: int, data_dir, ranks: int, extra) -> list:
-    cmd = [sys.executable, str(REPO / bench / "train.py"), str(config), "--set", f"output_dir={run_dir}",
-           "--set", f"train.seed={seed}"]
+    cmd = [sys.executable, str(REPO / benchmarks.get(bench).train_script), str(config),
+           "--set", f"output_dir={run_dir}", "--set", f"train.seed={seed}"]
     if data_dir:
         cmd += ["--set", f"data.data_dir={data_dir}"]
     cmd += list(extra)
@@ -84,7 +73,7 @@ def run_one(index: int, args, folder: Path) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench", required=True, choices=BENCHMARKS)
+    parser.add_argument("--bench", required=True, choices=benchmarks.names())
     parser.add_argument("--config", required=True)
     parser.add_argument("--data-dir", help="sets data.data_dir")
     parser.add_argument("--runs", type=int, default=0, help="runs in the set (default: what the rules require)")
@@ -96,7 +85,8 @@ def main(argv=None) -> int:
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- then more train.py flags")
     args = parser.parse_args(argv)
     args.extra = [a for a in args.extra if a != "--"]
-    runs = args.runs or scoring.get_result_file_counts(scoring.USAGE)[args.bench]
+    submission_name = benchmarks.get(args.bench).submission_name
+    runs = args.runs or scoring.get_result_file_counts(scoring.USAGE)[submission_name]
     folder = submission_folder(Path(args.output), Path(args.config), args.bench, args.system, args.np)
     if args.only is not None:   # one task of a job array: the set's folder is shared by design
         return run_one(args.only, args, folder)

@@ -1,0 +1,242 @@
+"""The table of benchmarks: one entry per benchmark, read by Python, make and the sbatch scripts.
+
+  python -m common.benchmarks names                        # cosmoflow deepcam
+  python -m common.benchmarks get deepcam data_flag        # --data_dir_prefix
+  python -m common.benchmarks get deepcam train_script data_flag   # one field a line
+  python -m common.benchmarks closed-config deepcam 512    # deepcam/configs/deepcam_closed_gbs1024.yaml
+  python -m common.benchmarks make                         # the Makefile's per-benchmark variables and targets
+
+A benchmark is its folder (`<name>/train.py`, `<name>/configs/`, its task, config and synthetic
+data generator) plus one entry here; the Makefile, slurm/*.sbatch, offline/ and the tests take
+everything else they need from this table. This module imports neither TensorFlow nor the
+benchmark packages: classes are named by "module:Class" strings and imported only when asked
+for (`task_class`, `config_class`), so make and shell can read the table cheaply.
+"""
+
+import dataclasses
+import importlib
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """One benchmark. Paths are relative to the repository root.
+
+    Attributes:
+      name: folder, `--bench` value and BENCH of make and sbatch.
+      submission_name: the MLPerf benchmark name (submission layout, result summarizer, RCP tables).
+      train_script: the training entry point.
+      task_class: "module:Class" of the benchmark's Task.
+      config_class: "module:Class" of its config dataclass.
+      data_flag: train.py's flag for the data directory.
+      output_flag: train.py's flag for the run directory.
+      stage_flag: train.py's flag for the node-local staging directory.
+      local_batch_key: the config key of the per-rank batch (ranks x it = train.global_batch_size).
+      synthetic_config: the config that `make run` trains (synthetic data, CPU).
+      closed_configs: glob of the closed-division configs, one per RCP global batch.
+      generator: module writing synthetic data (`python -m <generator> --output-dir DIR ...`).
+      generator_args: the generator's arguments for the data `make` writes.
+      synthetic_data: where `make` writes that data.
+      make_prefix: prefix of the Makefile's variables <prefix>_DATA and <prefix>_CONFIG.
+      make_suffix: suffix of the Makefile's targets data<suffix>, run<suffix>, bench<suffix>.
+      make_run_dir_var: the Makefile variable naming the run directory of run<suffix>.
+      throughput_bench: the script `make bench<suffix>` runs; '' when there is none.
+    """
+    name: str
+    submission_name: str
+    train_script: str
+    task_class: str
+    config_class: str
+    data_flag: str
+    output_flag: str
+    stage_flag: str
+    local_batch_key: str
+    synthetic_config: str
+    closed_configs: str
+    generator: str
+    generator_args: tuple[str, ...]
+    synthetic_data: str
+    make_prefix: str
+    make_suffix: str
+    make_run_dir_var: str
+    throughput_bench: str = ""
+
+
+BENCHMARKS = (
+    Benchmark(
+        name="cosmoflow",
+        submission_name="cosmoflow",
+        train_script="cosmoflow/train.py",
+        task_class="cosmoflow.task:CosmoFlowTask",
+        config_class="cosmoflow.config:CosmoFlowConfig",
+        data_flag="--data-dir",
+        output_flag="--output-dir",
+        stage_flag="--stage-dir",
+        local_batch_key="data.batch_size",
+        synthetic_config="cosmoflow/configs/cosmoflow_synthetic_cpu.yaml",
+        closed_configs="cosmoflow/configs/cosmoflow_closed_gbs*.yaml",
+        generator="cosmoflow.synthetic",
+        generator_args=("--size", "32", "--n-train", "4096", "--n-valid", "512"),
+        synthetic_data="data/cosmoflow_synth32",
+        make_prefix="COSMO",
+        make_suffix="",
+        make_run_dir_var="RUN_DIR",
+        throughput_bench="bench/cosmoflow_throughput.py",
+    ),
+    Benchmark(
+        name="deepcam",
+        submission_name="deepcam",
+        train_script="deepcam/train.py",
+        task_class="deepcam.task:DeepCAMTask",
+        config_class="deepcam.config:DeepCAMConfig",
+        data_flag="--data_dir_prefix",
+        output_flag="--output_dir",
+        stage_flag="--stage_dir",
+        local_batch_key="data.local_batch_size",
+        synthetic_config="deepcam/configs/deepcam_synthetic_cpu.yaml",
+        closed_configs="deepcam/configs/deepcam_closed_gbs*.yaml",
+        generator="deepcam.synthetic",
+        generator_args=("--height", "128", "--width", "192", "--n-train", "512", "--n-valid", "64",
+                        "--cyclone-fraction", "0.003"),
+        synthetic_data="data/deepcam_synth",
+        make_prefix="DEEPCAM",
+        make_suffix="-deepcam",
+        make_run_dir_var="DEEPCAM_RUN_DIR",
+        throughput_bench="bench/deepcam_throughput.py",
+    ),
+)
+FIELDS = tuple(f.name for f in dataclasses.fields(Benchmark))
+
+
+def names() -> tuple[str, ...]:
+    """Every benchmark's name, in table order."""
+    return tuple(b.name for b in BENCHMARKS)
+
+
+def get(name: str) -> Benchmark:
+    """The entry of benchmark `name`.
+
+    Raises:
+      KeyError: no benchmark has that name (the message lists those that do).
+    """
+    for b in BENCHMARKS:
+        if b.name == name:
+            return b
+    raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(names())}")
+
+
+def closed_configs(name: str) -> list[Path]:
+    """The benchmark's closed-division config files, sorted."""
+    return sorted(REPO.glob(get(name).closed_configs))
+
+
+def _import(spec: str):
+    module, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def task_class(name: str):
+    """The benchmark's Task class (imports the benchmark package, and so TensorFlow)."""
+    return _import(get(name).task_class)
+
+
+def config_class(name: str):
+    """The benchmark's config dataclass."""
+    return _import(get(name).config_class)
+
+
+def closed_config_for_ranks(name: str, ranks: int, local_batch: int | None = None,
+                            accumulation: int | None = None) -> Path | None:
+    """The closed config whose RCP global batch `ranks` ranks run: ranks x local batch x accumulation
+    == train.global_batch_size, with the config's local batch and accumulation unless given.
+
+    Returns None when no closed config of the benchmark fits that many ranks.
+    """
+    for path, global_batch, config_local, config_accumulation in closed_config_batches(name):
+        per_rank = (local_batch or config_local or 0) * (accumulation or config_accumulation)
+        if global_batch and per_rank * ranks == global_batch:
+            return path
+    return None
+
+
+def closed_config_batches(name: str) -> list[tuple[Path, int | None, int | None, int]]:
+    """(path, train.global_batch_size, local batch, gradient accumulation) of each closed config."""
+    import yaml   # here, not at the top: the rest of the table needs nothing outside the standard library
+    section, _, key = get(name).local_batch_key.partition(".")
+    out = []
+    for path in closed_configs(name):
+        cfg = yaml.safe_load(path.read_text()) or {}
+        train = cfg.get("train") or {}
+        out.append((path, train.get("global_batch_size"), (cfg.get(section) or {}).get(key),
+                    int(train.get("gradient_accumulation_frequency") or 1)))
+    return out
+
+
+def make_fragment() -> str:
+    """Makefile text defining each benchmark's variables and its data, run and bench targets.
+
+    Variables keep their command-line and environment overrides (`?=`). Lines are separated by
+    ' ;; ' because make's $(shell) turns newlines into spaces; the Makefile puts them back.
+    """
+    lines = [f"BENCHMARKS := {' '.join(names())}"]
+    for b in BENCHMARKS:
+        p, s = b.make_prefix, b.make_suffix
+        lines += [
+            f"{p}_DATA ?= {b.synthetic_data}",
+            f"{p}_CONFIG ?= {b.synthetic_config}",
+            f"{b.make_run_dir_var} ?= runs/{b.name}-$(shell date +%Y%m%d-%H%M%S)",
+            # make result-set / weak-scaling BENCH=<name> find a benchmark's data, config and data target here.
+            f"DATA_{b.name} = $({p}_DATA)",
+            f"CONFIG_{b.name} = $({p}_CONFIG)",
+            f"DATA_TARGET_{b.name} = data{s}",
+            f".PHONY: data{s} run{s}" + (f" bench{s}" if b.throughput_bench else ""),
+            f"data{s}: install",
+            f"\t@$(PY) -m {b.generator} --output-dir $({p}_DATA) {' '.join(b.generator_args)}",
+            f"run{s}: data{s}",
+            f"\t@$(LAUNCH) $(PY) {b.train_script} $({p}_CONFIG) {b.data_flag} $({p}_DATA)"
+            f" {b.output_flag} $({b.make_run_dir_var})",
+        ]
+        if b.throughput_bench:
+            lines += [f"bench{s}: install", f"\t@$(PY) {b.throughput_bench}"]
+    return " ;; ".join(lines)
+
+
+def _value(b: Benchmark, field: str) -> str:
+    value = getattr(b, field)
+    return " ".join(value) if isinstance(value, tuple) else str(value)
+
+
+def main(argv=None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("names", help="every benchmark's name, one a line")
+    get_parser = commands.add_parser("get", help="fields of a benchmark's entry, one a line")
+    get_parser.add_argument("name", choices=names())
+    get_parser.add_argument("fields", nargs="+", choices=FIELDS, metavar="field")
+    closed = commands.add_parser("closed-config", help="the closed config that RANKS ranks run (ranks x local batch)")
+    closed.add_argument("name", choices=names())
+    closed.add_argument("ranks", type=int)
+    commands.add_parser("make", help="the Makefile's per-benchmark variables and targets (' ;; ' between lines)")
+    args = parser.parse_args(argv)
+    if args.command == "names":
+        print("\n".join(names()))
+    elif args.command == "get":
+        print("\n".join(_value(get(args.name), field) for field in args.fields))
+    elif args.command == "closed-config":
+        path = closed_config_for_ranks(args.name, args.ranks)
+        if path is None:
+            print(f"no closed {args.name} config runs on {args.ranks} ranks (ranks x local batch must be an RCP "
+                  f"global batch; see {Path(get(args.name).closed_configs).parent}/): set CONFIG", file=sys.stderr)
+            return 1
+        print(path.relative_to(REPO))
+    else:
+        print(make_fragment())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

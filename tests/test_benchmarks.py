@@ -1,0 +1,202 @@
+"""The benchmark table (common/benchmarks.py): its files exist, its CLI prints it, and make and
+the sbatch scripts resolve each benchmark's script and flags from it.
+"""
+
+import ast
+import dataclasses
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common import benchmarks
+from tests.helpers import REPO
+
+NAMES = benchmarks.names()
+# Stands in for srun: writes its arguments, one a line, to $SRUN_ARGS and exits 0.
+FAKE_SRUN = """#!/bin/bash
+printf '%s\\n' "$@" > "$SRUN_ARGS"
+"""
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "common.benchmarks", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _defines_class(spec: str) -> bool:
+    """Whether the module file of a "module:Class" spec defines that class (read, not imported)."""
+    module, _, name = spec.partition(":")
+    path = REPO / (module.replace(".", "/") + ".py")
+    return path.is_file() and any(isinstance(node, ast.ClassDef) and node.name == name
+                                  for node in ast.parse(path.read_text()).body)
+
+
+def test_the_table_is_importable_without_tensorflow():
+    code = "import sys; import common.benchmarks; print('tensorflow' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
+
+
+def test_names_and_make_names_are_unique():
+    for field in ("name", "make_prefix", "make_suffix", "make_run_dir_var", "train_script"):
+        values = [getattr(b, field) for b in benchmarks.BENCHMARKS]
+        assert len(set(values)) == len(values), f"two benchmarks share {field}: {values}"
+    with pytest.raises(KeyError, match="unknown benchmark 'nope'.*cosmoflow"):
+        benchmarks.get("nope")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_file_an_entry_names_exists(name):
+    b = benchmarks.get(name)
+    assert (REPO / b.train_script).is_file()
+    assert (REPO / b.synthetic_config).is_file()
+    closed = benchmarks.closed_configs(name)
+    assert closed and all(p.is_file() for p in closed), b.closed_configs
+    assert (REPO / (b.generator.replace(".", "/") + ".py")).is_file(), b.generator
+    assert not b.throughput_bench or (REPO / b.throughput_bench).is_file()
+    # The task class is named, not imported (importing it imports TensorFlow).
+    assert _defines_class(b.task_class), b.task_class
+    assert dataclasses.is_dataclass(benchmarks.config_class(name))
+    # The train script takes the flags the table gives it (make and sbatch pass them).
+    assert b.data_flag.startswith("--") and b.output_flag.startswith("--") and b.stage_flag.startswith("--")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_closed_configs_give_their_global_batch_and_the_cli_finds_them(name):
+    section, _, key = benchmarks.get(name).local_batch_key.partition(".")
+    for path in benchmarks.closed_configs(name):
+        cfg = yaml.safe_load(path.read_text())
+        global_batch, local_batch = cfg["train"]["global_batch_size"], cfg[section][key]
+        assert global_batch % local_batch == 0, path
+        ranks = global_batch // local_batch
+        assert benchmarks.closed_config_for_ranks(name, ranks) == path
+        proc = cli("closed-config", name, str(ranks))
+        assert proc.returncode == 0 and proc.stdout.strip() == str(path.relative_to(REPO)), proc.stderr
+    proc = cli("closed-config", name, "7")   # no RCP global batch is 7 x a local batch of 2 or 4
+    assert proc.returncode == 1 and proc.stdout == "" and "set CONFIG" in proc.stderr
+
+
+def test_cli_prints_what_the_table_holds():
+    proc = cli("names")
+    assert proc.returncode == 0 and proc.stdout.split() == list(NAMES)
+    for b in benchmarks.BENCHMARKS:
+        proc = cli("get", b.name, *benchmarks.FIELDS)
+        assert proc.returncode == 0, proc.stderr
+        expected = [" ".join(v) if isinstance(v, tuple) else str(v) for v in dataclasses.astuple(b)]
+        assert proc.stdout.splitlines() == expected
+    assert cli("get", "nope", "data_flag").returncode != 0
+    assert cli("get", NAMES[0], "no_such_field").returncode != 0
+
+
+def make_n(*args) -> str:
+    proc = subprocess.run(["make", "-n", "-C", str(REPO), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return " ".join(proc.stdout.replace("\\\n", " ").split())   # one line, single spaces
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+@pytest.mark.parametrize("name", NAMES)
+def test_make_targets_take_script_config_and_flags_from_the_table(name):
+    b = benchmarks.get(name)
+    generate = f"-m {b.generator} --output-dir {b.synthetic_data} {' '.join(b.generator_args)}"
+    run = make_n(f"run{b.make_suffix}", f"{b.make_run_dir_var}=/tmp/run-x")
+    assert generate in run
+    assert f"{b.train_script} {b.synthetic_config} {b.data_flag} {b.synthetic_data} {b.output_flag} /tmp/run-x" in run
+    # The documented variables still override.
+    run = make_n(f"run{b.make_suffix}", f"{b.make_prefix}_DATA=/d", f"{b.make_prefix}_CONFIG=/c.yaml")
+    assert f"{b.train_script} /c.yaml {b.data_flag} /d " in run
+    for target in ("result-set", "weak-scaling"):
+        text = make_n(target, f"BENCH={name}")
+        assert generate in text
+        module = "offline.result_set" if target == "result-set" else "offline.weak_scaling"
+        assert f"-m {module} --bench {name} " in text
+        assert f"--config {b.synthetic_config} --data-dir {b.synthetic_data}" in text
+    if b.throughput_bench:
+        assert b.throughput_bench in make_n(f"bench{b.make_suffix}")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_refuses_an_unknown_bench():
+    proc = subprocess.run(["make", "-n", "-C", str(REPO), "result-set", "BENCH=nope"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "BENCH=nope is not a benchmark" in proc.stderr
+
+
+@pytest.fixture
+def fake_slurm(tmp_path) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(stat.S_IRWXU)
+    (tmp_path / "config.yaml").write_text("mlperf: {org: reference}\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return environ | {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "REPO": str(REPO),
+                      "VENV": str(Path(sys.executable).parent.parent), "DATA_DIR": "/data/set",
+                      "CONFIG": str(tmp_path / "config.yaml"), "OUTPUT_DIR": str(tmp_path / "out"),
+                      "STAGE_DIR": "/local/stage", "SRUN_ARGS": str(tmp_path / "srun_args"), "SYSTEM": "testbox"}
+
+
+def sbatch(script: str, environ: dict) -> list[str]:
+    """Runs slurm/<script> with the fake srun; the arguments srun was given."""
+    proc = subprocess.run(["bash", str(REPO / "slurm" / script)], env=environ, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    args = Path(environ["SRUN_ARGS"])
+    assert args.exists(), proc.stdout + proc.stderr
+    return args.read_text().splitlines()
+
+
+def _flag_value(args: list[str], flag: str) -> str:
+    assert flag in args, args
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_env_sh_reads_each_benchmarks_script_and_flags(name):
+    b = benchmarks.get(name)
+    script = 'source slurm/env.sh >/dev/null; read_benchmark "$1"; printf "%s\\n" "$TRAIN_SCRIPT" "$DATA_FLAG" ' \
+             '"$OUTPUT_FLAG" "$STAGE_FLAG"'
+    environ = dict(os.environ, REPO=str(REPO), DATA_DIR="/d", VENV=str(Path(sys.executable).parent.parent))
+    proc = subprocess.run(["bash", "-c", script, "bash", name], env=environ, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [b.train_script, b.data_flag, b.output_flag, b.stage_flag]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_train_sbatch_passes_the_tables_flags(fake_slurm, name):
+    b = benchmarks.get(name)
+    args = sbatch("train.sbatch", fake_slurm | {"BENCH": name})
+    assert b.train_script in args
+    assert _flag_value(args, b.data_flag) == "/data/set"
+    assert _flag_value(args, b.output_flag) == fake_slurm["OUTPUT_DIR"]
+    assert _flag_value(args, b.stage_flag) == "/local/stage"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "slurm").glob("*.sbatch")
+                                          if p.stem in NAMES))
+def test_a_benchmarks_own_sbatch_runs_that_benchmark(fake_slurm, script):
+    b = benchmarks.get(Path(script).stem)
+    args = sbatch(script, fake_slurm | {"BENCH": "not-this-one"})   # the script's own benchmark wins
+    assert b.train_script in args and _flag_value(args, b.data_flag) == "/data/set"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_weak_scaling_sbatch_passes_the_tables_flags(fake_slurm, name):
+    b = benchmarks.get(name)
+    args = sbatch("weak_scaling.sbatch", fake_slurm | {"BENCH": name, "INSTANCES": "1", "NODES_PER_INSTANCE": "1",
+                                                       "SLURM_NTASKS_PER_NODE": "1"})
+    assert b.train_script in args
+    assert _flag_value(args, b.data_flag) == "/data/set"
+    assert _flag_value(args, b.stage_flag) == "/local/stage/instance_0"
+
+
+def test_result_set_sbatch_runs_the_tables_script(fake_slurm):
+    for name in NAMES:
+        args = sbatch("result_set.sbatch", fake_slurm | {"BENCH": name, "SLURM_ARRAY_TASK_ID": "0"})
+        assert benchmarks.get(name).train_script in args

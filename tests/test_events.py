@@ -1,0 +1,92 @@
+"""Trainer events: written-out methods, misspelled listeners refused, and the MLPerf log's
+file:line taken from the caller of `Events`, however deep the listeners sit."""
+
+import inspect
+import json
+
+import pytest
+
+from common.events import CallSite, Events, Listener, RunInfo, StepInfo
+from common.mlperf_logger import MLPerfLogger, encode_line
+
+
+class Recorder(Listener):
+    def __init__(self):
+        self.calls = []
+
+    def on_epoch_start(self, epoch, site):
+        self.calls.append(("epoch_start", epoch, site))
+
+    def on_step(self, step, site):
+        self.calls.append(("step", step.global_step, site))
+
+
+def test_every_listener_event_is_a_method_of_events():
+    events = {n for n in vars(Listener) if n.startswith("on_")}
+    assert events == {n for n in vars(Events) if n.startswith("on_")}
+    assert {"on_step", "on_train_log", "on_run_stop"} <= events
+
+
+def test_a_misspelled_listener_method_is_refused_at_construction():
+    class Typo(Listener):
+        def on_epoch_stopp(self, epoch, train, site):   # would never run
+            pass
+
+    with pytest.raises(TypeError, match="on_epoch_stopp"):
+        Events([Typo()])
+
+
+def test_listeners_get_the_event_and_the_callers_line_in_order():
+    first, second = Recorder(), Recorder()
+    events = Events([first, second])
+    line = inspect.currentframe().f_lineno + 1
+    events.on_epoch_start(3)
+    events.on_step(StepInfo(epoch=3, step=1, steps_per_epoch=10, global_step=21))
+    expected_site = CallSite("tests/test_events.py", line)
+    assert first.calls == second.calls
+    assert first.calls[0] == ("epoch_start", 3, expected_site)
+    assert first.calls[1] == ("step", 21, CallSite("tests/test_events.py", line + 1))
+
+
+def _info():
+    return RunInfo(benchmark="cosmoflow", seed=1, num_nodes=1, ranks=1, accelerators_per_node=0,
+                   global_batch_size=8, train_samples=64, eval_samples=8, hyperparameters={"opt_name": "sgd"},
+                   target_name="eval_error", target=0.124)
+
+
+def _emit(events):
+    """The events of a one-epoch run, from a function one level deeper than the test."""
+    events.on_init_start()
+    events.on_init_stop(_info())
+    events.on_run_start()
+    events.on_epoch_start(1)
+    events.on_epoch_stop(1, {"loss": 0.5, "samples_per_s": 10.0})
+    events.on_eval_start(1)
+    events.on_eval_stop(1, 0.3)
+    events.on_run_stop("aborted", 1)
+    return inspect.getsourcelines(_emit)[1]
+
+
+def test_mlperf_lines_name_the_line_that_raised_the_event(tmp_path):
+    logger = MLPerfLogger(tmp_path, {k: "x" for k in ("benchmark", "org", "division", "status", "platform")},
+                          metric_key="eval_error")
+    events = Events([logger])
+    first_line = _emit(events)
+    events.close()
+    records = [json.loads(line[len(":::MLLOG "):]) for line in (tmp_path / "mlperf.log").read_text().splitlines()]
+    by_key = {r["key"]: r for r in records}
+    body = {"init_start": 3, "seed": 4, "init_stop": 4, "run_start": 5, "epoch_start": 6, "epoch_stop": 7,
+            "train_loss": 7, "eval_start": 8, "eval_stop": 9, "eval_error": 9, "run_stop": 10}
+    for key, offset in body.items():
+        assert by_key[key]["metadata"]["file"] == "tests/test_events.py", key
+        assert by_key[key]["metadata"]["lineno"] == first_line + offset - 1, key
+    assert by_key["epoch_start"]["metadata"]["epoch_num"] == 1
+    assert by_key["run_stop"]["metadata"]["status"] == "aborted"
+    assert not (tmp_path / "mlperf.log.partial").exists()
+
+
+def test_lines_are_encoded_as_mllog_encodes_them():
+    from mlperf_logging.mllog.mllog import _encode_log
+    metadata = {"file": "a.py", "lineno": 3, "epoch_num": 2}
+    ours = encode_line("INTERVAL_START", "epoch_start", None, metadata, time_ms=123)
+    assert ours == _encode_log("", 123, "INTERVAL_START", "epoch_start", None, metadata)

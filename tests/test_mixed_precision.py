@@ -1,0 +1,150 @@
+"""fp16 mixed precision on CPU: dynamic loss scaling (common.runtime.wrap_optimizer) in TrainStep.
+
+The model is one Dense layer, so the float16 step can be checked against the float32
+step exactly where the maths says they agree exactly, and within a derived rounding
+bound elsewhere. The layer keeps float32 variables and computes in float16 (the Keras
+mixed policy); TrainStep scales the loss by the loss scale S before the backward pass
+and divides the gradients by S before applying them.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.runtime import wrap_optimizer
+from common.steps import TrainStep
+from tests import helpers
+
+LR = 0.01
+S0 = 2.0 ** 15     # Keras' initial dynamic loss scale
+U16 = 2.0 ** -11   # unit roundoff of float16 (11 significant bits)
+U32 = 2.0 ** -24
+
+
+
+def mse(y, pred):
+    return tf.reduce_mean(tf.square(y - tf.cast(pred, tf.float32)))
+
+
+@pytest.fixture(autouse=True)
+def float32_afterwards():
+    """Whatever a test does to the global policy, the next test starts from float32."""
+    try:
+        yield
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def build(policy: str, kernel, bias) -> tf.keras.Model:
+    """Dense(1) made under the global policy `policy`, with these weights."""
+    tf.keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = tf.keras.Sequential([tf.keras.Input((kernel.shape[0],)), tf.keras.layers.Dense(1)])
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    model.layers[0].set_weights([np.asarray(kernel, np.float32), np.asarray(bias, np.float32)])
+    return model
+
+
+def step(policy: str, kernel, bias, x, y):
+    """One TrainStep of SGD(LR) under `policy`; returns (model, optimizer, loss)."""
+    model = build(policy, kernel, bias)
+    optimizer = wrap_optimizer(tf.keras.optimizers.SGD(LR), policy)
+    loss = TrainStep(model, optimizer, mse, helpers.SingleProcess())(iter([(tf.constant(x, tf.float32), tf.constant(y, tf.float32))]))
+    return model, optimizer, float(loss)
+
+
+def weights(model) -> list:
+    return [v.numpy() for v in model.trainable_variables]
+
+
+def test_only_float16_policies_get_a_loss_scale_optimizer():
+    for policy in ("mixed_float16", tf.keras.mixed_precision.Policy("mixed_float16")):
+        sgd = tf.keras.optimizers.SGD(LR)
+        wrapped = wrap_optimizer(sgd, policy)
+        assert isinstance(wrapped, tf.keras.mixed_precision.LossScaleOptimizer)
+        assert wrapped.inner_optimizer is sgd and wrapped.dynamic and float(wrapped.loss_scale) == S0
+    for policy in ("float32", "mixed_bfloat16", tf.keras.mixed_precision.Policy("mixed_bfloat16")):
+        sgd = tf.keras.optimizers.SGD(LR)
+        assert wrap_optimizer(sgd, policy) is sgd   # bf16 has float32's exponent range: nothing overflows
+
+
+def test_a_step_whose_fp16_gradients_overflow_is_skipped_and_halves_the_loss_scale():
+    kernel, bias = np.full((4, 1), 0.25), np.zeros(1)
+    x, y = np.full((8, 4), 64.0), np.zeros((8, 1))
+    # pred = 64 and the loss 4096 are finite in float16, but dLoss/dpred x S = 2/8 x 64 x 2^15
+    # = 2^19 is beyond float16's largest value (65504): the backward pass overflows.
+    model, opt, loss = step("mixed_float16", kernel, bias, x, y)
+    assert model.layers[0].compute_dtype == "float16" and model.layers[0].kernel.dtype == tf.float32
+    assert loss == 4096.0
+    assert float(opt.loss_scale) == S0 / 2
+    np.testing.assert_array_equal(weights(model)[0], kernel.astype(np.float32))   # not updated
+    np.testing.assert_array_equal(weights(model)[1], bias.astype(np.float32))
+    assert int(opt.iterations) == 1   # Keras counts the skipped step: the LR schedule moves on
+    # The same step in float32 has finite gradients and moves every weight.
+    ref, ref_opt, ref_loss = step("float32", kernel, bias, x, y)
+    assert ref_loss == 4096.0 and int(ref_opt.iterations) == 1
+    np.testing.assert_allclose(weights(ref)[0], np.full((4, 1), 0.25 - LR * 2 / 8 * 8 * 64 * 64), rtol=1e-6)
+
+
+def test_a_normal_step_with_values_exact_in_fp16_equals_the_fp32_step_bit_for_bit():
+    # Inputs in {-1, -0.5, 0, 0.5, 1}, weights multiples of 1/4, targets 1/8 off the
+    # prediction: every product and partial sum of the forward and backward pass is a
+    # multiple of a power of two with a few significant bits, the scaled gradients stay
+    # below 2^15 < 65504, and S is a power of two: float16 computes all of it exactly,
+    # so the update must be the float32 one, bit for bit.
+    rng = np.random.default_rng(0)
+    x = rng.integers(-2, 3, (8, 4)) / 2.0
+    kernel, bias = rng.integers(-4, 5, (4, 1)) / 4.0, np.array([0.5])
+    y = x @ kernel + bias + rng.integers(-4, 5, (8, 1)) / 8.0
+    model, opt, loss = step("mixed_float16", kernel, bias, x, y)
+    ref, _, ref_loss = step("float32", kernel, bias, x, y)
+    assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1   # applied, no overflow
+    assert loss == ref_loss
+    assert not np.array_equal(weights(ref)[0], kernel.astype(np.float32))   # the step moved the weights
+    for got, expected in zip(weights(model), weights(ref)):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_normal_step_on_random_values_is_the_fp32_step_within_the_fp16_rounding_bound():
+    rng = np.random.default_rng(1)
+    B, F = 8, 4
+    x = rng.uniform(-0.5, 0.5, (B, F))
+    kernel, bias = rng.uniform(-1, 1, (F, 1)), rng.uniform(-1, 1, 1)
+    y = x @ kernel + bias + rng.uniform(-0.5, 0.5, (B, 1))   # |dLoss/dpred| x S < 2^13: no overflow
+    model, opt, _ = step("mixed_float16", kernel, bias, x, y)
+    ref, _, _ = step("float32", kernel, bias, x, y)
+    assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1
+
+    # Forward error analysis of the float16 step (x, kernel and bias rounded to float16,
+    # an (F+1)-term dot product, the output rounded), gamma_k = k u / (1 - k u):
+    #   |pred16 - pred| <= e_b = gamma_{F+3} (sum_f |x_bf w_f| + |c|)
+    # dLoss/dpred = 2/B (pred - y) times S is rounded to float16 (S exact, a power of two),
+    # then the B-term sums of the kernel and bias gradients: with r_b = |pred_b - y_b|,
+    #   |g16_f - g_f| <= 2/B sum_b |x_bf| (e_b + gamma_{B+4} (r_b + e_b)),
+    # the bias likewise with |x_bf| = 1. The float32 step has the same terms with 2^-24.
+    def gamma(k, u):
+        return k * u / (1 - k * u)
+
+    w, c = kernel[:, 0], bias[0]
+    dot = np.abs(x * w).sum(1) + abs(c)
+    r = np.abs(x @ w + c - y[:, 0])
+    bound = []
+    for u in (U16, U32):
+        e = gamma(F + 3, u) * dot
+        per_sample = e + gamma(B + 4, u) * (r + e)
+        bound.append((2 / B * (np.abs(x).T @ per_sample), 2 / B * per_sample.sum()))
+    kernel_bound = LR * (bound[0][0] + bound[1][0])[:, None] * (1 + 1e-3)   # plus float32's own
+    bias_bound = LR * (bound[0][1] + bound[1][1]) * (1 + 1e-3)              # rounding of w - lr g
+
+    (k16, b16), (k32, b32) = weights(model), weights(ref)
+    start_k, start_b = kernel.astype(np.float32), bias.astype(np.float32)
+    kernel_err = np.abs((k16 - start_k).astype(np.float64) - (k32 - start_k))
+    bias_err = np.abs((b16 - start_b).astype(np.float64) - (b32 - start_b))
+    # Plus the rounding of the stored float32 weights, which the differences above include.
+    stored = 2 * np.spacing(np.float32(max(np.abs(k32).max(), np.abs(b32).max())))
+    assert np.all(kernel_err <= kernel_bound + stored), (kernel_err, kernel_bound)
+    assert np.all(bias_err <= bias_bound + stored), (bias_err, bias_bound)
+    # It did compute in float16: the update differs from float32's, by about float16's precision.
+    update = np.abs(k32 - start_k).astype(np.float64)
+    assert 1e-5 < (kernel_err / update).max() < 20 * U16, kernel_err / update

@@ -1,0 +1,49 @@
+"""Every shipped config trains: `--tiny` (runtime.tiny) shrinks it into a few steps of one epoch.
+
+Loading a config (tests/test_config.py) does not show that its model builds, its optimizer
+and schedule step, its logging and TensorBoard work; a tiny run of each does, in seconds.
+The data are the tests' small synthetic sets, so the sample shape is set to theirs; every
+other key of the config stays (closed hyperparameters, precision, optimizer, schedule).
+"""
+
+import json
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from common import benchmarks
+from tests import conftest, helpers
+
+SHAPE_OF_TEST_DATA = {
+    "cosmoflow": ["--set", f"data.sample_shape={conftest.TINY['size']},{conftest.TINY['size']},"
+                           f"{conftest.TINY['size']},4"],
+    "deepcam": ["--set", f"data.height={conftest.DEEPCAM_TINY['height']}",
+                "--set", f"data.width={conftest.DEEPCAM_TINY['width']}"],
+}
+CONFIGS = [(name, path) for name in benchmarks.names()
+           for path in [helpers.REPO / benchmarks.get(name).synthetic_config, *benchmarks.closed_configs(name)]]
+
+
+@pytest.mark.parametrize("name,config", CONFIGS, ids=[p.stem for _, p in CONFIGS])
+def test_every_shipped_config_trains_tiny(name, config, cosmo_data, deepcam_data, tmp_path):
+    bench = benchmarks.get(name)
+    data = cosmo_data if name == "cosmoflow" else deepcam_data
+    out = tmp_path / "run"
+    proc = helpers.run([helpers.PYTHON, helpers.REPO / bench.train_script, config, bench.data_flag, data,
+                        bench.output_flag, out, "--tiny", "--tensorboard", *SHAPE_OF_TEST_DATA[name]], timeout=600)
+    # 3: trained, target not reached (a tiny run is a smoke run; its log says aborted).
+    assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "runtime.tiny: the config is shrunk" in proc.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert [h["epoch"] for h in summary["history"]] == [1]
+    assert 0 < summary["history"][0]["loss"] < float("inf")
+    assert summary["weights_in_sync"]
+    resolved = (out / "config.yaml").read_text()
+    assert "tiny: true" in resolved
+    assert '"key": "run_stop"' in (out / "mlperf.log").read_text().splitlines()[-1]
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"]) | set(events.Tags()["tensors"])
+    assert {"train/loss", "train/learning_rate", "train/samples_per_s", f"eval/{summary['metric_name']}"} <= scalars
