@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from common.files import write_text_atomic
+from common.staging import stage_files
 from common.task import Shards
 
 
@@ -41,7 +42,6 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None) -> t
 
 def stage(cfg, dist, shards: Shards, progress=None) -> tuple[Shards, dict]:
     """Copies this rank's files to the node-local stage_dir; (staged Shards, figures of all ranks)."""
-    from common.staging import stage_files
     s = cfg.staging
     # '{node}' / '{host}' in the path name a directory per node, for nodes
     # that share a file system (or several "nodes" on one machine).

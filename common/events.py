@@ -14,7 +14,11 @@ on how deep the listeners sit.
 """
 
 import dataclasses
+import functools
 import sys
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +105,11 @@ def _caller() -> CallSite:
     return CallSite(_relative(frame.f_code.co_filename), frame.f_lineno)
 
 
+@functools.lru_cache(maxsize=None)
 def _relative(path: str) -> str:
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
+    """`path` relative to the repository (cached: on_step asks for the same file every step)."""
     try:
-        return str(Path(path).resolve().relative_to(root))
+        return str(Path(path).resolve().relative_to(_REPO))
     except ValueError:
         return path
 

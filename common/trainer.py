@@ -456,7 +456,7 @@ class Trainer:
                 if self.global_step % t.stop_check_steps == 0 and self._stop_agreed():
                     self._save(epoch, step, wait=True)
                     return None
-            loss = float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
+            loss = _mean(losses)
         self.epoch_losses = []
         seconds = time.perf_counter() - start
         loss = float(self.dist.allreduce_mean([loss])[0])
@@ -466,7 +466,7 @@ class Trainer:
 
     def _train_log(self, epoch, losses, since) -> TrainLog:
         """This rank's mean loss over `losses` (waits for the last step), the LR, samples/s since `since`."""
-        loss = float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
+        loss = _mean(losses)
         seconds = time.perf_counter() - since
         samples = len(losses) * self.samples_per_epoch / self.steps_per_epoch
         return TrainLog(epoch=epoch, global_step=self.global_step, loss=loss,
@@ -494,6 +494,11 @@ class Trainer:
     def _weights_in_sync(self) -> tuple[bool, int]:
         """All ranks must end with identical variables, batch-norm statistics included (common.fingerprint)."""
         return variables_in_sync(self.model.variables, self.dist)
+
+
+def _mean(losses) -> float:
+    """The mean of a list of scalar loss tensors, in float64 (reading it waits for the last step)."""
+    return float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
 
 
 def write_summary(result: RunResult, path, extra: dict) -> None:
