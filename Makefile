@@ -9,7 +9,7 @@ NP ?= 1
 # How NP ranks are started on this machine (Gloo needs no MPI).
 LAUNCH = $(if $(filter 1,$(NP)),,$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo)
 
-.PHONY: install result-set weak-scaling test test-all bench-budgets clean
+.PHONY: install result-set weak-scaling test test-all bench bench-budgets clean
 
 install:
 	@VENV=$(VENV) VARIANT=$(VARIANT) bash tools/install.sh
@@ -56,6 +56,11 @@ test: install
 
 test-all: install
 	@$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Both benchmarks' compute (oneDNN on/off, fp32/bf16) and input figures on this CPU, as one table:
+# bench/results/<ISA>.md and .json. `make bench-cosmoflow` / `make bench-deepcam`: one benchmark.
+bench: install
+	@$(PY) bench/report.py
 
 # `make run` training and `make test` wall time against their budgets on this CPU.
 bench-budgets: install

@@ -38,6 +38,7 @@ def add_arguments(parser, warmup_steps: int, steps: int) -> None:
                         help="ranks: more than 1 runs train.py under horovodrun --gloo on this machine")
     parser.add_argument("--output-dir", default=None,
                         help="keep each mode's run folder (config.yaml, summary.json) here; default: a temporary dir")
+    parser.add_argument("--json", default=None, help="also write the table and the machine here (make bench reads it)")
 
 
 def parse_modes(parser, value: str) -> list[str]:
@@ -121,6 +122,16 @@ def _tensorflow_version() -> str:
         except importlib.metadata.PackageNotFoundError:
             continue
     return "?"
+
+
+def write_json(path, title: str, runs, table_rows) -> None:
+    """The table of print_table as JSON, with the machine of the first run (bench/report.py reads it)."""
+    rt = runs[0][1]["runtime"]
+    record = {"title": title, "machine": rt["cpu"] | {"tensorflow": _tensorflow_version(),
+                                                      "threads_per_rank": rt["intra_op_threads"]},
+              "rows": [{"measurement": what, "precision": precision, "samples_per_s_per_rank": per_rank,
+                        "samples_per_s": total} for what, precision, per_rank, total in table_rows]}
+    Path(path).write_text(json.dumps(record, indent=2))
 
 
 def print_table(title: str, table_rows) -> None:

@@ -7,7 +7,7 @@
 Writes synthetic samples in the public format (once, into --data-dir), then runs
 `cosmoflow/train.py CONFIG --benchmark STEPS` once per mode (the real trainer: staging,
 input pipeline, Horovod) and reads the figures from its summary.json:
-  - input pipeline alone: the training pipeline (read, inflate, parse, log1p,
+  - input pipeline alone: the training pipeline (read, inflate, parse, int16
     batch; the config's cache setting) drawn without a model, per rank;
   - training: --steps steps of the training loop after --warmup-steps untimed ones,
     so the figure includes the input pipeline feeding each step and, with --np
@@ -55,12 +55,15 @@ def main(argv=None) -> int:
                  "mlperf.division": "open"}
     runs = benchmark_mode.run_modes("cosmoflow", args.config, overrides, modes, args.steps, args.warmup_steps,
                                     args.np, args.output_dir)
-    rows = benchmark_mode.rows(runs, "input pipeline alone (gzip TFRecord -> log1p batches)",
+    rows = benchmark_mode.rows(runs, "input pipeline alone (TFRecord -> int16 batches)",
                                f"training (input pipeline{', allreduce' if args.np > 1 else ''}), "
                                f"batch {args.batch_size}/rank")
-    benchmark_mode.print_table(f"CosmoFlow throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
-                               f"warm-up step(s), {args.np} rank(s), sample {shape}, "
-                               f"{benchmark_mode.machine(runs)}", rows)
+    title = (f"CosmoFlow throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
+             f"warm-up step(s), {args.np} rank(s), sample {shape}, "
+             f"{benchmark_mode.machine(runs)}")
+    benchmark_mode.print_table(title, rows)
+    if args.json:
+        benchmark_mode.write_json(args.json, title, runs, rows)
     return 0
 
 

@@ -58,15 +58,18 @@ def main(argv=None) -> int:
     runs = benchmark_mode.run_modes("deepcam", args.config, overrides, modes, args.steps, args.warmup_steps,
                                     args.np, args.output_dir)
     mb = os.path.getsize(next((data_dir / "train").glob("*.h5"))) / 1e6
-    reader_rate = runs[0][1]["benchmark"]["input_samples_per_s_per_rank"]
+    reader_rate = runs[0][1]["throughput"]["input_samples_per_s_per_rank"]
     print(f"[bench] reader alone ({args.readers} files in flight, {mb:.1f} MB/sample): {reader_rate:.2f} samples/s, "
           f"{reader_rate * mb:.0f} MB/s per rank ({modes[0]} run)")
     rows = benchmark_mode.rows(runs, f"HDF5 reader alone, {args.readers} readers, {mb:.1f} MB/sample",
                                f"training (reader{', allreduce' if args.np > 1 else ''}), "
                                f"batch {args.batch_size}/rank")
-    benchmark_mode.print_table(f"DeepCAM throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
-                               f"warm-up step(s), {args.np} rank(s), sample {args.height}x{args.width}, "
-                               f"{benchmark_mode.machine(runs)}", rows)
+    title = (f"DeepCAM throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
+             f"warm-up step(s), {args.np} rank(s), sample {args.height}x{args.width}, "
+             f"{benchmark_mode.machine(runs)}")
+    benchmark_mode.print_table(title, rows)
+    if args.json:
+        benchmark_mode.write_json(args.json, title, runs, rows)
     return 0
 
 

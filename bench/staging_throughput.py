@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.staging import stage_files  # noqa: E402
+from common.staging import GUNZIP, stage_files  # noqa: E402
 
 THREAD_COUNTS = (1, 2, 4)
 
@@ -78,10 +78,10 @@ def measure(files, stage_root: Path, threads: int, decompress: bool, verify: boo
         os.sync()
         evict_from_page_cache(files)
         cached = resident_fraction(files)
-        _, first = stage_files(files, stage_dir, decompress, verify=verify, threads=threads)
+        _, first = stage_files(files, stage_dir, GUNZIP if decompress else None, verify=verify, threads=threads)
         os.sync()
         evict_from_page_cache(files)
-        _, rerun = stage_files(files, stage_dir, decompress, verify=verify, threads=threads)
+        _, rerun = stage_files(files, stage_dir, GUNZIP if decompress else None, verify=verify, threads=threads)
         assert first.skipped == 0 and rerun.skipped == len(files)
     finally:
         shutil.rmtree(stage_dir)

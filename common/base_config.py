@@ -78,7 +78,9 @@ class StagingConfig:
     # Node-local directory; None = read data_dir in place. '{node}' and '{host}'
     # are replaced by the node's index and hostname.
     stage_dir: Optional[str] = None
-    decompress: bool = False         # write GZIP TFRecords uncompressed while staging
+    # Stage each file in the benchmark's fast layout (Task.staged_layout: CosmoFlow
+    # inflates GZIP TFRecords, DeepCAM writes HDF5 samples as raw arrays); false copies as is.
+    convert: bool = True
     # Keep decoded samples in memory after the first epoch: 'auto' when they fit.
     cache: Literal["auto", "true", "false"] = "auto"
     # A staged file is reused while its source keeps the size and mtime recorded in

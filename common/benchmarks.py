@@ -41,9 +41,9 @@ class Benchmark:
       generator_args: the generator's arguments for the data `make` writes.
       synthetic_data: where `make` writes that data.
       make_prefix: prefix of the Makefile's variables <prefix>_DATA and <prefix>_CONFIG.
-      make_suffix: suffix of the Makefile's targets data<suffix>, run<suffix>, bench<suffix>.
+      make_suffix: suffix of the Makefile's targets data<suffix>, run<suffix> (and bench-<name>).
       make_run_dir_var: the Makefile variable naming the run directory of run<suffix>.
-      throughput_bench: the script `make bench<suffix>` runs; '' when there is none.
+      throughput_bench: the script `make bench-<name>` runs; '' when there is none.
     """
     name: str
     submission_name: str
@@ -192,7 +192,7 @@ def make_fragment() -> str:
             f"DATA_{b.name} = $({p}_DATA)",
             f"CONFIG_{b.name} = $({p}_CONFIG)",
             f"DATA_TARGET_{b.name} = data{s}",
-            f".PHONY: data{s} run{s}" + (f" bench{s}" if b.throughput_bench else ""),
+            f".PHONY: data{s} run{s}" + (f" bench-{b.name}" if b.throughput_bench else ""),
             f"data{s}: install",
             f"\t@$(PY) -m {b.generator} --output-dir $({p}_DATA) {' '.join(b.generator_args)}",
             f"run{s}: data{s}",
@@ -200,7 +200,7 @@ def make_fragment() -> str:
             f" {b.output_flag} $({b.make_run_dir_var})",
         ]
         if b.throughput_bench:
-            lines += [f"bench{s}: install", f"\t@$(PY) {b.throughput_bench}"]
+            lines += [f"bench-{b.name}: install", f"\t@$(PY) {b.throughput_bench}"]
     return " ;; ".join(lines)
 
 

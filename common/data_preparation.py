@@ -10,13 +10,15 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 from common.files import write_text_atomic
-from common.staging import stage_files
+from common.staging import Conversion, stage_files
 from common.task import Shards
 
 
-def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None) -> tuple[Shards, dict]:
+def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None,
+                 conversion: Optional[Conversion] = None) -> tuple[Shards, dict]:
     """Every rank: stage (when staging.stage_dir is set) and record its shard; returns readable paths.
 
     Args:
@@ -26,6 +28,8 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None) -> t
       events: the trainer's Events (staging_start / staging_stop).
       run_dir: the run's folder (shards/ goes there with runtime.record_shards).
       progress: a `(done, total, nbytes)` callback for staging progress (rank 0 prints).
+      conversion: the layout staged files are written in (Task.staged_layout), used
+        when staging.convert is on.
 
     Returns:
       (Shards with the paths to read, staging figures: {} when nothing was staged).
@@ -33,14 +37,14 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None) -> t
     stats = {}
     if cfg.staging.stage_dir:
         events.on_staging_start()
-        shards, stats = stage(cfg, dist, shards, progress)
+        shards, stats = stage(cfg, dist, shards, progress, conversion if cfg.staging.convert else None)
         events.on_staging_stop(stats)
     if cfg.runtime.record_shards:
         record(dist, shards, run_dir)   # the paths actually read, staged or not
     return shards, stats
 
 
-def stage(cfg, dist, shards: Shards, progress=None) -> tuple[Shards, dict]:
+def stage(cfg, dist, shards: Shards, progress=None, conversion: Optional[Conversion] = None) -> tuple[Shards, dict]:
     """Copies this rank's files to the node-local stage_dir; (staged Shards, figures of all ranks)."""
     s = cfg.staging
     # '{node}' / '{host}' in the path name a directory per node, for nodes
@@ -48,8 +52,8 @@ def stage(cfg, dist, shards: Shards, progress=None) -> tuple[Shards, dict]:
     stage_dir = Path(s.stage_dir.replace("{node}", str(dist.node_rank)).replace("{host}", dist.hostname))
     start = time.perf_counter()
     options = dict(verify=s.verify, threads=s.threads)
-    train, st = stage_files(shards.train_files, stage_dir, s.decompress, progress, **options)
-    valid, sv = stage_files(shards.valid_files, stage_dir, s.decompress, progress, **options)
+    train, st = stage_files(shards.train_files, stage_dir, conversion, progress, **options)
+    valid, sv = stage_files(shards.valid_files, stage_dir, conversion, progress, **options)
     seconds = time.perf_counter() - start
     # Staging ends when the slowest rank is done; bytes add up over ranks.
     nbytes, nfiles, nskipped = dist.allreduce_sum([st.bytes + sv.bytes, st.files + sv.files, st.skipped + sv.skipped])

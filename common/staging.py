@@ -3,13 +3,14 @@
 Each rank copies exactly the files of its own shard, so the local ranks of a
 node copy disjoint parts of the node's block in parallel and no file is copied
 twice; within a rank, a small thread pool keeps several copies in flight, as a
-single stream rarely draws a parallel file system's bandwidth. GZIP
-TFRecords may be decompressed on the way, which trades local disk for less CPU
-work on every epoch.
+single stream rarely draws a parallel file system's bandwidth. A `Conversion`
+may change each file's layout on the way, which trades local disk for less CPU
+work on every epoch: GZIP TFRecords inflated (`GUNZIP`), or a benchmark's own
+(DeepCAM writes HDF5 samples as raw arrays that TensorFlow reads without h5py).
 
 What is fresh: a staged file is reused only if its manifest entry says it was
 made from the source as it is now (same path, size and mtime, same
-decompression, and with `verify` the same SHA-256 of the source bytes) and the
+conversion, and with `verify` the same SHA-256 of the source bytes) and the
 staged file itself still has the size and mtime recorded when it was made.
 Anything else (no entry, a foreign file under the same name, data regenerated
 in place) is staged again, so a reused stage dir never trains on stale samples.
@@ -48,15 +49,33 @@ import shutil
 import time
 import zlib
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from common.errors import ConfigError, InputError
 
 _CHUNK = 16 << 20            # copy buffer: large reads suit parallel file systems
 _GZIP_READ_BUFFER = 1 << 20  # GzipFile reads 8 KiB at a time; buffer the file below it
 _GZIP_MAGIC = b"\x1f\x8b"
-_MANIFEST_VERSION = 1        # bump when the entry's meaning changes: old entries then never match
+_MANIFEST_VERSION = 2        # bump when the entry's meaning changes: old entries then never match
 MANIFEST_DIR = ".manifest"   # in the stage dir: one entry per staged file, STAGE/.manifest/SPLIT/NAME.json
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """A change of layout on a file's way into the stage dir.
+
+    name: recorded in each staged file's manifest entry; a run asking for another
+      name stages the file again, so a name spells every parameter of the layout.
+    staged_name: the staged file's name from the source's name.
+    write(src, tmp, verify): writes the staged file at tmp; with verify returns the
+      SHA-256 of the source's bytes, else None. Raises InputError naming src for a
+      source it cannot read.
+    size_hint(src, size): bytes the staged file will take (the free-space check).
+    """
+    name: str
+    write: Callable[[Path, Path, bool], Optional[str]]
+    size_hint: Callable[[Path, int], int]
+    staged_name: Callable[[str], str] = lambda name: name
 
 
 @dataclasses.dataclass
@@ -79,7 +98,7 @@ class _Entry:
     source: str
     source_size: int
     source_mtime_ns: int
-    decompress: bool
+    conversion: str                # Conversion.name, '' for a plain copy
     source_sha256: Optional[str]  # only when staged with verify on
     staged_size: int
     staged_mtime_ns: int
@@ -95,14 +114,14 @@ class _Job:
     replaces: int = 0    # bytes of the stale staged file it replaces (freed on rename)
 
 
-def stage_files(files, stage_dir, decompress_gzip: bool = False, progress=None, *,
+def stage_files(files, stage_dir, conversion: Optional[Conversion] = None, progress=None, *,
                 verify: bool = False, threads: int = 4) -> tuple[list[str], StageStats]:
     """Copies `files` into `stage_dir`, keeping each file's parent folder name.
 
     Args:
       files: source paths (this rank's shard).
       stage_dir: node-local destination (e.g. /tmp or a local NVMe mount).
-      decompress_gzip: write gzip files uncompressed (TFRecord GZIP -> plain).
+      conversion: the layout to write (e.g. GUNZIP); None copies each file as is.
       progress: optional callable(done, total, bytes) called now and then, always
         from the calling thread; `done` counts skipped files too.
       verify: also compare a SHA-256 of each source with the one recorded when it
@@ -121,7 +140,7 @@ def stage_files(files, stage_dir, decompress_gzip: bool = False, progress=None, 
     start = time.perf_counter()
     stage_dir = Path(stage_dir)
     sources = [Path(f) for f in files]
-    targets = _targets(sources, stage_dir)
+    targets = _targets(sources, stage_dir, conversion.staged_name if conversion else (lambda name: name))
     try:
         for folder in dict.fromkeys(t.parent for t in targets):
             folder.mkdir(parents=True, exist_ok=True)
@@ -130,8 +149,8 @@ def stage_files(files, stage_dir, decompress_gzip: bool = False, progress=None, 
         raise InputError(f"cannot create the stage dir {stage_dir}: {_one_line(e)}") from None
 
     stats = StageStats(files=len(sources))
-    plan = functools.partial(_plan, decompress=decompress_gzip, verify=verify)
-    stage = functools.partial(_stage_one, decompress=decompress_gzip, verify=verify)
+    plan = functools.partial(_plan, conversion=conversion, verify=verify)
+    stage = functools.partial(_stage_one, conversion=conversion, verify=verify)
     report_every = max(1, len(sources) // 10)
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="stage") as pool:
         jobs = _run_all(pool, plan, list(zip(sources, targets)), on_error=_source_error)
@@ -163,10 +182,10 @@ def stage_files(files, stage_dir, decompress_gzip: bool = False, progress=None, 
     return [str(t) for t in targets], stats
 
 
-def _targets(sources: list[Path], stage_dir: Path) -> list[Path]:
+def _targets(sources: list[Path], stage_dir: Path, staged_name) -> list[Path]:
     targets, seen = [], {}
     for src in sources:
-        dst = stage_dir / src.parent.name / src.name
+        dst = stage_dir / src.parent.name / staged_name(src.name)
         if dst in seen:
             # Two writers on one staged path would interleave; the data set layout is wrong.
             raise InputError(f"cannot stage both {seen[dst]} and {src}: both would be staged as {dst}")
@@ -207,7 +226,7 @@ def _run_all(pool, fn, jobs, on_error, on_done=None) -> list:
     return results
 
 
-def _plan(pair: tuple[Path, Path], decompress: bool, verify: bool) -> _Job:
+def _plan(pair: tuple[Path, Path], conversion: Optional[Conversion], verify: bool) -> _Job:
     src, dst = pair
     source = src.stat()
     entry = _read_entry(dst)
@@ -215,29 +234,28 @@ def _plan(pair: tuple[Path, Path], decompress: bool, verify: bool) -> _Job:
         staged = dst.stat()
     except FileNotFoundError:
         staged = None
+    name = conversion.name if conversion else ""
     fresh = (entry is not None and staged is not None
-             and (entry.version, entry.source, entry.source_size, entry.source_mtime_ns, entry.decompress)
-             == (_MANIFEST_VERSION, os.path.abspath(src), source.st_size, source.st_mtime_ns, decompress)
+             and (entry.version, entry.source, entry.source_size, entry.source_mtime_ns, entry.conversion)
+             == (_MANIFEST_VERSION, os.path.abspath(src), source.st_size, source.st_mtime_ns, name)
              and (entry.staged_size, entry.staged_mtime_ns) == (staged.st_size, staged.st_mtime_ns))
     if fresh and verify:
         # Last, as it reads the whole source; an entry made without verify cannot vouch.
-        fresh = entry.source_sha256 is not None and _sha256_of(src) == entry.source_sha256
+        fresh = entry.source_sha256 is not None and sha256_of(src) == entry.source_sha256
     if fresh:
         return _Job(src, dst, source, fresh=True)
-    return _Job(src, dst, source, fresh=False, size_hint=_staged_size_hint(src, source.st_size, decompress),
-                replaces=staged.st_size if staged is not None else 0)
+    hint = conversion.size_hint(src, source.st_size) if conversion else source.st_size
+    return _Job(src, dst, source, fresh=False, size_hint=hint, replaces=staged.st_size if staged is not None else 0)
 
 
-def _stage_one(job: _Job, decompress: bool, verify: bool) -> int:
+def _stage_one(job: _Job, conversion: Optional[Conversion], verify: bool) -> int:
     """Writes job.dst from job.src (and then its manifest entry); returns the bytes written."""
     # The old entry must not vouch for whatever is at dst until the new copy is complete.
     _manifest_path(job.dst).unlink(missing_ok=True)
     tmp = _partial_path(job.dst)
     try:
-        if decompress and _is_gzip(job.src):
-            digest = _gunzip(job.src, tmp, verify)
-        else:
-            digest = _copy(job.src, tmp, verify)
+        write = conversion.write if conversion else _copy
+        digest = write(job.src, tmp, verify)
         os.replace(tmp, job.dst)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -245,7 +263,8 @@ def _stage_one(job: _Job, decompress: bool, verify: bool) -> int:
     staged = job.dst.stat()
     # The source's stat from before the copy: if it changed meanwhile, the next run sees a mismatch.
     _write_entry(job.dst, _Entry(_MANIFEST_VERSION, os.path.abspath(job.src), job.source.st_size,
-                                 job.source.st_mtime_ns, decompress, digest, staged.st_size, staged.st_mtime_ns))
+                                 job.source.st_mtime_ns, conversion.name if conversion else "", digest,
+                                 staged.st_size, staged.st_mtime_ns))
     return staged.st_size
 
 
@@ -265,7 +284,9 @@ def _copy(src: Path, tmp: Path, verify: bool) -> Optional[str]:
 
 
 def _gunzip(src: Path, tmp: Path, verify: bool) -> Optional[str]:
-    """Decompresses src into tmp; with verify, returns the SHA-256 of the compressed bytes."""
+    """Decompresses src into tmp (copies it when not gzip); with verify, returns the SHA-256 of src."""
+    if not _is_gzip(src):
+        return _copy(src, tmp, verify)
     with open(src, "rb", buffering=_GZIP_READ_BUFFER) as raw, open(tmp, "wb") as fout:
         reader = _HashingReader(raw) if verify else raw
         with gzip.GzipFile(fileobj=reader, mode="rb") as fin:
@@ -290,7 +311,8 @@ class _HashingReader:
         return data
 
 
-def _sha256_of(path: Path) -> str:
+def sha256_of(path) -> str:
+    """The SHA-256 of a file's bytes (a Conversion's `verify` reads its source with it)."""
     with open(path, "rb", buffering=0) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -300,20 +322,25 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == _GZIP_MAGIC
 
 
-def _staged_size_hint(src: Path, size: int, decompress: bool) -> int:
+def _gunzip_size_hint(src: Path, size: int) -> int:
     """Bytes the staged file will take: for gzip, the ISIZE trailer of its (last) member.
 
     ISIZE is the uncompressed size modulo 2**32 and covers only the last member,
     so this is an estimate for files over 4 GiB or of several members; the
     up-front check is then approximate, and a full disk is still caught while writing.
     """
-    if not decompress or size < 18:  # 18: the smallest gzip file (header + trailer)
+    if size < 18:  # 18: the smallest gzip file (header + trailer)
         return size
     with open(src, "rb") as f:
         if f.read(2) != _GZIP_MAGIC:
             return size
         f.seek(-4, os.SEEK_END)
         return int.from_bytes(f.read(4), "little")
+
+
+# GZIP TFRecords inflated, other files copied: a staged TFRecord is read without
+# zlib on every epoch (the name is kept: readers tell gzip by its magic bytes).
+GUNZIP = Conversion("gunzip", write=_gunzip, size_hint=_gunzip_size_hint)
 
 
 def _manifest_path(dst: Path) -> Path:
@@ -354,6 +381,8 @@ def _source_error(job: tuple, error: Exception) -> Exception:
 
 
 def _write_error(job: _Job, error: Exception, stage_dir: Path, need: int) -> Exception:
+    if isinstance(error, InputError):   # a conversion's own message, naming the source
+        return error
     if isinstance(error, FileNotFoundError) and error.filename == str(job.src):
         return InputError(f"cannot stage {job.src}: file not found")
     if isinstance(error, (EOFError, zlib.error, gzip.BadGzipFile)):  # a corrupt source, not a disk problem

@@ -16,11 +16,17 @@ class TrainStep:
     is a custom op that XLA cannot compile, so it runs outside the cluster.
     Under fp16 mixed precision (a LossScaleOptimizer) the loss is scaled before
     the backward pass and the gradients unscaled before the allreduce.
+
+    `preprocess` (Task.preprocess_batch) turns a batch as the input pipeline
+    yields it (compact: int16 counts, uint8 labels) into the model's input and
+    labels, inside the compiled step, so casts and normalization run on the
+    accelerator.
     """
 
     def __init__(self, model, optimizer, loss_fn, dist, compression: str = "none", xla: bool = False,
-                 accumulation: int = 1):
+                 accumulation: int = 1, preprocess=None):
         self.model, self.optimizer, self.dist = model, optimizer, dist
+        self._preprocess = preprocess or (lambda x, y: (x, y))
         self.accumulation = int(accumulation)
         self._scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
         self._loss_fn = loss_fn
@@ -35,6 +41,7 @@ class TrainStep:
             self._apply_sums = tf.function(self._apply_sums_py)
 
     def _loss_and_grads_py(self, x, y):
+        x, y = self._preprocess(x, y)
         with tf.GradientTape() as tape:
             pred = self.model(x, training=True)
             loss = self._loss_fn(y, pred)
@@ -83,9 +90,12 @@ class TrainStep:
             self._apply_sums.get_concrete_function()
 
 
-def make_eval_step(model, metric, xla: bool = False):
-    """A tf.function (x, y) -> float64 vector of metric sums for one batch."""
+def make_eval_step(model, metric, xla: bool = False, preprocess=None):
+    """A tf.function (x, y) -> float64 vector of metric sums for one batch (x as the pipeline yields it)."""
+    preprocess = preprocess or (lambda x, y: (x, y))
+
     def eval_step(x, y):
+        x, y = preprocess(x, y)
         pred = model(x, training=False)
         return tf.cast(metric.update(y, tf.cast(pred, tf.float32)), tf.float64)
 

@@ -93,7 +93,8 @@ class Task:
         raise NotImplementedError
 
     def input_specs(self) -> tuple:
-        """(x, y) `tf.TensorSpec`s of one local batch: what the steps are traced for at init."""
+        """(x, y) `tf.TensorSpec`s of one local batch as the input pipeline yields it (before
+        preprocess_batch): what the steps are traced for at init."""
         raise NotImplementedError
 
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None) -> tuple:
@@ -101,6 +102,17 @@ class Task:
         `start` (a common.epochs.Position; each epoch's order depends on the seed and the epoch
         only); valid is one pass."""
         raise NotImplementedError
+
+    def preprocess_batch(self, x, y):
+        """(model input, labels) from a batch as the input pipeline yields it; runs inside the
+        compiled train and eval steps (on the accelerator when there is one), so the pipeline can
+        hand over compact data (int16 counts, uint8 labels) and leave casts and normalization to
+        the device."""
+        return x, y
+
+    def staged_layout(self):
+        """The common.staging.Conversion staged files are written in (staging.convert); None copies."""
+        return None
 
     def find_bad_file(self, files) -> Optional[str]:
         """A message naming the first unreadable file of `files`, or None."""

@@ -113,7 +113,7 @@ class Trainer:
 
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
         self.shards, self.result.staging = prepare_data(cfg, dist, self.shards, events, self.output_dir,
-                                                        self._staging_progress)
+                                                        self._staging_progress, task.staged_layout())
         train_ds, valid_ds = task.build_inputs(self.shards, dist.rank, dist.local_size, self.position)
         self._check_specs(train_ds)
         if cfg.train.evaluate_only:
@@ -288,8 +288,9 @@ class Trainer:
         cfg = self.cfg
         rt = cfg.runtime
         self.train_step = TrainStep(self.model, self.optimizer, self.loss_fn, self.dist,
-                                    rt.gradient_compression, rt.xla, cfg.train.gradient_accumulation_frequency)
-        self.eval_step = make_eval_step(self.model, self.metric, rt.xla)
+                                    rt.gradient_compression, rt.xla, cfg.train.gradient_accumulation_frequency,
+                                    preprocess=self.task.preprocess_batch)
+        self.eval_step = make_eval_step(self.model, self.metric, rt.xla, preprocess=self.task.preprocess_batch)
         specs = self.task.input_specs()
         self.train_step.trace(specs)
         self.eval_step.get_concrete_function(*specs)

@@ -59,9 +59,9 @@ def read_samples(path, cfg: CosmoFlowConfig) -> tuple[np.ndarray, np.ndarray]:
     if problem:
         raise InputError(problem)
     ds = data.make_dataset([str(path)], cfg.data.sample_shape, batch_size=1, training=False,
-                           compression=data.detect_compression(str(path)), transform=cfg.data.transform,
-                           parallelism=1, prefetch=1)
-    xs, ys = zip(*((x.numpy()[0], y.numpy()[0]) for x, y in ds))
+                           compression=data.detect_compression(str(path)), parallelism=1, prefetch=1)
+    transform = data.TRANSFORMS[cfg.data.transform]
+    xs, ys = zip(*((transform(x).numpy()[0], y.numpy()[0]) for x, y in ds))
     return np.stack(xs), np.stack(ys)
 
 

@@ -7,6 +7,7 @@ from common import epochs
 from common.lr_schedules import EpochWarmupStepDecay, scale_lr
 from common.memory import fits_in_memory
 from common.base_config import check_global_batch
+from common.staging import GUNZIP
 from common.sharding import check_divisible, list_files, select_and_shard
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from cosmoflow import data, model
@@ -69,8 +70,15 @@ class CosmoFlowTask(Task):
 
     def input_specs(self) -> tuple:
         d = self.cfg.data
-        return (tf.TensorSpec((d.batch_size, *d.sample_shape), tf.float32),
+        return (tf.TensorSpec((d.batch_size, *d.sample_shape), tf.int16),
                 tf.TensorSpec((d.batch_size, 4), tf.float32))
+
+    def preprocess_batch(self, x, y):
+        # int16 counts -> log(1 + x) (or x / mean) in float32, inside the compiled step.
+        return data.TRANSFORMS[self.cfg.data.transform](x), y
+
+    def staged_layout(self):
+        return GUNZIP
 
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None):
         cfg, d = self.cfg, self.cfg.data
@@ -79,8 +87,7 @@ class CosmoFlowTask(Task):
         cache = {"true": True, "false": False}.get(cfg.staging.cache)
         if cache is None:
             cache = fits_in_memory(n_local * sample_bytes, local_size)
-        common = dict(sample_shape=d.sample_shape, batch_size=d.batch_size, transform=d.transform,
-                      cache=cache, parallelism=d.read_parallelism, prefetch=d.prefetch)
+        common = dict(sample_shape=d.sample_shape, batch_size=d.batch_size, cache=cache, parallelism=d.read_parallelism, prefetch=d.prefetch)
         train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
                                   compression=data.resolve_compression(d.compression, shards.train_files),
                                   start=start or epochs.Position(), deterministic=cfg.runtime.deterministic,

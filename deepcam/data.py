@@ -6,8 +6,16 @@
   stats:  climate/minval, climate/maxval (also mean, sqmean, count), per channel
 
 Inputs are normalized as (x - min) / (max - min) per channel, as the
-reference. h5py runs inside tf.data (several files in flight per rank), so
-reading overlaps training.
+reference; the input pipeline hands over the fields as stored (float32) and the
+labels as uint8, and `normalize` runs inside the compiled train and eval steps
+(DeepCAMTask.preprocess_batch), on the accelerator when there is one: a
+768x1152x16 sample is 57 MB, and every pass over it on the host costs the
+node's CPU cores and memory bandwidth. h5py runs inside tf.data (several files in flight per rank), so
+reading overlaps training; but h5py holds the GIL (and its own lock) while it
+reads, so a rank's readers take turns. Staging (staging.convert) therefore
+writes each sample once in a raw layout (layout.RAW_SUFFIX) that TensorFlow
+reads with its own ops (read_file, decode_raw) on all of tf.data's threads;
+the HDF5 path stays for unstaged runs.
 """
 
 from pathlib import Path
@@ -18,7 +26,8 @@ import tensorflow as tf
 
 from common import epochs
 from common.errors import InputError
-from deepcam.layout import DATA_KEY, LABEL_KEY, STATS_FILE
+from common.staging import Conversion, sha256_of
+from deepcam.layout import DATA_KEY, LABEL_KEY, RAW_SUFFIX, STATS_FILE
 
 
 def load_normalization(data_dir, channels) -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +60,27 @@ def read_sample(path, channels, shift, scale, height, width):
 
     Raises InputError naming the file on a missing key or a wrong shape.
     """
+    x, y = read_fields(path, channels, height, width)
+    x = (x.astype(np.float32) - shift) * scale
+    return x, y.astype(np.int32)
+
+
+def normalize(x, shift, scale):
+    """(x - min) / (max - min) per channel, in float32 (x: a batch or a sample, channels last)."""
+    return (tf.cast(x, tf.float32) - shift) * scale
+
+
+def labels_as_uint8(y, path):
+    """The labels as uint8 (classes 0..N_CLASSES-1 fit), or an InputError naming the file."""
+    if y.dtype == np.uint8:
+        return y
+    if y.size and not (y.min() >= 0 and y.max() <= 255 and np.array_equal(y, np.round(y))):
+        raise InputError(f"{path}: {LABEL_KEY} holds values that are not classes 0..255")
+    return y.astype(np.uint8)
+
+
+def read_fields(path, channels, height, width):
+    """One sample as stored: (the selected channels [H, W, len(channels)], labels [H, W]), file dtypes."""
     with h5py.File(path, "r") as f:
         try:
             data, labels = f[DATA_KEY], f[LABEL_KEY]
@@ -66,14 +96,59 @@ def read_sample(path, channels, shift, scale, height, width):
         y = labels[...]
     if len(channels) != x.shape[2] or list(channels) != list(range(x.shape[2])):
         x = x[..., list(channels)]
-    x = (x.astype(np.float32) - shift) * scale
-    return x, y.astype(np.int32)
+    return x, y
+
+
+def raw_layout(channels, height, width) -> Conversion:
+    """The staged layout: each HDF5 sample written once as raw arrays (see layout.RAW_SUFFIX)."""
+    channels = tuple(int(c) for c in channels)
+    # Every parameter in the name: a run with other channels or sizes stages again.
+    name = f"deepcam-raw-v1:{height}x{width}:channels={','.join(map(str, channels))}"
+    nbytes = raw_sample_bytes(len(channels), height, width)
+
+    def write(src, tmp, verify):
+        try:
+            x, y = read_fields(src, channels, height, width)
+        except (OSError, ValueError, TypeError) as e:
+            raise InputError(f"cannot stage {src}: unreadable HDF5 sample ({_first_line(e)})") from None
+        except InputError as e:
+            raise InputError(f"cannot stage {e}") from None
+        y = labels_as_uint8(y, f"cannot stage {src}")
+        with open(tmp, "wb") as f:
+            f.write(np.ascontiguousarray(x, dtype="<f4").tobytes())
+            f.write(np.ascontiguousarray(y).tobytes())
+        return sha256_of(src) if verify else None
+
+    return Conversion(name, write=write, size_hint=lambda src, size: nbytes,
+                      staged_name=lambda n: (n[:-len(".h5")] if n.endswith(".h5") else n) + RAW_SUFFIX)
+
+
+def raw_sample_bytes(n_channels, height, width) -> int:
+    return height * width * (4 * n_channels + 1)
+
+
+def is_raw(files) -> bool:
+    """Whether `files` are staged raw samples (all of them) or HDF5 (none); a mix is refused."""
+    kinds = {str(f).endswith(RAW_SUFFIX) for f in files}
+    if len(kinds) > 1:
+        raise InputError(f"a shard mixes raw staged samples ({RAW_SUFFIX}) and HDF5 files")
+    return kinds == {True}
 
 
 def find_bad_file(files, channels, height, width) -> str | None:
     """The first file that cannot be read as a sample, with the reason; None if all are fine."""
     zeros = np.zeros(len(channels), np.float32)
+    expected = raw_sample_bytes(len(channels), height, width)
     for path in files:
+        if str(path).endswith(RAW_SUFFIX):
+            try:
+                size = Path(path).stat().st_size
+            except OSError as e:
+                return f"{path}: unreadable staged sample ({_first_line(e)})"
+            if size != expected:
+                return (f"{path}: staged raw sample of {size:,} bytes, expected {expected:,} for "
+                        f"{height}x{width} with {len(channels)} channels")
+            continue
         try:
             read_sample(path, channels, zeros, zeros + 1, height, width)
         except InputError as e:
@@ -83,10 +158,12 @@ def find_bad_file(files, channels, height, width) -> str | None:
     return None
 
 
-def make_dataset(files, *, data_dir, channels, height, width, batch_size, training, seed=0,
+def make_dataset(files, *, channels, height, width, batch_size, training, seed=0,
                  readers=4, prefetch=2, cache=False, batches_per_epoch=None,
                  start: epochs.Position = epochs.Position(), deterministic=False) -> tf.data.Dataset:
-    """Batches of (x [B, H, W, C] float32, y [B, H, W] int32) from HDF5 sample files.
+    """Batches of (x [B, H, W, C] float32 as stored, y [B, H, W] uint8) from HDF5 or staged raw files.
+
+    x is not normalized: `normalize` does it inside the compiled step.
 
     Training: a new order every epoch (common.epochs.training_dataset), endless,
     full batches only, each epoch one pass over the shard giving
@@ -95,21 +172,38 @@ def make_dataset(files, *, data_dir, channels, height, width, batch_size, traini
     Validation: one pass in file order; the last batch may be partial.
     With `cache`, decoded samples stay in memory after the first pass.
     """
-    shift, scale = load_normalization(data_dir, channels)
     channels = tuple(int(c) for c in channels)
     n_ch = len(channels)
 
     def read_one(path):
-        return read_sample(path.decode(), channels, shift, scale, height, width)
+        path = path.decode()
+        x, y = read_fields(path, channels, height, width)
+        return np.asarray(x, np.float32), labels_as_uint8(y, path)
 
-    def load(path):
-        x, y = tf.numpy_function(read_one, [path], (tf.float32, tf.int32), stateful=False)
+    def load_hdf5(path):
+        x, y = tf.numpy_function(read_one, [path], (tf.float32, tf.uint8), stateful=False)
         x.set_shape((height, width, n_ch))
         y.set_shape((height, width))
         return x, y
 
+    data_bytes = height * width * n_ch * 4
+    expected = raw_sample_bytes(n_ch, height, width)
+
+    def load_raw(path):
+        content = tf.io.read_file(path)
+        # decode_raw would zero-pad a short file: the size is checked first.
+        tf.debugging.assert_equal(tf.strings.length(content), expected,
+                                  message="staged raw sample of the wrong size")
+        x = tf.reshape(tf.io.decode_raw(content, tf.float32, fixed_length=data_bytes), (height, width, n_ch))
+        y = tf.io.decode_raw(tf.strings.substr(content, data_bytes, height * width), tf.uint8)
+        return x, tf.reshape(y, (height, width))
+
+    load = load_raw if is_raw(files) else load_hdf5
+    # h5py takes turns (GIL): `readers` files in flight; raw reads run on every core.
+    parallel = tf.data.AUTOTUNE if load is load_raw else readers
+
     def read(paths: tf.data.Dataset) -> tf.data.Dataset:
-        return paths.map(load, num_parallel_calls=readers)
+        return paths.map(load, num_parallel_calls=parallel)
 
     if training:
         n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size

@@ -87,6 +87,10 @@ class DeepCAMTask(Task):
     config_class = DeepCAMConfig
     flags = FLAGS
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._normalization = None   # (shift, scale) per channel, read from stats.h5 when first traced
+
     @classmethod
     def tiny_overrides(cls, cfg) -> dict:
         # Batch 1 on 8 samples, a 1/16-width model with one middle block, no warmup.
@@ -116,6 +120,9 @@ class DeepCAMTask(Task):
             raise InputError(f"data.n_train={n_train} is smaller than one global batch ({per_step} samples: "
                              f"{size} ranks x local batch {d.local_batch_size} x accumulation {accumulation})")
         n_valid = d.n_valid or len(valid)
+        # Read with the file lists, before the steps are traced (preprocess_batch uses it): an
+        # InputError raised while tracing would reach the user wrapped in autograph's trace.
+        self.normalization()
         seed = cfg.train.seed
         return Shards(train_files=select_and_shard(train, n_train, rank, size, seed, "data.n_train"),
                       valid_files=select_and_shard(valid, n_valid, rank, size, seed + 1, "data.n_valid",
@@ -126,15 +133,27 @@ class DeepCAMTask(Task):
     def input_specs(self) -> tuple:
         d = self.cfg.data
         return (tf.TensorSpec((d.local_batch_size, d.height, d.width, len(d.channels)), tf.float32),
-                tf.TensorSpec((d.local_batch_size, d.height, d.width), tf.int32))
+                tf.TensorSpec((d.local_batch_size, d.height, d.width), tf.uint8))
+
+    def preprocess_batch(self, x, y):
+        # Fields as stored -> (x - min) / (max - min); uint8 labels -> int32 classes.
+        shift, scale = self.normalization()
+        return data.normalize(x, shift, scale), tf.cast(y, tf.int32)
+
+    def normalization(self):
+        """(shift, scale) per selected channel, from DATA/stats.h5 (read once)."""
+        if self._normalization is None:
+            d = self.cfg.data
+            self._normalization = data.load_normalization(d.data_dir, d.channels)
+        return self._normalization
 
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None):
         cfg, d = self.cfg, self.cfg.data
-        sample_bytes = d.height * d.width * (len(d.channels) * 4 + 4)
+        sample_bytes = data.raw_sample_bytes(len(d.channels), d.height, d.width)
         cache = {"true": True, "false": False}.get(cfg.staging.cache)
         if cache is None:
             cache = fits_in_memory((len(shards.train_files) + len(shards.valid_files)) * sample_bytes, local_size)
-        common = dict(data_dir=d.data_dir, channels=d.channels, height=d.height, width=d.width,
+        common = dict(channels=d.channels, height=d.height, width=d.width,
                       batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache)
         train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
                                   start=start or epochs.Position(), deterministic=cfg.runtime.deterministic,
@@ -144,6 +163,10 @@ class DeepCAMTask(Task):
                                   **common)
         valid = data.make_dataset(shards.valid_files, training=False, **common)
         return train, valid
+
+    def staged_layout(self):
+        d = self.cfg.data
+        return data.raw_layout(d.channels, d.height, d.width)
 
     def find_bad_file(self, files):
         d = self.cfg.data

@@ -70,3 +70,42 @@ def test_cosmoflow_throughput_script_prints_its_table(tmp_path):
     assert rows["input pipeline alone"][1] > 0
     summary = json.loads((tmp_path / "runs" / "fp32" / "summary.json").read_text())
     assert summary["throughput"]["steps"] == 2
+
+
+def test_deepcam_throughput_script_writes_its_table_as_json(tmp_path):
+    out = tmp_path / "table.json"
+    proc = helpers.run([sys.executable, helpers.REPO / "bench" / "deepcam_throughput.py", "--height", "64",
+                        "--width", "96", "--config", "deepcam/configs/deepcam_synthetic_cpu.yaml",
+                        "--data-dir", tmp_path / "data", "--n-samples", "4", "--modes", "fp32",
+                        "--warmup-steps", "1", "--steps", "1", "--json", out], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["title"].startswith("DeepCAM throughput") and record["machine"]["isa"]
+    rows = {r["measurement"].split(",")[0]: r for r in record["rows"]}
+    assert set(rows) == {"HDF5 reader alone", "training (reader)"}, rows
+    assert rows["training (reader)"]["precision"] == "float32 (fp32)"
+    assert all(r["samples_per_s_per_rank"] > 0 for r in record["rows"])
+    # The reader's line reads the same figure the table holds.
+    reader = rows["HDF5 reader alone"]["samples_per_s_per_rank"]
+    assert "reader alone (4 files in flight" in proc.stdout and f"{reader:.2f} samples/s" in proc.stdout
+
+
+def test_input_pipeline_bench_measures_before_and_after(tmp_path):
+    out = tmp_path / "input.json"
+    proc = helpers.run([sys.executable, helpers.REPO / "bench" / "input_pipeline.py", "--data-dir", tmp_path / "data",
+                        "--n-samples", "4", "--passes", "1", "--repeats", "1", "--cosmoflow-size", "16",
+                        "--cosmoflow-batch", "2", "--deepcam-height", "32", "--deepcam-width", "48",
+                        "--json", out], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    variants = [(r["benchmark"], r["variant"].split(" (")[0].split(",")[0]) for r in record["rows"]]
+    assert variants == [("cosmoflow", "gzip in place"), ("cosmoflow", "gzip in place"),
+                        ("cosmoflow", "staged"), ("deepcam", "HDF5 through h5py"),
+                        ("deepcam", "HDF5 through h5py"), ("deepcam", "staged raw layout")], variants
+    cores = record["machine"]["cores"]
+    for r in record["rows"]:
+        assert r["samples_per_s"] > 0
+        assert r["samples_per_s_per_core"] == pytest.approx(r["samples_per_s"] / cores)
+    # Staged CosmoFlow files are inflated: larger than the gzip ones.
+    assert record["rows"][2]["mb_per_file"] > record["rows"][1]["mb_per_file"]
+    assert "cosmoflow: last variant / first" in proc.stdout

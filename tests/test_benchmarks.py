@@ -118,7 +118,7 @@ def test_make_targets_take_script_config_and_flags_from_the_table(name):
         assert f"-m {module} --bench {name} " in text
         assert f"--config {b.synthetic_config} --data-dir {b.synthetic_data}" in text
     if b.throughput_bench:
-        assert b.throughput_bench in make_n(f"bench{b.make_suffix}")
+        assert b.throughput_bench in make_n(f"bench-{b.name}")
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")

@@ -1,5 +1,7 @@
 """Reader tests on files written with TensorFlow's own TFRecordWriter."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -27,25 +29,44 @@ def test_reads_public_layout_gzip_and_plain(tmp_path, gzip):
     files, samples = make_files(tmp_path / "d", 4, gzip=gzip)
     assert data.detect_compression(files[0]) == ("GZIP" if gzip else "")
     ds = data.make_dataset(files, SHAPE, batch_size=2, compression=data.resolve_compression("auto", files),
-                           transform="log", training=False)
+                           training=False)
     xs, ys = zip(*[(x.numpy(), y.numpy()) for x, y in ds])
     x = np.concatenate(xs)
     y = np.concatenate(ys)
-    assert x.shape == (4,) + SHAPE and x.dtype == np.float32
-    # Ordered pass: sample i of the files, log(1 + counts), C-order layout kept.
+    # The counts as stored (int16, half the bytes of float32), C-order layout kept.
+    assert x.shape == (4,) + SHAPE and x.dtype == np.int16
     for i, (x_ref, y_ref) in enumerate(samples):
-        np.testing.assert_allclose(x[i], np.log1p(x_ref.astype(np.float32)), rtol=1e-6)
+        np.testing.assert_array_equal(x[i], x_ref)
         np.testing.assert_allclose(y[i], y_ref)
-    assert x[0, 1, 2, 3, 0] == pytest.approx(np.log1p(samples[0][0][1, 2, 3, 0]))
+    assert x[0, 1, 2, 3, 0] == samples[0][0][1, 2, 3, 0]
 
 
-def test_transforms_eager_and_in_map():
-    x = np.arange(2 * 2 * 2 * 4, dtype=np.int16).reshape(2, 2, 2, 4)
-    eager = data.log_transform(tf.constant(x)).numpy()
-    np.testing.assert_allclose(eager, np.log1p(x.astype(np.float32)), rtol=1e-6)
-    mapped = next(iter(tf.data.Dataset.from_tensors(x).map(data.mean_normalize))).numpy()
-    np.testing.assert_allclose(mapped, x / x.mean(), rtol=1e-6)
-    assert mapped.mean() == pytest.approx(1.0)
+def test_transforms_of_a_batch():
+    x = np.arange(2 * 2 * 2 * 2 * 4, dtype=np.int16).reshape(2, 2, 2, 2, 4)
+    logged = data.log_transform(tf.constant(x)).numpy()
+    assert logged.dtype == np.float32
+    np.testing.assert_allclose(logged, np.log1p(x.astype(np.float32)), rtol=1e-6)
+    # Each sample by its own mean, not by the batch's.
+    normalized = data.mean_normalize(tf.constant(x)).numpy()
+    for i in range(2):
+        np.testing.assert_allclose(normalized[i], x[i] / x[i].mean(), rtol=1e-6)
+        assert normalized[i].mean() == pytest.approx(1.0)
+
+
+def test_the_task_transforms_inside_the_step(tmp_path):
+    # The pipeline yields int16; CosmoFlowTask.preprocess_batch makes the model's float32 input.
+    from cosmoflow.config import CosmoFlowConfig
+    from cosmoflow.task import CosmoFlowTask
+    x = tf.constant(np.arange(2 * 8 * 8 * 8 * 4, dtype=np.int16).reshape(2, 8, 8, 8, 4) % 50)
+    for transform, expected in (("log", data.log_transform(x)), ("mean", data.mean_normalize(x))):
+        cfg = CosmoFlowConfig(data=dataclasses.replace(CosmoFlowConfig().data, data_dir=str(tmp_path),
+                                                       sample_shape=(8, 8, 8, 4), transform=transform))
+        task = CosmoFlowTask(cfg)
+        assert task.input_specs()[0].dtype == tf.int16
+        y = tf.zeros((2, 4))
+        x_in, y_in = tf.function(task.preprocess_batch)(x, y)
+        np.testing.assert_array_equal(x_in.numpy(), expected.numpy())
+        assert y_in is y or np.array_equal(y_in.numpy(), y.numpy())
 
 
 @pytest.mark.parametrize("cache", [False, True])

@@ -143,7 +143,7 @@ def test_truncated_gzip_record_is_named(cosmo_data, tiny_config, tmp_path):
 
 def test_truncated_file_found_while_staging_with_decompression(cosmo_data, tiny_config, tmp_path):
     proc, victim = run_with_truncated_file(cosmo_data, tiny_config, tmp_path, "validation", 2, 16, 8,
-                                           "--stage-dir", tmp_path / "stage", "--set", "staging.decompress=true")
+                                           "--stage-dir", tmp_path / "stage", "--set", "staging.convert=true")
     assert proc.returncode == 2
     errors = helpers.error_lines(proc.stderr)
     assert len(errors) == 1 and f"cannot stage {victim}" in errors[0], proc.stderr[-2000:]

@@ -1,12 +1,16 @@
 """DeepCAM reader, statistics and synthetic data, on HDF5 files written with h5py directly."""
 
+import os
+
 import h5py
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from common.errors import InputError
+from common.staging import stage_files
 from deepcam import data, stats, synthetic
+from deepcam.layout import RAW_SUFFIX
 
 H, W = 16, 24
 
@@ -60,16 +64,18 @@ def test_channel_selection_reads_the_chosen_fields(small_set):
 def test_dataset_batches_inside_tf_data(small_set):
     root, files = small_set
     paths = [f[0] for f in files]
-    ds = data.make_dataset(paths, data_dir=root, channels=tuple(range(16)), height=H, width=W,
+    ds = data.make_dataset(paths, channels=tuple(range(16)), height=H, width=W,
                            batch_size=2, training=False, readers=2)
     batches = list(ds)
     assert len(batches) == 2
     x, y = batches[0]
-    assert x.shape == (2, H, W, 16) and x.dtype == tf.float32 and y.dtype == tf.int32
-    assert np.array_equal(y.numpy()[1], files[1][2].astype(np.int32))   # file order kept in validation
-    empty = data.make_dataset([], data_dir=root, channels=(0, 1), height=H, width=W, batch_size=2, training=False)
+    # As stored (normalized inside the step), labels as uint8, file order kept in validation.
+    assert x.shape == (2, H, W, 16) and x.dtype == tf.float32 and y.dtype == tf.uint8
+    np.testing.assert_array_equal(x.numpy()[1], files[1][1])
+    assert np.array_equal(y.numpy()[1], files[1][2].astype(np.uint8))
+    empty = data.make_dataset([], channels=(0, 1), height=H, width=W, batch_size=2, training=False)
     assert list(empty) == []   # a rank without validation files evaluates nothing
-    train = data.make_dataset(paths, data_dir=root, channels=(0, 1), height=H, width=W, batch_size=3,
+    train = data.make_dataset(paths, channels=(0, 1), height=H, width=W, batch_size=3,
                               training=True, seed=1, cache=True)
     for x, _ in train.take(3):   # repeats forever, full batches only
         assert x.shape == (3, H, W, 2)
@@ -90,6 +96,85 @@ def test_bad_files_are_named(small_set, tmp_path):
     assert "shape" in data.find_bad_file([str(wrong)], channels, H, W)
     assert "cut.h5" in data.find_bad_file([str(truncated)], channels, H, W)
     assert "climate/labels_0" in data.find_bad_file([str(nolabel)], channels, H, W)
+
+
+@pytest.mark.parametrize("channels", [tuple(range(16)), (3, 0, 15)])
+def test_staged_raw_samples_read_as_the_hdf5_ones(small_set, tmp_path, channels):
+    # Staged in the raw layout (read by TensorFlow's own ops, no h5py): the same batches.
+    root, files = small_set
+    paths = [f[0] for f in files]
+    layout = data.raw_layout(channels, H, W)
+    staged, stats_ = stage_files(paths, tmp_path / "stage", layout)
+    assert [os.path.basename(p) for p in staged] == [f"s{i}{RAW_SUFFIX}" for i in range(4)]
+    assert stats_.bytes == 4 * H * W * (4 * len(channels) + 1) == 4 * os.path.getsize(staged[0])
+    assert data.find_bad_file(staged, channels, H, W) is None
+    common = dict(channels=channels, height=H, width=W, batch_size=2, training=False)
+    for (x_h5, y_h5), (x_raw, y_raw) in zip(data.make_dataset(paths, **common), data.make_dataset(staged, **common)):
+        assert x_raw.dtype == tf.float32 and y_raw.dtype == tf.uint8
+        np.testing.assert_array_equal(x_raw.numpy(), x_h5.numpy())
+        np.testing.assert_array_equal(y_raw.numpy(), y_h5.numpy())
+    # The layout's name holds its parameters: other channels stage again, the same ones reuse.
+    assert stage_files(paths, tmp_path / "stage", layout)[1].skipped == 4
+    assert stage_files(paths, tmp_path / "stage", data.raw_layout((1,), H, W))[1].skipped == 0
+
+
+def test_a_bad_staged_raw_sample_is_named(small_set, tmp_path):
+    root, files = small_set
+    staged, _ = stage_files([f[0] for f in files[:2]], tmp_path / "stage", data.raw_layout(range(16), H, W))
+    cut = staged[1]
+    with open(cut, "r+b") as f:
+        f.truncate(1000)
+    problem = data.find_bad_file(staged, tuple(range(16)), H, W)
+    assert problem.startswith(cut) and "1,000 bytes" in problem, problem
+    # The reader refuses it too (decode_raw alone would zero-pad it).
+    ds = data.make_dataset([cut], channels=tuple(range(16)), height=H, width=W,
+                           batch_size=1, training=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="wrong size"):
+        list(ds)
+    with pytest.raises(InputError, match="mixes"):
+        data.make_dataset([staged[0], files[0][0]], channels=(0,), height=H, width=W,
+                          batch_size=1, training=False)
+
+
+def test_staging_a_bad_hdf5_sample_names_it(small_set, tmp_path):
+    root, _ = small_set
+    wrong = root / "train" / "wrong.h5"
+    write_sample(wrong, np.zeros((H, W + 1, 16), np.float32), np.zeros((H, W + 1)))
+    with pytest.raises(InputError, match=f"{wrong}.*shape"):
+        stage_files([str(wrong)], tmp_path / "stage", data.raw_layout(range(16), H, W))
+    negative = root / "train" / "negative.h5"
+    write_sample(negative, np.zeros((H, W, 16), np.float32), np.full((H, W), -1.0))
+    with pytest.raises(InputError, match=f"cannot stage {negative}: climate/labels_0 holds values"):
+        stage_files([str(negative)], tmp_path / "stage", data.raw_layout(range(16), H, W))
+    cut = root / "train" / "cut.h5"
+    cut.write_bytes(b"\x89HDF\r\n" + bytes(100))
+    with pytest.raises(InputError, match=f"cannot stage {cut}: unreadable HDF5"):
+        stage_files([str(cut)], tmp_path / "stage", data.raw_layout(range(16), H, W))
+    assert not [p for p in (tmp_path / "stage" / "train").iterdir()]   # nothing half-written left
+
+
+def test_the_task_normalizes_inside_the_step(small_set):
+    # DeepCAMTask.preprocess_batch: (x - min) / (max - min) from stats.h5, labels to int32,
+    # equal to what read_sample (prediction) gives for the same file.
+    import dataclasses
+    from deepcam.config import DeepCAMConfig
+    from deepcam.task import DeepCAMTask
+    root, files = small_set
+    channels = (3, 0, 15)
+    base = DeepCAMConfig()
+    cfg = dataclasses.replace(base, data=dataclasses.replace(base.data, data_dir=str(root), height=H, width=W,
+                                                             channels=channels, local_batch_size=2))
+    task = DeepCAMTask(cfg)
+    assert [s.dtype for s in task.input_specs()] == [tf.float32, tf.uint8]
+    [(x, y)] = data.make_dataset([f[0] for f in files[:2]], channels=channels, height=H, width=W,
+                                 batch_size=2, training=False).take(1)
+    x_in, y_in = tf.function(task.preprocess_batch)(x, y)
+    assert y_in.dtype == tf.int32
+    shift, scale = data.load_normalization(root, channels)
+    for i in range(2):
+        expect_x, expect_y = data.read_sample(files[i][0], channels, shift, scale, H, W)
+        np.testing.assert_allclose(x_in.numpy()[i], expect_x, rtol=1e-6)
+        np.testing.assert_array_equal(y_in.numpy()[i], expect_y)
 
 
 def test_missing_or_broken_stats_file_is_an_input_error(tmp_path):

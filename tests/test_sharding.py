@@ -1,3 +1,5 @@
+import h5py
+import numpy as np
 import pytest
 
 from common.errors import InputError
@@ -71,6 +73,9 @@ def test_deepcam_logs_the_whole_training_set_and_validates_every_file(tmp_path):
         (tmp_path / split).mkdir()
         for i in range(n):
             (tmp_path / split / f"s{i}.h5").write_bytes(b"")
+    # The statistics are read with the file lists (the input normalization, before the steps are traced).
+    with h5py.File(tmp_path / "stats.h5", "w") as f:
+        f["climate/minval"], f["climate/maxval"] = np.zeros(16), np.ones(16)
     cfg = load_config(DeepCAMConfig, None, {"data.data_dir": str(tmp_path), "data.local_batch_size": 1})
     shards = [DeepCAMTask(cfg).shard(r, 4) for r in range(4)]
     assert shards[0].n_train == 8 and shards[0].train_set_size == 11     # 11 // 4 * 4 per epoch

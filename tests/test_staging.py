@@ -9,7 +9,7 @@ import pytest
 
 from common import staging
 from common.errors import InputError
-from common.staging import stage_files
+from common.staging import GUNZIP, stage_files
 
 
 def make(tmp_path, n=3, size=1000):
@@ -191,7 +191,7 @@ def test_decompresses_gzip(tmp_path):
     src.mkdir(parents=True)
     payload = os.urandom(5000)
     (src / "a.tfrecord").write_bytes(gzip.compress(payload))
-    staged, stats = stage_files([str(src / "a.tfrecord")], tmp_path / "stage", decompress_gzip=True)
+    staged, stats = stage_files([str(src / "a.tfrecord")], tmp_path / "stage", conversion=GUNZIP)
     assert read(staged[0]) == payload and stats.bytes == 5000
 
 
@@ -201,14 +201,14 @@ def test_decompressed_files_are_checked_for_freshness_too(tmp_path):
     # Stored (level 0) blocks: the compressed size depends only on the payload's length.
     old, new = os.urandom(5000), os.urandom(5000)
     src.write_bytes(gzip.compress(old, compresslevel=0, mtime=0))
-    staged, _ = stage_files([str(src)], tmp_path / "stage", decompress_gzip=True, verify=True)
-    _, unchanged = stage_files([str(src)], tmp_path / "stage", decompress_gzip=True, verify=True)
+    staged, _ = stage_files([str(src)], tmp_path / "stage", conversion=GUNZIP, verify=True)
+    _, unchanged = stage_files([str(src)], tmp_path / "stage", conversion=GUNZIP, verify=True)
     assert unchanged.skipped == 1 and read(staged[0]) == old
     rewrite(src, gzip.compress(new, compresslevel=0, mtime=0), mtime_ns=os.stat(src).st_mtime_ns)
-    _, verified = stage_files([str(src)], tmp_path / "stage", decompress_gzip=True, verify=True)
+    _, verified = stage_files([str(src)], tmp_path / "stage", conversion=GUNZIP, verify=True)
     assert verified.skipped == 0 and read(staged[0]) == new
     rewrite(src, gzip.compress(old, compresslevel=0, mtime=0))
-    _, regenerated = stage_files([str(src)], tmp_path / "stage", decompress_gzip=True)
+    _, regenerated = stage_files([str(src)], tmp_path / "stage", conversion=GUNZIP)
     assert regenerated.skipped == 0 and read(staged[0]) == old
     _, compressed = stage_files([str(src)], tmp_path / "stage")  # decompression turned off
     assert compressed.skipped == 0 and read(staged[0]) == read(src)
@@ -220,7 +220,7 @@ def test_truncated_gzip_and_missing_file_name_the_file(tmp_path):
     bad = src / "bad.tfrecord"
     bad.write_bytes(gzip.compress(os.urandom(5000))[:-200])
     with pytest.raises(InputError, match=f"cannot stage {bad}"):
-        stage_files([str(bad)], tmp_path / "stage", decompress_gzip=True)
+        stage_files([str(bad)], tmp_path / "stage", conversion=GUNZIP)
     assert not list((tmp_path / "stage" / "train").iterdir())  # no leftover temporary file
     with pytest.raises(InputError, match="missing.tfrecord: file not found"):
         stage_files([str(src / "missing.tfrecord")], tmp_path / "stage")
