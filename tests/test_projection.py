@@ -1,0 +1,313 @@
+"""The scaling projection (offline/projection.py, offline/project.py): each term against
+hand-computed cases on a made-up machine, the RCP epochs against mlperf_logging's own RCP
+checker, the shipped machine files and stored model costs, and the validation against published
+MLPerf HPC results (offline/published_points.yaml, the v3.0 logs of tests/fixtures).
+
+No TensorFlow: the model costs are read from offline/model_costs/*.json.
+"""
+
+import dataclasses
+import json
+import statistics
+import tarfile
+
+import pytest
+
+from offline import project, projection
+from offline.projection import Dataset, Machine, ModelCosts
+from tests import helpers
+
+FIXTURES = helpers.REPO / "tests" / "fixtures" / "hpc_results_v3.0.tar.gz"
+
+# A made-up machine whose every figure is a round number, so each term is checkable by hand.
+TOY = Machine(name="toy", device="toy accelerator", peak_flop_per_s={"fp32": 1e12, "fp16": 4e12},
+              memory_bytes_per_s=1e11, devices_per_node=2, cores_per_node=8, nic_bytes_per_s=10e9,
+              nic_latency_s=1e-6, intra_node_bytes_per_s=50e9, filesystem_bytes_per_s=1e10,
+              node_local_write_bytes_per_s=1e9, precision="fp16", efficiency={"default": 0.5})
+# Per training sample: 3 GFLOP, 0.6 GB of float32 activation traffic (0.3 GB in fp16); 0.3 GB of
+# weight traffic per step; 0.1 GB of gradients; forward 1 GFLOP and 0.2 GB.
+COSTS = ModelCosts(flops_train=3e9, flops_forward=1e9, activation_bytes_train=6e8, activation_bytes_forward=2e8,
+                   weight_bytes_train=3e8, gradient_bytes=1e8, input_samples_per_s_per_core=10.0)
+DATA = Dataset(train_samples=1000, eval_samples=100, bytes=1e11)
+
+
+# ------------------------------------------------------------------ each term, by hand
+def test_compute_and_memory_terms():
+    # compute: 4 samples x 3e9 FLOP / 4e12 FLOP/s (fp16)
+    assert projection.compute_seconds(TOY, COSTS, 4, "fp16") == pytest.approx(3e-3)
+    assert projection.compute_seconds(TOY, COSTS, 4, "fp32") == pytest.approx(12e-3)
+    # memory: (4 x 6e8 x 2/4 + 3e8) B / 1e11 B/s: activations halve in fp16, weights do not
+    assert projection.memory_seconds(TOY, COSTS, 4, "fp16") == pytest.approx(0.015)
+    assert projection.memory_seconds(TOY, COSTS, 4, "fp32") == pytest.approx(0.027)
+
+
+def test_ring_allreduce():
+    # 2 nodes x 2 devices, p = 4: 2 (3/4) x 1e8 B / (10e9 / 2 B/s per device) + 2 x 3 x 1 us
+    assert projection.allreduce_seconds(TOY, 1e8, 2) == pytest.approx(0.03 + 6e-6)
+    # one node: the intra-node link, p = 2: 2 (1/2) x 1e8 / 50e9 + 2 x 1 x 1 us
+    assert projection.allreduce_seconds(TOY, 1e8, 1) == pytest.approx(0.002 + 2e-6)
+    # one device: nothing to reduce
+    single = dataclasses.replace(TOY, devices_per_node=1)
+    assert projection.allreduce_seconds(single, 1e8, 1) == 0.0
+
+
+def test_staging_term():
+    # 2 nodes write 2 GB/s, below the file system's 10 GB/s: 1e11 / 2e9
+    assert projection.staging_seconds(TOY, DATA, 2) == pytest.approx(50.0)
+    # 20 nodes could write 20 GB/s: the file system limits it, 1e11 / 1e10
+    assert projection.staging_seconds(TOY, DATA, 20) == pytest.approx(10.0)
+    # 4 jobs at once share the file system: 1e11 / 2.5e9
+    assert projection.staging_seconds(TOY, DATA, 20, instances=4) == pytest.approx(40.0)
+    assert projection.staging_saturation_nodes(TOY) == pytest.approx(10.0)
+    assert projection.staging_saturation_nodes(TOY, instances=4) == pytest.approx(2.5)
+    # an unknown file system limits nothing; with both rates unknown staging cannot be projected
+    no_fs = dataclasses.replace(TOY, filesystem_bytes_per_s=None)
+    assert projection.staging_seconds(no_fs, DATA, 20) == pytest.approx(5.0)
+    assert projection.staging_saturation_nodes(no_fs) is None
+    unknown = dataclasses.replace(no_fs, node_local_write_bytes_per_s=None)
+    assert projection.staging_seconds(unknown, DATA, 20) is None
+    with pytest.raises(ValueError, match="staging cannot be projected"):
+        projection.project(unknown, COSTS, DATA, "bench", 2, 16, 3.0)
+    assert projection.project(unknown, COSTS, DATA, "bench", 2, 16, 3.0, staging_timed=False).staging_s is None
+
+
+def test_eval_term():
+    # 4 devices: ceil(100 / 4) = 25 samples each, memory-bound: 2e8 x 2/4 B / 1e11 B/s = 1 ms, / 0.5
+    assert projection.eval_seconds(TOY, COSTS, DATA, 4, "fp16", 0.5) == pytest.approx(0.05)
+    # 3 devices: ceil(100 / 3) = 34
+    assert projection.eval_seconds(TOY, COSTS, DATA, 3, "fp16", 0.5) == pytest.approx(34 * 2e-3)
+
+
+def test_total_time_to_train():
+    p = projection.project(TOY, COSTS, DATA, "bench", nodes=2, global_batch=16, epochs=3.0)
+    assert (p.devices, p.local_batch, p.steps_per_epoch) == (4, 4, 62)        # 1000 // 16
+    assert p.bound == "memory"
+    assert p.device_step_s == pytest.approx(0.015 / 0.5)
+    assert p.step_s == pytest.approx(0.03 + 0.030006)                           # no overlap
+    assert p.train_epoch_s == pytest.approx(62 * 0.060006)
+    assert p.eval_epoch_s == pytest.approx(0.05)
+    assert p.staging_s == pytest.approx(50.0)
+    assert p.time_to_train_s == pytest.approx(50 + 3 * (62 * 0.060006 + 0.05))  # 61.311116 s
+    parts = p.parts_s()
+    assert parts == pytest.approx({"compute": 3 * 62 * 0.03, "allreduce": 3 * 62 * 0.030006,
+                                   "staging": 50.0, "eval": 0.15})
+    assert sum(parts.values()) == pytest.approx(p.time_to_train_s)
+    assert sum(p.shares().values()) == pytest.approx(1.0)
+    # 8 cores x 10 samples/s against 2 devices x 4 samples per 0.060006 s
+    assert p.input_headroom == pytest.approx(80 / (8 / 0.060006))
+    # staging outside the timed region, half of the allreduce hidden, no RCP
+    untimed = projection.project(TOY, COSTS, DATA, "bench", 2, 16, 3.0, staging_timed=False)
+    assert untimed.time_to_train_s == pytest.approx(3 * (62 * 0.060006 + 0.05))
+    overlapped = dataclasses.replace(TOY, allreduce_overlap=0.5)
+    assert projection.project(overlapped, COSTS, DATA, "bench", 2, 16, 3.0).step_s == pytest.approx(0.03 + 0.015003)
+    assert projection.project(TOY, COSTS, DATA, "bench", 2, 16, None).time_to_train_s is None
+    with pytest.raises(ValueError, match="smaller than the 4 devices"):
+        projection.project(TOY, COSTS, DATA, "bench", 2, 2, 3.0)
+
+
+def test_calibration_inverts_the_projection():
+    published = projection.project(TOY, COSTS, DATA, "bench", 2, 16, 3.0).time_to_train_s
+    untouched = TOY.with_efficiency("bench", 0.9)   # calibration ignores the stated efficiency
+    assert projection.calibrate_efficiency(untouched, COSTS, DATA, "bench", 2, 16, 3.0, published) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="exceed the published"):
+        # staging (50 s) and the allreduce (3 x 62 x 30.006 ms = 5.58 s) alone take longer than 55 s
+        projection.calibrate_efficiency(TOY, COSTS, DATA, "bench", 2, 16, 3.0, 55.0)
+
+
+def test_questions_users_ask():
+    # memory-bound at every batch: 3e9/4e12 = 0.75 ms of compute < 3 ms of traffic per sample
+    assert projection.smallest_compute_bound_local_batch(TOY, COSTS) is None
+    # 10x the FLOPs and weights: b x 7.5 ms >= (b x 3 ms + 30 ms) from b = 30 / 4.5 -> 7
+    heavy = dataclasses.replace(COSTS, flops_train=3e10, weight_bytes_train=3e9)
+    assert projection.smallest_compute_bound_local_batch(TOY, heavy) == 7
+    # busy 90%: device 6 ms x (b + 1) >= 9 x 30.006 ms of allreduce -> b = 45 at 2 nodes
+    assert projection.smallest_busy_local_batch(TOY, COSTS, "bench", nodes=2, busy=0.9) == 45
+    # staging 10 s whatever the nodes (a 1 GB/s file system); 6 epochs of batch 64 shrink with the
+    # nodes: 18.6 s on 1 node (35% staging), 12.2 s on 2 (45%), 8.2 s on 4 (55%): dominant from 4
+    slow_fs = dataclasses.replace(TOY, filesystem_bytes_per_s=1e9)
+    small = Dataset(train_samples=1000, eval_samples=100, bytes=1e10)
+    assert projection.staging_dominates_from(slow_fs, COSTS, small, "bench", lambda n: 64, lambda b: 6.0,
+                                             max_nodes=32) == (4, 4)
+    # no RCP anywhere: nothing checked
+    assert projection.staging_dominates_from(slow_fs, COSTS, small, "bench", lambda n: 64, lambda b: None,
+                                             max_nodes=32) == (None, None)
+
+
+# ------------------------------------------------------------------ RCP epochs
+def test_rcp_olympic_mean_and_interpolation():
+    records = {"r32": {"BS": 32, "Epochs to converge": [8, 5, 7, 6]},      # olympic mean (6 + 7) / 2
+               "r128": {"BS": 128, "Epochs to converge": [10, 11, 12]}}   # 11
+    means = projection.rcp_means(records)
+    assert means == {32: 6.5, 128: 11.0}
+    assert projection.rcp_epochs(means, 32) == 6.5
+    assert projection.rcp_epochs(means, 64) == pytest.approx(6.5 + 4.5 * 32 / 96)
+    assert projection.rcp_epochs(means, 16) is None
+    assert projection.rcp_epochs(means, 256) is None
+
+
+@pytest.mark.parametrize("benchmark", ["cosmoflow", "deepcam"])
+def test_rcp_epochs_match_the_rcp_checker(benchmark):
+    """Our means, pruning and interpolation against mlperf_logging's RCP_Checker on the real tables."""
+    from mlperf_logging.rcp_checker.rcp_checker import RCP_Checker
+    checker = RCP_Checker("hpc", "3.0.0", benchmark, False)
+    means = project.rcp_means(benchmark)
+    assert means == pytest.approx({r["BS"]: r["RCP Mean"] for r in checker.rcp_data.values()})
+    pruned = project.rcp_means(benchmark, rcp_pass="pruned")
+    assert sorted(pruned) == sorted(r["BS"] for r in checker.pruned_rcp_data.values())
+    for bs in range(min(pruned) + 16, max(pruned), 48):
+        low, high = checker._find_top_min_rcp(bs, "pruned_rcps"), checker._find_bottom_max_rcp(bs, "pruned_rcps")
+        expected = checker._find_rcp(bs, "pruned_rcps") or checker._create_interp_rcp(bs, low, high)[1]
+        assert projection.rcp_epochs(pruned, bs) == pytest.approx(expected["RCP Mean"])
+
+
+# ------------------------------------------------------------------ shipped data
+def test_stored_model_costs_are_the_closed_models():
+    cosmo, deepcam = project.stored_costs("cosmoflow"), project.stored_costs("deepcam")
+    assert (cosmo["parameters"], deepcam["parameters"]) == (8_907_556, 56_454_720)
+    # the five Conv3D layers, 2 x outputs x 27 x input channels each, are all but 0.5% of the forward
+    convs = sum(2 * (128 >> i) ** 3 * (32 << i) * 27 * (4 if i == 0 else 32 << (i - 1)) for i in range(5))
+    assert convs == 68_853_694_464
+    assert cosmo["flops_per_sample_forward"] == pytest.approx(convs, rel=0.005)
+    for record in (cosmo, deepcam):
+        assert record["flops_per_sample_train"] == 3 * record["flops_per_sample_forward"]
+        assert {"cpu", "isa", "tensorflow", "command"} <= set(record["measured_on"])
+
+
+@pytest.mark.parametrize("path", sorted((helpers.REPO / "machines").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_machine_file_loads(path):
+    machine = project.load_machine(path)
+    assert machine.peak(machine.precision) > 0
+    assert path.read_text().startswith("#")   # the command and the sources come first
+
+
+def test_machine_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((helpers.REPO / "machines" / "perlmutter-a100.yaml").read_text() + "gpus: 4\n")
+    with pytest.raises(project.InputError, match="unknown keys gpus"):
+        project.load_machine(bad)
+    bad.write_text("name: x\n")
+    with pytest.raises(project.InputError, match="missing keys"):
+        project.load_machine(bad)
+
+
+# ------------------------------------------------------------------ validation against published results
+@pytest.fixture(scope="module")
+def points():
+    return project.load_points()
+
+
+def test_each_machine_states_its_calibrated_efficiency(points):
+    calibration = {name: p for name, p in points.items() if p["role"] == "calibration"}
+    devices = [project.load_machine(p["machine"]).device for p in calibration.values()]
+    assert len(devices) == len(set(devices)), "one calibration point per device type"
+    for name, point in calibration.items():
+        machine = project.load_machine(point["machine"])
+        assert machine.efficiency_for(point["benchmark"]) == pytest.approx(project.calibrate(name, points), abs=1e-4)
+    # a validation-only machine of a calibrated device type states that device's efficiency
+    clemson = project.load_machine("clemson-a100-pcie")
+    assert clemson.efficiency_for("deepcam") == pytest.approx(project.calibrate("perlmutter-cosmoflow-128", points),
+                                                              abs=1e-4)
+
+
+def test_validation_points_within_25_percent_or_explained(points):
+    validation = [name for name, p in points.items() if p["role"] == "validation"]
+    assert len(validation) >= 5
+    for name in validation:
+        point = points[name]
+        assert point["calibrated_by"] != name and points[point["calibrated_by"]]["role"] == "calibration"
+        check = project.check_point(name, points)
+        assert check.error is not None, f"{name}: no RCP for its global batch"
+        if not check.within:
+            reason = point.get("outside_because", "")
+            assert reason.startswith(f"{check.dominant}:"), \
+                f"{name}: {check.error:+.0%}, dominated by {check.dominant}; outside_because says {reason[:40]!r}"
+
+
+@pytest.fixture(scope="module")
+def fixture_logs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fixtures")
+    with tarfile.open(FIXTURES) as tar:
+        tar.extractall(root)
+    return root / "hpc_results_v3.0"
+
+
+def _events(path) -> dict:
+    events = {}
+    for line in path.read_text().splitlines():
+        if line.startswith(":::MLLOG "):
+            entry = json.loads(line[len(":::MLLOG "):])
+            events.setdefault(entry["key"], []).append(entry)
+    return events
+
+
+def test_fixture_points_match_their_logs(points, fixture_logs):
+    """The published figures of the fixture points, recomputed from the v3.0 logs themselves."""
+    def runs(folder):
+        return [_events(p) for p in sorted((fixture_logs / folder).glob("result_*.txt"))]
+
+    def minutes(e):
+        return (e["run_stop"][0]["time_ms"] - e["run_start"][0]["time_ms"]) / 60000
+
+    cosmo = runs("HPE+LBNL/results/perlmutter_128x4/strong/cosmoflow")
+    times = sorted(minutes(e) for e in cosmo)
+    point = points["perlmutter-cosmoflow-128"]
+    assert statistics.mean(times[1:-1]) == pytest.approx(point["published_minutes"], abs=1e-5)   # olympic mean
+    assert {e["eval_error"][-1]["metadata"]["epoch_num"] for e in cosmo} == {point["logged_epochs"]}
+    staging = [(e["staging_stop"][0]["time_ms"] - e["staging_start"][0]["time_ms"]) / 1000 for e in cosmo]
+    assert statistics.mean(staging) == pytest.approx(point["logged_staging_s"], abs=1e-3)
+    # staging is timed: it starts after run_start
+    assert all(e["staging_start"][0]["time_ms"] >= e["run_start"][0]["time_ms"] for e in cosmo)
+
+    weak = runs("HPE+LBNL/results/perlmutter_10x128x4_ngc21.09_pytorch/weak/deepcam")
+    point = points["perlmutter-deepcam-128-weak"]
+    assert len(weak) == point["instances"]
+    assert statistics.mean(minutes(e) for e in weak) == pytest.approx(point["published_minutes"], abs=1e-5)
+    assert statistics.mean(e["eval_accuracy"][-1]["metadata"]["epoch_num"] for e in weak) == point["logged_epochs"]
+
+    def epoch_1_excess(e):
+        lengths = [(b["time_ms"] - a["time_ms"]) / 1000 for a, b in zip(e["epoch_start"], e["epoch_stop"])]
+        return lengths[0] - statistics.median(lengths[1:])
+
+    assert statistics.mean(epoch_1_excess(e) for e in weak) == pytest.approx(point["logged_staging_s"], abs=0.01)
+
+
+# ------------------------------------------------------------------ the command
+@pytest.mark.parametrize("benchmark", ["cosmoflow", "deepcam"])
+def test_command_prints_every_term_and_writes_the_figure(benchmark, tmp_path, capsys):
+    png = tmp_path / "curves.png"
+    rc = project.main(["--benchmark", benchmark, "--machine", "machines/perlmutter-a100.yaml",
+                       "--nodes", "16,32,64,128,256", "--png", str(png)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for words in ("global", "local", "epochs", "staging", "allreduce", "eval/epoch", "headroom", "time to train",
+                  "where the time goes", "limits it beyond", "local batch", "measured with TensorFlow"):
+        assert words in out
+    # cosmoflow: 256 nodes x 4 devices x local batch 4 = 4096 is past the table's 1024; deepcam's 2048 is in it
+    assert ("no RCP" in out) == (benchmark == "cosmoflow")
+    assert png.stat().st_size > 10_000
+
+
+def test_command_refuses_what_it_cannot_project(tmp_path, capsys):
+    args = ["--benchmark", "deepcam", "--machine", "clemson-a100-pcie", "--nodes", "18", "--png", str(tmp_path / "c.png")]
+    assert project.main(args) == 2
+    assert "--staging untimed" in capsys.readouterr().err
+    assert project.main(args + ["--staging", "untimed"]) == 0
+    assert project.main(["--benchmark", "deepcam", "--machine", "perlmutter-a100", "--nodes", "a,b"]) == 2
+
+
+def test_command_takes_a_runs_characterization(tmp_path, capsys):
+    """--characterization: the FLOPs, traffic, gradient bytes and input rate of offline.characterize's report."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "characterization.json").write_text(json.dumps({
+        "flops_per_sample_train": 3e9, "memory_bytes_per_sample_train": 6e8, "gradient_bytes_per_step": 4e6,
+        "input_samples_per_s": 40.0, "parameters": 1_000_000, "machine": {"cpus": 2}}))
+    costs, line = project.load_costs("cosmoflow", run)
+    assert (costs.flops_train, costs.flops_forward, costs.gradient_bytes) == (3e9, 1e9, 4e6)
+    assert costs.input_samples_per_s_per_core == 20.0
+    assert "1,000,000 parameters" in line
+    assert project.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "4",
+                         "--characterization", str(run), "--png", str(tmp_path / "p.png")]) == 0
+    assert "3.0 GFLOP" in capsys.readouterr().out
+    assert project.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "4",
+                         "--characterization", str(tmp_path)]) == 2
