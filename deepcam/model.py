@@ -33,6 +33,7 @@ import math
 import tensorflow as tf
 from tensorflow.keras import layers
 
+from common import cpu
 from common.sync_batchnorm import GroupBatchNormalization
 
 # PyTorch's BatchNorm2d defaults. Its momentum 0.1 weighs the new batch
@@ -91,6 +92,40 @@ class TrainableAffine(layers.Layer):
         return x * tf.cast(self.scale, x.dtype) + tf.cast(self.shift, x.dtype)
 
 
+class DilatedConv2D(layers.Conv2D):
+    """Conv2D whose dilated convolution is one Conv2D op with a `dilations` attribute.
+
+    Keras' Conv2D calls tf.nn.convolution, which turns a dilated convolution
+    into SpaceToBatchND, a convolution over rate^2 small images, and
+    BatchToSpaceND. On the ASPP's stride-16 feature map (12x18 at 192x288,
+    48x72 at 768x1152) those images are a few pixels wide with 2048 input
+    channels, where oneDNN's kernels run 4 to 17 times slower, forward and
+    backward, than one dilated convolution over the whole map (rates 6 to 18
+    at 12x18, 2-core AVX2 EPYC; bench/deepcam_vs_reference.py --profile
+    onednn shows them as `mb324_ic2048oc256_ih3oh1`). Both compute the same.
+    TensorFlow's own CPU kernels have no dilated backward pass, so the direct
+    op is taken only where oneDNN runs the convolutions (`direct`), or on a GPU.
+    """
+
+    def __init__(self, *args, direct: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.direct = bool(direct)
+
+    def convolution_op(self, inputs, kernel):
+        if not self.direct:
+            return super().convolution_op(inputs, kernel)
+        return tf.nn.conv2d(inputs, kernel, strides=list(self.strides), padding=self.padding.upper(),
+                            dilations=list(self.dilation_rate), data_format="NHWC")
+
+    def get_config(self):
+        return super().get_config() | {"direct": self.direct}
+
+
+def direct_dilation_supported() -> bool:
+    """Whether a dilated Conv2D op has a backward pass here: oneDNN kernels on, or a GPU."""
+    return bool(cpu.onednn_enabled()) or bool(tf.config.list_logical_devices("GPU"))
+
+
 def entry_conv(x, filters: int, name: str):
     """The reference's first convolution: 3x3, stride 2, padding 1 on each side, kaiming normal.
 
@@ -103,18 +138,50 @@ def entry_conv(x, filters: int, name: str):
                          name=name)(x)
 
 
-def transposed_conv(x, filters: int, name: str, dtype=None):
-    """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1), no bias, default init.
+class TorchConvTranspose2D(layers.Conv2DTranspose):
+    """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1): output 2H x 2W.
 
-    There input i reaches output o = 2i - 1 + k through tap k (output 2H).
-    TF's "valid" places it at o = 2i + k (output 2H + 1): dropping the first
-    row and column aligns the two. TF's "same" would keep the first 2H rows,
-    one pixel off.
+    There input i reaches output o = 2i - 1 + k through tap k. That is the
+    transpose of a stride-2 convolution whose input (the 2H output here) is
+    padded by one row and column on each side, which tf.nn.conv2d_transpose
+    takes as explicit padding. TF's "same" would place the taps one pixel
+    off. "valid" then cropping the first row and column computes the same,
+    but over a (2H + 1) x (2W + 1) map, plus a slice and its gradient: 2 to
+    2.5 times slower, forward and backward, than this on a 2-core AVX2 EPYC
+    (oneDNN's filter gradient over the odd-sized map was the slow part; TF
+    keeps explicitly padded transposed convolutions on its own kernels).
     """
-    fan_in = 9 * filters
-    x = layers.Conv2DTranspose(filters, 3, strides=2, padding="valid", use_bias=False,
-                               kernel_initializer=TorchDefaultUniform(fan_in), dtype=dtype, name=name)(x)
-    return layers.Cropping2D(((1, 0), (1, 0)), dtype=dtype, name=f"{name}_crop")(x)
+
+    PADDING = ((0, 0), (1, 1), (1, 1), (0, 0))
+
+    def __init__(self, filters: int, **kwargs):
+        super().__init__(filters, 3, strides=2, padding="valid", **kwargs)
+
+    def call(self, inputs):
+        batch = tf.shape(inputs)[0]
+        height, width = inputs.shape[1], inputs.shape[2]
+        output_shape = tf.stack([batch, 2 * height, 2 * width, self.filters])
+        outputs = tf.nn.conv2d_transpose(inputs, self.kernel, output_shape, strides=2,
+                                         padding=[list(p) for p in self.PADDING])
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias)
+        return tf.ensure_shape(outputs, [None, 2 * height, 2 * width, self.filters])
+
+    def compute_output_shape(self, input_shape):
+        shape = tf.TensorShape(input_shape).as_list()
+        return tf.TensorShape([shape[0], 2 * shape[1], 2 * shape[2], self.filters])
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("kernel_size", "strides", "padding"):
+            config.pop(key)
+        return config
+
+
+def transposed_conv(x, filters: int, name: str, dtype=None):
+    """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1), no bias, default init."""
+    return TorchConvTranspose2D(filters, use_bias=False, kernel_initializer=TorchDefaultUniform(9 * filters),
+                                dtype=dtype, name=name)(x)
 
 
 class _Builder:
@@ -123,6 +190,7 @@ class _Builder:
     def __init__(self, width: float, bn_group):
         self.width = width
         self.bn_group = bn_group
+        self.direct_dilation = direct_dilation_supported()
 
     def ch(self, channels: int) -> int:
         return max(1, int(round(channels * self.width)))
@@ -134,18 +202,22 @@ class _Builder:
             return layers.BatchNormalization(**kwargs)(x)
         return GroupBatchNormalization(self.bn_group, **kwargs)(x)
 
-    @staticmethod
-    def conv(x, filters, kernel, name, init, dilation=1, use_bias=False):
+    def conv(self, x, filters, kernel, name, init, dilation=1, use_bias=False):
         """Stride-1 convolution; "same" pads odd kernels symmetrically, as PyTorch's padding=dilation*(k-1)/2."""
         fan_in = kernel * kernel * x.shape[-1]
-        return layers.Conv2D(filters, kernel, padding="same", dilation_rate=dilation, use_bias=use_bias,
-                             kernel_initializer=init(fan_in), bias_initializer=TorchDefaultUniform(fan_in),
-                             name=name)(x)
+        kwargs = dict(padding="same", dilation_rate=dilation, use_bias=use_bias, kernel_initializer=init(fan_in),
+                      bias_initializer=TorchDefaultUniform(fan_in), name=name)
+        if dilation != 1:
+            return DilatedConv2D(filters, kernel, direct=self.direct_dilation, **kwargs)(x)
+        return layers.Conv2D(filters, kernel, **kwargs)(x)
 
     @staticmethod
     def sep_conv(x, filters, name, stride=1, dilation=1):
         """The reference's SeparableConv2d_same: depthwise 3x3 (`.conv1`) then pointwise 1x1, no bias,
         padded by the dilation on each side, both kaiming normal with PyTorch's per-group fan-in."""
+        # A dilated depthwise convolution stays on Keras' SpaceToBatchND route: it is
+        # cheap here, and DepthwiseConv2dNative with a `dilations` attribute gave
+        # input and filter gradients unlike this route's (TF 2.15, oneDNN on).
         if stride == 1:
             x = layers.DepthwiseConv2D(3, padding="same", dilation_rate=dilation, use_bias=False,
                                        depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
