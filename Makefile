@@ -16,8 +16,8 @@ install:
 
 # Per benchmark, from its entry in common/benchmarks.py (`python -m common.benchmarks make` prints
 # them): <PREFIX>_DATA, <PREFIX>_CONFIG and the run directory variable (COSMO_*, RUN_DIR; DEEPCAM_*,
-# DEEPCAM_RUN_DIR), and the targets data, run, bench (CosmoFlow) and data-deepcam, run-deepcam,
-# bench-deepcam (DeepCAM). The table needs only the standard library: before `make install` has
+# DEEPCAM_RUN_DIR), and the targets data, run, bench-cosmoflow (CosmoFlow) and data-deepcam,
+# run-deepcam, bench-deepcam (DeepCAM). The table needs only the standard library: before `make install` has
 # made $(VENV), the system python3 reads it.
 TABLE_PY := $(if $(wildcard $(PY)),$(PY),python3)
 BENCHMARK_RULES := $(shell $(TABLE_PY) -m common.benchmarks make)

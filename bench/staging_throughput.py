@@ -72,16 +72,16 @@ def resident_fraction(files) -> str:
     return f"{resident / total:.0%}" if total else "n/a"
 
 
-def measure(files, stage_root: Path, threads: int, decompress: bool, verify: bool) -> dict:
+def measure(files, stage_root: Path, threads: int, gunzip: bool, verify: bool) -> dict:
     stage_dir = Path(tempfile.mkdtemp(prefix="stage-", dir=stage_root))
     try:
         os.sync()
         evict_from_page_cache(files)
         cached = resident_fraction(files)
-        _, first = stage_files(files, stage_dir, GUNZIP if decompress else None, verify=verify, threads=threads)
+        _, first = stage_files(files, stage_dir, GUNZIP if gunzip else None, verify=verify, threads=threads)
         os.sync()
         evict_from_page_cache(files)
-        _, rerun = stage_files(files, stage_dir, GUNZIP if decompress else None, verify=verify, threads=threads)
+        _, rerun = stage_files(files, stage_dir, GUNZIP if gunzip else None, verify=verify, threads=threads)
         assert first.skipped == 0 and rerun.skipped == len(files)
     finally:
         shutil.rmtree(stage_dir)
@@ -90,10 +90,10 @@ def measure(files, stage_root: Path, threads: int, decompress: bool, verify: boo
                 cached=cached)
 
 
-def run_set(label: str, files, stage_root: Path, decompress: bool, verify: bool, repeats: int) -> list:
+def run_set(label: str, files, stage_root: Path, gunzip: bool, verify: bool, repeats: int) -> list:
     rows = []
     for threads in THREAD_COUNTS:
-        best = min((measure(files, stage_root, threads, decompress, verify) for _ in range(repeats)),
+        best = min((measure(files, stage_root, threads, gunzip, verify) for _ in range(repeats)),
                    key=lambda r: r["seconds"])
         row = dict(label=label, threads=threads, files=len(files), **best)
         print(f"{label:28s} threads={threads}  {row['written'] / 1e9:.2f} GB in {row['seconds']:.2f} s "
@@ -141,14 +141,14 @@ def main(argv=None) -> int:
         print(f"[bench] {len(files)} random files ready in {time.perf_counter() - start:.1f} s")
         for verify in verify_modes:
             rows += run_set(f"copy {args.file_mb} MB random" + (" +verify" if verify else ""),
-                            files, stage_root, decompress=False, verify=verify, repeats=args.repeats)
+                            files, stage_root, gunzip=False, verify=verify, repeats=args.repeats)
     if args.cosmoflow:
         files = make_cosmoflow_files(data_dir / f"cosmoflow{args.cosmoflow_size}", args.cosmoflow,
                                      args.cosmoflow_size)
-        for decompress in (False, True):
+        for gunzip in (False, True):
             for verify in verify_modes:
-                label = ("gunzip" if decompress else "copy") + " CosmoFlow gz" + (" +verify" if verify else "")
-                rows += run_set(label, files, stage_root, decompress=decompress, verify=verify,
+                label = ("gunzip" if gunzip else "copy") + " CosmoFlow gz" + (" +verify" if verify else "")
+                rows += run_set(label, files, stage_root, gunzip=gunzip, verify=verify,
                                 repeats=args.repeats)
     print_table(rows)
     return 0

@@ -45,7 +45,8 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None,
 
 
 def stage(cfg, dist, shards: Shards, progress=None, conversion: Optional[Conversion] = None) -> tuple[Shards, dict]:
-    """Copies this rank's files to the node-local stage_dir; (staged Shards, figures of all ranks)."""
+    """Stages this rank's files into the node-local stage_dir (in `conversion`'s layout, or copied);
+    (staged Shards, figures of all ranks)."""
     s = cfg.staging
     # '{node}' / '{host}' in the path name a directory per node, for nodes
     # that share a file system (or several "nodes" on one machine).

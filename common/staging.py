@@ -68,8 +68,9 @@ class Conversion:
       name stages the file again, so a name spells every parameter of the layout.
     staged_name: the staged file's name from the source's name.
     write(src, tmp, verify): writes the staged file at tmp; with verify returns the
-      SHA-256 of the source's bytes, else None. Raises InputError naming src for a
-      source it cannot read.
+      SHA-256 of the source's bytes, else None. A source it cannot read raises
+      InputError naming src, or zlib.error / EOFError / gzip.BadGzipFile, which
+      stage_files turns into one.
     size_hint(src, size): bytes the staged file will take (the free-space check).
     """
     name: str

@@ -87,15 +87,19 @@ class CosmoFlowTask(Task):
         cache = {"true": True, "false": False}.get(cfg.staging.cache)
         if cache is None:
             cache = fits_in_memory(n_local * sample_bytes, local_size)
-        common = dict(sample_shape=d.sample_shape, batch_size=d.batch_size, cache=cache, parallelism=d.read_parallelism, prefetch=d.prefetch)
+        common = dict(sample_shape=d.sample_shape, batch_size=d.batch_size, cache=cache,
+                      parallelism=d.read_parallelism, prefetch=d.prefetch)
+        # data.compression describes the sources; staged files were inflated (GUNZIP) on the way.
+        staged_plain = bool(cfg.staging.stage_dir and cfg.staging.convert)
+        compression = "none" if staged_plain else d.compression
         train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
-                                  compression=data.resolve_compression(d.compression, shards.train_files),
+                                  compression=data.resolve_compression(compression, shards.train_files),
                                   start=start or epochs.Position(), deterministic=cfg.runtime.deterministic,
                                   batches_per_epoch=epochs.batches_per_epoch(
                                       len(shards.train_files), d.batch_size, cfg.train.gradient_accumulation_frequency),
                                   **common)
         valid = data.make_dataset(shards.valid_files, training=False,
-                                  compression=data.resolve_compression(d.compression, shards.valid_files), **common)
+                                  compression=data.resolve_compression(compression, shards.valid_files), **common)
         return train, valid
 
     def find_bad_file(self, files):

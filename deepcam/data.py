@@ -27,6 +27,7 @@ import tensorflow as tf
 from common import epochs
 from common.errors import InputError
 from common.staging import Conversion, sha256_of
+from deepcam.config import N_CLASSES
 from deepcam.layout import DATA_KEY, LABEL_KEY, RAW_SUFFIX, STATS_FILE
 
 
@@ -58,11 +59,12 @@ def load_normalization(data_dir, channels) -> tuple[np.ndarray, np.ndarray]:
 def read_sample(path, channels, shift, scale, height, width):
     """One normalized sample: (x float32 [H, W, len(channels)], y int32 [H, W]).
 
-    Raises InputError naming the file on a missing key or a wrong shape.
+    Raises InputError naming the file on a missing key, a wrong shape or a label
+    that is not a class.
     """
     x, y = read_fields(path, channels, height, width)
     x = (x.astype(np.float32) - shift) * scale
-    return x, y.astype(np.int32)
+    return x, labels_as_uint8(y, path).astype(np.int32)
 
 
 def normalize(x, shift, scale):
@@ -71,12 +73,14 @@ def normalize(x, shift, scale):
 
 
 def labels_as_uint8(y, path):
-    """The labels as uint8 (classes 0..N_CLASSES-1 fit), or an InputError naming the file."""
-    if y.dtype == np.uint8:
-        return y
-    if y.size and not (y.min() >= 0 and y.max() <= 255 and np.array_equal(y, np.round(y))):
-        raise InputError(f"{path}: {LABEL_KEY} holds values that are not classes 0..255")
-    return y.astype(np.uint8)
+    """The labels as uint8, or an InputError naming `path` if one is not a class 0..N_CLASSES-1.
+
+    A label out of range would make the cross-entropy NaN on a GPU (an unnamed op error on a CPU);
+    a fractional one (float labels, damaged) would be truncated silently.
+    """
+    if y.size and not (y.min() >= 0 and y.max() < N_CLASSES and np.array_equal(y, np.round(y))):
+        raise InputError(f"{path}: {LABEL_KEY} holds values that are not the classes 0..{N_CLASSES - 1}")
+    return y.astype(np.uint8, copy=False)
 
 
 def read_fields(path, channels, height, width):
@@ -107,32 +111,37 @@ def raw_layout(channels, height, width) -> Conversion:
     nbytes = raw_sample_bytes(len(channels), height, width)
 
     def write(src, tmp, verify):
+        # verify hashes the source before it is converted: a change between the two reads shows
+        # as a new mtime (or, same mtime, as a digest that no longer matches) on the next run.
+        digest = sha256_of(src) if verify else None
         try:
             x, y = read_fields(src, channels, height, width)
-        except (OSError, ValueError, TypeError) as e:
-            raise InputError(f"cannot stage {src}: unreadable HDF5 sample ({_first_line(e)})") from None
+            y = labels_as_uint8(y, src)
         except InputError as e:
             raise InputError(f"cannot stage {e}") from None
-        y = labels_as_uint8(y, f"cannot stage {src}")
+        except (OSError, RuntimeError, KeyError, ValueError) as e:   # what h5py raises for damaged files
+            raise InputError(f"cannot stage {src}: unreadable HDF5 sample ({_first_line(e)})") from None
         with open(tmp, "wb") as f:
-            f.write(np.ascontiguousarray(x, dtype="<f4").tobytes())
-            f.write(np.ascontiguousarray(y).tobytes())
-        return sha256_of(src) if verify else None
+            f.write(memoryview(np.ascontiguousarray(x, dtype="<f4")))   # no extra 57 MB copy
+            f.write(memoryview(np.ascontiguousarray(y)))
+        return digest
 
     return Conversion(name, write=write, size_hint=lambda src, size: nbytes,
                       staged_name=lambda n: (n[:-len(".h5")] if n.endswith(".h5") else n) + RAW_SUFFIX)
 
 
 def raw_sample_bytes(n_channels, height, width) -> int:
+    """Bytes of one staged raw sample: float32 fields and uint8 labels."""
     return height * width * (4 * n_channels + 1)
 
 
 def is_raw(files) -> bool:
     """Whether `files` are staged raw samples (all of them) or HDF5 (none); a mix is refused."""
-    kinds = {str(f).endswith(RAW_SUFFIX) for f in files}
-    if len(kinds) > 1:
-        raise InputError(f"a shard mixes raw staged samples ({RAW_SUFFIX}) and HDF5 files")
-    return kinds == {True}
+    raw = [str(f) for f in files if str(f).endswith(RAW_SUFFIX)]
+    if raw and len(raw) != len(files):
+        other = next(str(f) for f in files if not str(f).endswith(RAW_SUFFIX))
+        raise InputError(f"a shard mixes raw staged samples ({raw[0]}) and other files ({other})")
+    return bool(raw)
 
 
 def find_bad_file(files, channels, height, width) -> str | None:
@@ -148,12 +157,17 @@ def find_bad_file(files, channels, height, width) -> str | None:
             if size != expected:
                 return (f"{path}: staged raw sample of {size:,} bytes, expected {expected:,} for "
                         f"{height}x{width} with {len(channels)} channels")
+            try:
+                with open(path, "rb") as f:
+                    f.read(1)
+            except OSError as e:
+                return f"{path}: unreadable staged sample ({_first_line(e)})"
             continue
         try:
             read_sample(path, channels, zeros, zeros + 1, height, width)
         except InputError as e:
             return str(e)
-        except (OSError, ValueError, TypeError) as e:
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
             return f"{path}: unreadable HDF5 sample ({_first_line(e)})"
     return None
 
@@ -193,17 +207,17 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
         content = tf.io.read_file(path)
         # decode_raw would zero-pad a short file: the size is checked first.
         tf.debugging.assert_equal(tf.strings.length(content), expected,
-                                  message="staged raw sample of the wrong size")
+                                  message="staged raw sample of the wrong size")   # find_bad_file names it
         x = tf.reshape(tf.io.decode_raw(content, tf.float32, fixed_length=data_bytes), (height, width, n_ch))
         y = tf.io.decode_raw(tf.strings.substr(content, data_bytes, height * width), tf.uint8)
         return x, tf.reshape(y, (height, width))
 
     load = load_raw if is_raw(files) else load_hdf5
-    # h5py takes turns (GIL): `readers` files in flight; raw reads run on every core.
-    parallel = tf.data.AUTOTUNE if load is load_raw else readers
 
+    # `readers` files in flight (each up to 57 MB): h5py's take turns on the GIL, raw reads
+    # run on every core of tf.data's pool.
     def read(paths: tf.data.Dataset) -> tf.data.Dataset:
-        return paths.map(load, num_parallel_calls=parallel)
+        return paths.map(load, num_parallel_calls=readers)
 
     if training:
         n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size

@@ -141,9 +141,33 @@ def test_truncated_gzip_record_is_named(cosmo_data, tiny_config, tmp_path):
     assert '"status": "aborted"' in (tmp_path / "run" / "mlperf.log").read_text()
 
 
+def test_staged_runs_train_as_the_unstaged_one(cosmo_data, tiny_config, tmp_path):
+    # Staged inflated (staging.convert, the default; data.compression GZIP describes the sources)
+    # or copied as is: the same samples, so a deterministic run ends with the same figures.
+    def figures(name, *extra):
+        proc = helpers.run(helpers.train_cmd(
+            "cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", tmp_path / name,
+            "--n-train", "16", "--n-valid", "8", "--n-epochs", "2", "--deterministic",
+            "--set", "staging.cache=false", "--set", "runtime.check_log=false",
+            # Two whole epochs that end in success: a target any model reaches, no stop at it.
+            "--set", "target_mae=10", "--set", "train.stop_at_target=false", *extra), timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        return [(h["epoch"], h["loss"], h.get("metric")) for h in summary["history"]], summary["staging"]
+
+    unstaged, _ = figures("in_place")
+    inflated, stats = figures("inflated", "--stage-dir", tmp_path / "stage1", "--set", "data.compression=GZIP")
+    copied, _ = figures("copied", "--stage-dir", tmp_path / "stage2", "--set", "staging.convert=false")
+    assert inflated == copied == unstaged
+    staged = next((tmp_path / "stage1" / "train").iterdir())
+    assert staged.read_bytes()[:2] != b"\x1f\x8b"                 # inflated
+    assert next((tmp_path / "stage2" / "train").iterdir()).read_bytes()[:2] == b"\x1f\x8b"   # copied
+    assert stats["files"] == 24
+
+
 def test_truncated_file_found_while_staging_with_decompression(cosmo_data, tiny_config, tmp_path):
     proc, victim = run_with_truncated_file(cosmo_data, tiny_config, tmp_path, "validation", 2, 16, 8,
-                                           "--stage-dir", tmp_path / "stage", "--set", "staging.convert=true")
+                                           "--stage-dir", tmp_path / "stage")   # staging.convert: inflating
     assert proc.returncode == 2
     errors = helpers.error_lines(proc.stderr)
     assert len(errors) == 1 and f"cannot stage {victim}" in errors[0], proc.stderr[-2000:]
