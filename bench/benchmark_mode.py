@@ -124,6 +124,16 @@ def _tensorflow_version() -> str:
     return "?"
 
 
+def report(benchmark: str, sample: str, args, runs, table_rows) -> None:
+    """Prints the table of a throughput script under a title naming the run and the machine;
+    with args.json also writes it there."""
+    title = (f"{benchmark} throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
+             f"warm-up step(s), {args.np} rank(s), sample {sample}, {machine(runs)}")
+    print_table(title, table_rows)
+    if args.json:
+        write_json(args.json, title, runs, table_rows)
+
+
 def write_json(path, title: str, runs, table_rows) -> None:
     """The table of print_table as JSON, with the machine of the first run (bench/report.py reads it)."""
     rt = runs[0][1]["runtime"]

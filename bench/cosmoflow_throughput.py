@@ -58,12 +58,7 @@ def main(argv=None) -> int:
     rows = benchmark_mode.rows(runs, "input pipeline alone (TFRecord -> int16 batches)",
                                f"training (input pipeline{', allreduce' if args.np > 1 else ''}), "
                                f"batch {args.batch_size}/rank")
-    title = (f"CosmoFlow throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
-             f"warm-up step(s), {args.np} rank(s), sample {shape}, "
-             f"{benchmark_mode.machine(runs)}")
-    benchmark_mode.print_table(title, rows)
-    if args.json:
-        benchmark_mode.write_json(args.json, title, runs, rows)
+    benchmark_mode.report("CosmoFlow", str(shape), args, runs, rows)
     return 0
 
 

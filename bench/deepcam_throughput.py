@@ -64,12 +64,7 @@ def main(argv=None) -> int:
     rows = benchmark_mode.rows(runs, f"HDF5 reader alone, {args.readers} readers, {mb:.1f} MB/sample",
                                f"training (reader{', allreduce' if args.np > 1 else ''}), "
                                f"batch {args.batch_size}/rank")
-    title = (f"DeepCAM throughput, train.py --benchmark {args.steps} after {args.warmup_steps} "
-             f"warm-up step(s), {args.np} rank(s), sample {args.height}x{args.width}, "
-             f"{benchmark_mode.machine(runs)}")
-    benchmark_mode.print_table(title, rows)
-    if args.json:
-        benchmark_mode.write_json(args.json, title, runs, rows)
+    benchmark_mode.report("DeepCAM", f"{args.height}x{args.width}", args, runs, rows)
     return 0
 
 

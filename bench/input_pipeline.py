@@ -39,11 +39,6 @@ from common import epochs  # noqa: E402
 from common.staging import GUNZIP, stage_files  # noqa: E402
 
 
-def cores() -> int:
-    """CPU cores this process may run on (the affinity mask, as a SLURM task sees it)."""
-    return len(os.sched_getaffinity(0))
-
-
 def samples_per_s(ds, batch_size: int, n_batches: int, repeats: int, warmup_batches: int = 2) -> float:
     """The median over `repeats` timings of n_batches batches (this VM's figures vary run to run)."""
     it = iter(ds)
@@ -147,7 +142,7 @@ def former_deepcam_pipeline(paths, data, data_dir, channels, h, w, batch, reader
 
 def row(benchmark, variant, rate, file_mb, sample) -> dict:
     return {"benchmark": benchmark, "variant": variant, "sample": sample, "samples_per_s": rate,
-            "samples_per_s_per_core": rate / cores(), "mb_per_file": file_mb, "mb_per_s": rate * file_mb}
+            "samples_per_s_per_core": rate / cpu.cores(), "mb_per_file": file_mb, "mb_per_s": rate * file_mb}
 
 
 def print_rows(rows) -> None:
@@ -184,11 +179,11 @@ def main(argv=None) -> int:
         if args.benchmark in ("deepcam", "all"):
             rows += deepcam_variants(args, Path(stage_root))
     facts = cpu.describe()
-    print(f"\nInput pipelines alone, {cores()} core(s): CPU {facts['cpu']} ({facts['isa']}), "
+    print(f"\nInput pipelines alone, {cpu.cores()} core(s): CPU {facts['cpu']} ({facts['isa']}), "
           f"TensorFlow {tf.__version__}, files in page cache, cache off")
     print_rows(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": facts | {"cores": cores()}, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"machine": facts | {"cores": cpu.cores()}, "rows": rows}, indent=2))
     return 0
 
 

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     if args.only in (None, "input"):
         rows += input_rows(args.quick)
     import tensorflow as tf
-    machine = cpu.describe() | {"cores": len(os.sched_getaffinity(0)), "tensorflow": tf.__version__,
+    machine = cpu.describe() | {"cores": cpu.cores(), "tensorflow": tf.__version__,
                                 "date": time.strftime("%Y-%m-%d"), "quick": args.quick, "bf16_measured": args.bf16}
     seconds = time.perf_counter() - start
     out = Path(args.out_dir)

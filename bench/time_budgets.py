@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     # `make` starts new Python processes that decide oneDNN themselves (common/cpu.py);
     # this one has not loaded TensorFlow, so it reports the variable they inherit.
     machine = {k: v for k, v in cpu.describe().items() if k != "onednn"}
-    machine |= {"cores": len(os.sched_getaffinity(0)), cpu.ONEDNN_ENV: os.environ.get(cpu.ONEDNN_ENV, "unset")}
+    machine |= {"cores": cpu.cores(), cpu.ONEDNN_ENV: os.environ.get(cpu.ONEDNN_ENV, "unset")}
     rows = []
     for name, measure in (("run", measure_run), ("test", measure_test)):
         if args.only in (None, name):

@@ -46,6 +46,11 @@ def _cpuinfo() -> tuple[str, frozenset]:
     return model, flags
 
 
+def cores() -> int:
+    """CPU cores this process may run on: its affinity mask, as a SLURM task or container sees it."""
+    return len(os.sched_getaffinity(0))
+
+
 def isa(flags=None) -> str:
     """The best vector instruction set: 'AMX', 'AVX-512', 'AVX2', 'AVX', or the machine name."""
     flags = _cpuinfo()[1] if flags is None else flags

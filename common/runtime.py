@@ -1,7 +1,6 @@
 """Runtime knobs (device, threads, precision), set in one place and reported."""
 
 import contextlib
-import os
 
 import tensorflow as tf
 
@@ -15,8 +14,7 @@ def configure(runtime, dist) -> dict:
     ranks on one node do not each spawn a pool as large as the machine.
     """
     device = dist.pin_device()
-    cores = len(os.sched_getaffinity(0))
-    intra = runtime.intra_op_threads or max(1, cores // dist.local_size)
+    intra = runtime.intra_op_threads or max(1, cpu.cores() // dist.local_size)
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(runtime.inter_op_threads)
     precision, why = choose_precision(runtime, device)

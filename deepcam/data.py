@@ -78,7 +78,8 @@ def labels_as_uint8(y, path):
     A label out of range would make the cross-entropy NaN on a GPU (an unnamed op error on a CPU);
     a fractional one (float labels, damaged) would be truncated silently.
     """
-    if y.size and not (y.min() >= 0 and y.max() < N_CLASSES and np.array_equal(y, np.round(y))):
+    whole = np.issubdtype(y.dtype, np.integer) or np.array_equal(y, np.round(y))   # no copy for ints
+    if y.size and not (y.min() >= 0 and y.max() < N_CLASSES and whole):
         raise InputError(f"{path}: {LABEL_KEY} holds values that are not the classes 0..{N_CLASSES - 1}")
     return y.astype(np.uint8, copy=False)
 
