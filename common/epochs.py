@@ -38,8 +38,9 @@ def permutation(n: int, seed: int, epoch) -> tf.Tensor:
     return tf.argsort(keys)
 
 
-def training_dataset(files, read, *, batch_size: int, n_batches: int, seed: int, cache: bool = False,
-                     start: Position = Position(), transform=None, deterministic: bool = True) -> tf.data.Dataset:
+def training_dataset(files, read=None, *, batch_size: int, n_batches: int, seed: int, cache: bool = False,
+                     start: Position = Position(), transform=None, deterministic: bool = True,
+                     read_batches=None) -> tf.data.Dataset:
     """Endless training batches of one rank's shard, epoch after epoch, from `start`.
 
     Every epoch reads the whole shard in a new random order (a full shuffle,
@@ -48,6 +49,8 @@ def training_dataset(files, read, *, batch_size: int, n_batches: int, seed: int,
     Args:
       files: the shard's paths, one sample per file.
       read: tf.data.Dataset of paths -> Dataset of samples (the benchmark's reader).
+      read_batches: instead of `read`, Dataset of path batches [batch_size] -> Dataset
+        of sample batches: a reader that fills a whole batch at once (no cache, no transform).
       batch_size: local batch; each epoch gives `n_batches` full batches.
       seed: this rank's seed.
       cache: read the shard once in file order and keep the samples in memory;
@@ -58,6 +61,8 @@ def training_dataset(files, read, *, batch_size: int, n_batches: int, seed: int,
       deterministic: read in order even when several files are in flight (needed
         for an exact resume); False takes whichever file is read first.
     """
+    if (read is None) == (read_batches is None) or (read_batches is not None and (cache or transform)):
+        raise ValueError("give either read, or read_batches without cache and transform")
     files = tf.constant([str(f) for f in files], dtype=tf.string)
     n_files = int(files.shape[0])
     options = tf.data.Options()
@@ -78,7 +83,10 @@ def training_dataset(files, read, *, batch_size: int, n_batches: int, seed: int,
             ds = ds.skip(skip * batch_size)
         else:
             order = tf.gather(files, permutation(n_files, seed, epoch))
-            ds = read(tf.data.Dataset.from_tensor_slices(order).skip(skip * batch_size))
+            paths = tf.data.Dataset.from_tensor_slices(order).skip(skip * batch_size)
+            if read_batches is not None:
+                return read_batches(paths.batch(batch_size, drop_remainder=True).take(n_batches - skip))
+            ds = read(paths)
         if transform is not None:
             ds = ds.map(transform, num_parallel_calls=tf.data.AUTOTUNE)
         return ds.batch(batch_size, drop_remainder=True).take(n_batches - skip)

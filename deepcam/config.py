@@ -21,7 +21,7 @@ class DataConfig:
     height: int = 768
     width: int = 1152
     channels: tuple[int, ...] = tuple(range(N_CHANNELS))   # which of the 16 fields feed the model
-    readers: int = 4                      # HDF5 files read concurrently per rank
+    readers: int = 4                      # files read concurrently per rank (rounded up to whole batches)
     prefetch: int = 2
 
 

@@ -10,14 +10,18 @@ reference; the input pipeline hands over the fields as stored (float32) and the
 labels as uint8, and `normalize` runs inside the compiled train and eval steps
 (DeepCAMTask.preprocess_batch), on the accelerator when there is one: a
 768x1152x16 sample is 57 MB, and every pass over it on the host costs the
-node's CPU cores and memory bandwidth. h5py runs inside tf.data (several files in flight per rank), so
-reading overlaps training; but h5py holds the GIL (and its own lock) while it
-reads, so a rank's readers take turns. Staging (staging.convert) therefore
-writes each sample once in a raw layout (layout.RAW_SUFFIX) that TensorFlow
-reads with its own ops (read_file, decode_raw) on all of tf.data's threads;
-the HDF5 path stays for unstaged runs.
+node's CPU cores and memory bandwidth.
+
+Each file is read straight into its place in a batch buffer that is reused once
+the step has consumed it (common.batch_buffers), inside tf.data (several files in
+flight per rank), so reading overlaps training. h5py holds the GIL (and its own
+lock) while it reads, so a rank's HDF5 readers take turns. Staging
+(staging.convert) therefore writes each sample once in a raw layout
+(layout.RAW_SUFFIX), read with readinto, which releases the GIL: those reads run
+on every core. The HDF5 path stays for unstaged runs.
 """
 
+import os
 from pathlib import Path
 
 import h5py
@@ -25,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import epochs
+from common.batch_buffers import BatchBuffers, aligned_empty
 from common.errors import InputError
 from common.staging import Conversion, sha256_of
 from deepcam.config import N_CLASSES
@@ -87,21 +92,61 @@ def labels_as_uint8(y, path):
 def read_fields(path, channels, height, width):
     """One sample as stored: (the selected channels [H, W, len(channels)], labels [H, W]), file dtypes."""
     with h5py.File(path, "r") as f:
-        try:
-            data, labels = f[DATA_KEY], f[LABEL_KEY]
-        except KeyError as e:
-            raise InputError(f"{path}: cannot read {DATA_KEY} and {LABEL_KEY} "
-                             f"({_first_line(e.args[0] if e.args else 'missing')})") from None
-        if data.ndim != 3 or data.shape[:2] != (height, width) or max(channels) >= data.shape[2]:
-            raise InputError(f"{path}: {DATA_KEY} has shape {data.shape}, expected "
-                             f"({height}, {width}, >{max(channels)}) (height, width, channels)")
-        if labels.shape != (height, width):
-            raise InputError(f"{path}: {LABEL_KEY} has shape {labels.shape}, expected ({height}, {width})")
+        data, labels = _checked_datasets(f, path, channels, height, width)
         x = data[...]
         y = labels[...]
-    if len(channels) != x.shape[2] or list(channels) != list(range(x.shape[2])):
+    if not _all_channels(channels, x.shape[2]):
         x = x[..., list(channels)]
     return x, y
+
+
+def read_fields_into(path, channels, height, width, x_out, y_out) -> None:
+    """One HDF5 sample into x_out (float32 [H, W, len(channels)]) and y_out (uint8 [H, W]), labels checked."""
+    with h5py.File(path, "r") as f:
+        data, labels = _checked_datasets(f, path, channels, height, width)
+        if _all_channels(channels, data.shape[2]):
+            data.read_direct(x_out)    # HDF5 writes straight into the batch: no array in between
+        else:
+            x_out[...] = data[...][..., list(channels)]
+        y_out[...] = labels_as_uint8(labels[...], path)
+
+
+def read_raw_into(path, x_out, y_out) -> None:
+    """One staged raw sample (layout.RAW_SUFFIX) into x_out and y_out (C-contiguous), with no copy in between.
+
+    readinto releases the GIL while the kernel copies, so a rank's readers run on every core.
+    """
+    expected = x_out.nbytes + y_out.nbytes
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != expected:
+            raise InputError(f"{path}: staged raw sample of {size:,} bytes, expected {expected:,}")
+        for out in (x_out, y_out):
+            view = memoryview(out).cast("B")
+            while view:
+                n = f.readinto(view)
+                if not n:
+                    raise InputError(f"{path}: staged raw sample shorter than {expected:,} bytes while read")
+                view = view[n:]
+
+
+def _checked_datasets(f, path, channels, height, width):
+    """The (fields, labels) datasets of an open sample file, after checking names and shapes."""
+    try:
+        data, labels = f[DATA_KEY], f[LABEL_KEY]
+    except KeyError as e:
+        raise InputError(f"{path}: cannot read {DATA_KEY} and {LABEL_KEY} "
+                         f"({_first_line(e.args[0] if e.args else 'missing')})") from None
+    if data.ndim != 3 or data.shape[:2] != (height, width) or max(channels) >= data.shape[2]:
+        raise InputError(f"{path}: {DATA_KEY} has shape {data.shape}, expected "
+                         f"({height}, {width}, >{max(channels)}) (height, width, channels)")
+    if labels.shape != (height, width):
+        raise InputError(f"{path}: {LABEL_KEY} has shape {labels.shape}, expected ({height}, {width})")
+    return data, labels
+
+
+def _all_channels(channels, n_stored) -> bool:
+    return list(channels) == list(range(n_stored))
 
 
 def raw_layout(channels, height, width) -> Conversion:
@@ -186,51 +231,85 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
     reads in order although several files are in flight (exact resume).
     Validation: one pass in file order; the last batch may be partial.
     With `cache`, decoded samples stay in memory after the first pass.
+    About `readers` files are in flight at once (each up to 57 MB).
     """
     channels = tuple(int(c) for c in channels)
+    raw = is_raw(files)
+    if cache:
+        # Samples are kept one by one, so they are read one by one.
+        read, read_batches = _sample_reader(raw, channels, height, width, readers), None
+    else:
+        read, read_batches = None, _batch_reader(raw, channels, height, width, batch_size, readers, prefetch,
+                                                 batch_dim=batch_size if training else None)
+    if training:
+        n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
+        ds = epochs.training_dataset(files, read, read_batches=read_batches, batch_size=batch_size,
+                                     n_batches=n_batches, seed=seed, cache=cache, start=start,
+                                     deterministic=deterministic)
+    else:
+        # dtype given: a rank may hold no validation file, and [] would not be strings.
+        paths = tf.data.Dataset.from_tensor_slices(tf.constant([str(f) for f in files], dtype=tf.string))
+        if cache:
+            ds = read(paths).cache().batch(batch_size)
+        else:
+            ds = read_batches(paths.batch(batch_size))
+    return ds.prefetch(prefetch)
+
+
+def _batch_reader(raw, channels, height, width, batch_size, readers, prefetch, batch_dim):
+    """Dataset of path batches -> Dataset of (x, y) batches, each filled in place in a reused buffer.
+
+    Each file is read straight into its slot of the batch (common.batch_buffers): no
+    per-sample array, no batching copy, no fresh memory to fault in per batch. Staged raw
+    files are read with readinto, which releases the GIL, so reads run on every core;
+    h5py holds the GIL (and its own lock) while it reads, so HDF5 reads take turns.
+    """
+    n_ch = len(channels)
+    in_flight = max(1, -(-readers // batch_size))    # batches being read at once: ~`readers` files
+    # Alive at once: the batches being read, those in map's and prefetch's buffers, the one in use.
+    buffers = BatchBuffers([((height, width, n_ch), np.float32), ((height, width), np.uint8)], batch_size,
+                           max_buffers=2 * in_flight + prefetch + 2)
+
+    def fill(paths):
+        x, y = buffers.take(len(paths))
+        for i, path in enumerate(paths):
+            path = path.decode()
+            if raw:
+                read_raw_into(path, x[i], y[i])
+            else:
+                read_fields_into(path, channels, height, width, x[i], y[i])
+        return x, y
+
+    def load(paths):
+        x, y = tf.numpy_function(fill, [paths], (tf.float32, tf.uint8), stateful=False)
+        x.set_shape((batch_dim, height, width, n_ch))
+        y.set_shape((batch_dim, height, width))
+        return x, y
+
+    return lambda path_batches: path_batches.map(load, num_parallel_calls=in_flight)
+
+
+def _sample_reader(raw, channels, height, width, readers):
+    """Dataset of paths -> Dataset of (x, y) samples, each in its own aligned arrays (cached runs keep them)."""
     n_ch = len(channels)
 
     def read_one(path):
         path = path.decode()
-        x, y = read_fields(path, channels, height, width)
-        return np.asarray(x, np.float32), labels_as_uint8(y, path)
+        # Aligned: TensorFlow takes them without a copy (common.batch_buffers).
+        x, y = aligned_empty((height, width, n_ch), np.float32), aligned_empty((height, width), np.uint8)
+        if raw:
+            read_raw_into(path, x, y)
+        else:
+            read_fields_into(path, channels, height, width, x, y)
+        return x, y
 
-    def load_hdf5(path):
+    def load(path):
         x, y = tf.numpy_function(read_one, [path], (tf.float32, tf.uint8), stateful=False)
         x.set_shape((height, width, n_ch))
         y.set_shape((height, width))
         return x, y
 
-    data_bytes = height * width * n_ch * 4
-    expected = raw_sample_bytes(n_ch, height, width)
-
-    def load_raw(path):
-        content = tf.io.read_file(path)
-        # decode_raw would zero-pad a short file: the size is checked first.
-        tf.debugging.assert_equal(tf.strings.length(content), expected,
-                                  message="staged raw sample of the wrong size")   # find_bad_file names it
-        x = tf.reshape(tf.io.decode_raw(content, tf.float32, fixed_length=data_bytes), (height, width, n_ch))
-        y = tf.io.decode_raw(tf.strings.substr(content, data_bytes, height * width), tf.uint8)
-        return x, tf.reshape(y, (height, width))
-
-    load = load_raw if is_raw(files) else load_hdf5
-
-    # `readers` files in flight (each up to 57 MB): h5py's take turns on the GIL, raw reads
-    # run on every core of tf.data's pool.
-    def read(paths: tf.data.Dataset) -> tf.data.Dataset:
-        return paths.map(load, num_parallel_calls=readers)
-
-    if training:
-        n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
-        ds = epochs.training_dataset(files, read, batch_size=batch_size, n_batches=n_batches, seed=seed,
-                                     cache=cache, start=start, deterministic=deterministic)
-    else:
-        # dtype given: a rank may hold no validation file, and [] would not be strings.
-        ds = read(tf.data.Dataset.from_tensor_slices(tf.constant([str(f) for f in files], dtype=tf.string)))
-        if cache:
-            ds = ds.cache()
-        ds = ds.batch(batch_size)
-    return ds.prefetch(prefetch)
+    return lambda paths: paths.map(load, num_parallel_calls=readers)
 
 
 def _first_line(e) -> str:

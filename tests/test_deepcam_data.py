@@ -98,6 +98,34 @@ def test_bad_files_are_named(small_set, tmp_path):
     assert "climate/labels_0" in data.find_bad_file([str(nolabel)], channels, H, W)
 
 
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("channels", [tuple(range(16)), (3, 0, 15)])
+def test_batches_held_by_the_consumer_are_never_overwritten(small_set, tmp_path, staged, channels):
+    # Batches are filled in reused buffers (common.batch_buffers): holding many of them at once
+    # (here 12, more than the pool keeps) must leave each as read, in training and validation.
+    root, files = small_set
+    paths = [f[0] for f in files]
+    if staged:
+        paths, _ = stage_files(paths, tmp_path / "stage", data.raw_layout(channels, H, W))
+    expected = {os.path.basename(p).split(".")[0]: (x[..., list(channels)], y.astype(np.uint8)) for p, x, y in files}
+    by_content = {x.tobytes(): name for name, (x, _) in expected.items()}
+    common = dict(channels=channels, height=H, width=W, readers=2, prefetch=1)
+    train = data.make_dataset(paths, batch_size=2, training=True, seed=3, **common)
+    held = list(train.take(12))
+    assert all(x.shape == (2, H, W, len(channels)) for x, _ in held)   # static batch dimension
+    counts = {}
+    for x, y in held:
+        for xs, ys in zip(x.numpy(), y.numpy()):
+            name = by_content[xs.tobytes()]          # KeyError: a sample that no file holds
+            np.testing.assert_array_equal(ys, expected[name][1])
+            counts[name] = counts.get(name, 0) + 1
+    assert sorted(counts.values()) == [6, 6, 6, 6]   # 6 epochs, each file once an epoch
+    valid = list(data.make_dataset(paths, batch_size=3, training=False, **common))
+    assert [x.shape[0] for x, _ in valid] == [3, 1]
+    got = np.concatenate([x.numpy() for x, _ in valid])
+    np.testing.assert_array_equal(got, np.stack([expected[f"s{i}"][0] for i in range(4)]))
+
+
 @pytest.mark.parametrize("channels", [tuple(range(16)), (3, 0, 15)])
 def test_staged_raw_samples_read_as_the_hdf5_ones(small_set, tmp_path, channels):
     # Staged in the raw layout (read by TensorFlow's own ops, no h5py): the same batches.
@@ -126,11 +154,11 @@ def test_a_bad_staged_raw_sample_is_named(small_set, tmp_path):
         f.truncate(1000)
     problem = data.find_bad_file(staged, tuple(range(16)), H, W)
     assert problem.startswith(cut) and "1,000 bytes" in problem, problem
-    # The reader refuses it too (decode_raw alone would zero-pad it).
-    ds = data.make_dataset([cut], channels=tuple(range(16)), height=H, width=W,
-                           batch_size=1, training=False)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="wrong size"):
-        list(ds)
+    # The readers refuse it too, naming it (decode_raw alone would zero-pad it).
+    common = dict(channels=tuple(range(16)), height=H, width=W, batch_size=1, training=False)
+    for cache in (False, True):
+        with pytest.raises(tf.errors.OpError, match=f"{cut}: staged raw sample of 1,000 bytes"):
+            list(data.make_dataset([cut], cache=cache, **common))
     with pytest.raises(InputError, match="mixes"):
         data.make_dataset([staged[0], files[0][0]], channels=(0,), height=H, width=W,
                           batch_size=1, training=False)
