@@ -141,8 +141,7 @@ def former_hdf5_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
                                  (tf.float32, tf.int32), stateful=False)
         return tf.ensure_shape(x, (h, w, len(channels))), tf.ensure_shape(y, (h, w))
 
-    return epochs.training_dataset(paths, lambda ds: ds.map(load, num_parallel_calls=readers), batch_size=batch,
-                                   n_batches=len(paths) // batch, seed=0, deterministic=False).prefetch(2)
+    return per_sample_pipeline(paths, load, batch, readers)
 
 
 def former_raw_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
@@ -155,6 +154,11 @@ def former_raw_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
         y = tf.io.decode_raw(tf.strings.substr(content, data_bytes, h * w), tf.uint8)
         return x, tf.reshape(y, (h, w))
 
+    return per_sample_pipeline(paths, load, batch, readers)
+
+
+def per_sample_pipeline(paths, load, batch, readers):
+    """The former DeepCAM pipelines' shape: `load` a sample at a time, `readers` in flight, then tf.data's batch."""
     return epochs.training_dataset(paths, lambda ds: ds.map(load, num_parallel_calls=readers), batch_size=batch,
                                    n_batches=len(paths) // batch, seed=0, deterministic=False).prefetch(2)
 

@@ -270,14 +270,12 @@ def _batch_reader(raw, channels, height, width, batch_size, readers, prefetch, b
     buffers = BatchBuffers([((height, width, n_ch), np.float32), ((height, width), np.uint8)], batch_size,
                            max_buffers=2 * in_flight + prefetch + 2)
 
+    read_into = _file_reader(raw, channels, height, width)
+
     def fill(paths):
         x, y = buffers.take(len(paths))
         for i, path in enumerate(paths):
-            path = path.decode()
-            if raw:
-                read_raw_into(path, x[i], y[i])
-            else:
-                read_fields_into(path, channels, height, width, x[i], y[i])
+            read_into(path.decode(), x[i], y[i])
         return x, y
 
     def load(paths):
@@ -289,18 +287,22 @@ def _batch_reader(raw, channels, height, width, batch_size, readers, prefetch, b
     return lambda path_batches: path_batches.map(load, num_parallel_calls=in_flight)
 
 
+def _file_reader(raw, channels, height, width):
+    """(path, x_out, y_out) -> None: one sample file, staged raw or HDF5, read into the arrays given."""
+    if raw:
+        return read_raw_into
+    return lambda path, x_out, y_out: read_fields_into(path, channels, height, width, x_out, y_out)
+
+
 def _sample_reader(raw, channels, height, width, readers):
     """Dataset of paths -> Dataset of (x, y) samples, each in its own aligned arrays (cached runs keep them)."""
     n_ch = len(channels)
+    read_into = _file_reader(raw, channels, height, width)
 
     def read_one(path):
-        path = path.decode()
         # Aligned: TensorFlow takes them without a copy (common.batch_buffers).
         x, y = aligned_empty((height, width, n_ch), np.float32), aligned_empty((height, width), np.uint8)
-        if raw:
-            read_raw_into(path, x, y)
-        else:
-            read_fields_into(path, channels, height, width, x, y)
+        read_into(path.decode(), x, y)
         return x, y
 
     def load(path):

@@ -69,6 +69,9 @@ def test_tensors_from_numpy_function_keep_their_buffer_until_freed():
     pooled = {_address(np.asarray(x)) for x in held[:4]}   # the first four batches: the pool's buffers
     assert pool.pooled == 4 and len({_address(np.asarray(x)) for x in held}) == 8
     del held
+    # TensorFlow drops its references to numpy_function arrays under the GIL, at its next
+    # numpy_function call: one here, so the pass below starts with the pool released.
+    tf.numpy_function(lambda: np.int32(0), [], tf.int32)
     # Released by the consumer, the pooled buffers themselves come back: no copy, no new memory
     # (tf.data may read a batch or two ahead, and TensorFlow drops its reference at its next
     # numpy_function call: four buffers are enough).
