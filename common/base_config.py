@@ -92,6 +92,14 @@ class StagingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    # Ranks that split every sample along depth (z) between them (spatial
+    # parallelism, common.spatial): groups of this many consecutive ranks, on one
+    # node; the job's ranks / spatial_ranks groups do data parallelism. 1: none.
+    spatial_ranks: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class MLPerfConfig:
     org: str = "reference"
     division: Literal["closed", "open"] = "closed"
@@ -134,7 +142,8 @@ def check_shared_sections(cfg) -> None:
                               ("train.log_every_steps", t.log_every_steps, 0),
                               ("train.benchmark_steps", t.benchmark_steps, 0),
                               ("train.benchmark_warmup_steps", t.benchmark_warmup_steps, 0),
-                              ("runtime.sigterm_grace_s", r.sigterm_grace_s, 0)):
+                              ("runtime.sigterm_grace_s", r.sigterm_grace_s, 0),
+                              ("parallel.spatial_ranks", cfg.parallel.spatial_ranks, 1)):
         if value < least:
             raise ConfigError(f"config key '{key}' must be >= {least}, got {value}")
 
@@ -151,6 +160,7 @@ class BaseConfig:
     train: TrainLoopConfig = TrainLoopConfig()
     staging: StagingConfig = StagingConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    parallel: ParallelConfig = ParallelConfig()
     mlperf: MLPerfConfig = MLPerfConfig()
 
     @property

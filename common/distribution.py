@@ -123,6 +123,25 @@ class Distribution:
         self.barrier()
         return RankGroup(group_size, sets[self.rank // group_size])
 
+    def spatial_mesh(self, spatial_ranks: int) -> "SpatialMesh":
+        """This rank's place in a mesh of data-parallel groups of `spatial_ranks` ranks each.
+
+        Groups are consecutive ranks, so that a group sits on one node (ranks are
+        numbered node by node) and its halo traffic stays on the node's fast links.
+        A collective when spatial_ranks > 1 (registers a process set per group).
+        """
+        k = int(spatial_ranks)
+        what = "parallel.spatial_ranks"
+        if k < 1 or self.size % k:
+            raise ConfigError(f"{what}={k} does not divide the {self.size} ranks of this job "
+                              f"(launch a multiple of {k} ranks)")
+        if k > 1 and self.local_size % k:
+            raise ConfigError(f"{what}={k} does not divide the {self.local_size} ranks per node: a spatial "
+                              f"group must sit on one node (its halo exchange runs every layer)")
+        group = self.rank_group(k, what)
+        return SpatialMesh(size=k, index=self.rank % k, group=self.rank // k, groups=self.size // k,
+                           process_set=group._process_set)
+
     def describe(self) -> str:
         return (f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
                 f"Horovod {horovod.__version__} over {self.controller()}")
@@ -139,6 +158,78 @@ class RankGroup:
         if self._process_set is None:
             return tensor
         return hvd.allreduce(tensor, op=hvd.Sum, process_set=self._process_set)
+
+
+class SpatialMesh:
+    """K ranks that split each sample along its first spatial axis (depth, z) between them.
+
+    Rank `index` of a group holds planes [index * Zs, (index + 1) * Zs) of every
+    sample of the group's batch; the `groups` groups do data parallelism. The
+    methods are usable inside tf.function and are collectives over the group:
+    every rank of a group calls them in the same order, with the same shapes.
+
+    Horovod 0.28 has no point-to-point op; the halo exchange is one alltoall
+    (alltoallv on Gloo and MPI) in which every rank sends exactly 2h planes: its
+    first h to the rank below and its last h to the rank above, or to itself at
+    the faces of the volume, where what comes back is replaced by zeros. Every
+    rank therefore builds the same ops with the same shapes (only constants
+    differ), so the names Horovod derives for the backward collectives agree
+    across ranks, and no count is zero (NCCL would skip it; Gloo would not).
+    """
+
+    def __init__(self, size: int, index: int = 0, group: int = 0, groups: int = 1, process_set=None):
+        self.size, self.index, self.group, self.groups = size, index, group, groups
+        self._process_set = process_set
+
+    @property
+    def is_split(self) -> bool:
+        return self.size > 1
+
+    def describe(self) -> str:
+        return f"{self.size}-way spatial x {self.groups} data-parallel group(s)"
+
+    def exchange_halo(self, x, halo: int, name: str):
+        """[B, Zs, ...] -> [B, Zs + 2 * halo, ...]: the slab with its neighbours' boundary planes
+        (zeros beyond the volume's faces), as 'same' padding along z would give the whole sample."""
+        if not self.is_split or halo == 0:
+            return x
+        zs = x.shape[1]
+        if zs is None or zs < halo:
+            raise ValueError(f"{name}: a slab of {zs} plane(s) cannot give a halo of {halo}")
+        perm = [1, 0] + list(range(2, x.shape.rank))
+        # The planes go first: alltoall splits and concatenates along axis 0.
+        send = tf.transpose(tf.concat([x[:, :halo], x[:, zs - halo:]], axis=1), perm)
+        below = self.index - 1 if self.index > 0 else self.index
+        above = self.index + 1 if self.index < self.size - 1 else self.index
+        splits = np.zeros(self.size, np.int32)
+        splits[below] += halo
+        splits[above] += halo
+        received = hvd.alltoall(send, splits=tf.constant(splits), name=name, process_set=self._process_set)
+        if isinstance(received, (tuple, list)):   # (tensor, received_splits) in some Horovod versions
+            received = received[0]
+        received = tf.ensure_shape(received, send.shape)
+        # Sources in rank order: [from below (its last planes), from above (its first)];
+        # at a face that slot holds this rank's own planes, sent to itself: zeroed.
+        keep = np.ones([2 * halo] + [1] * (x.shape.rank - 1), bool)
+        keep[:halo] = self.index > 0
+        keep[halo:] = self.index < self.size - 1
+        received = tf.where(tf.constant(keep), received, tf.zeros_like(received))
+        received = tf.transpose(received, perm)
+        return tf.concat([received[:, :halo], x, received[:, halo:]], axis=1)
+
+    def gather(self, x, name: str):
+        """[B, Zs, ...] slabs -> [B, K * Zs, ...] whole samples on every rank of the group.
+
+        The gradient of Horovod's allgather averages the incoming gradients over
+        the group and hands each rank its slab's part: right for the layers after
+        it, which every rank of the group runs on the same whole sample.
+        """
+        if not self.is_split:
+            return x
+        perm = [1, 0] + list(range(2, x.shape.rank))
+        whole = hvd.allgather(tf.transpose(x, perm), name=name, process_set=self._process_set)
+        shape = [x.shape[1] * self.size] + [x.shape[0]] + x.shape[2:].as_list()
+        return tf.transpose(tf.ensure_shape(whole, shape), perm)
 
 
 def launcher_env() -> dict:

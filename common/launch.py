@@ -105,6 +105,10 @@ def closed_config_for(task, overrides: dict, ranks: int) -> str:
     bench = benchmarks.get(task.name)
     local_batch = overrides.get(bench.local_batch_key)
     accumulation = overrides.get("train.gradient_accumulation_frequency")
+    # Ranks that split samples add no data parallelism: the global batch counts their groups.
+    spatial = int(overrides.get("parallel.spatial_ranks", 1))
+    if spatial > 1 and ranks % spatial == 0:
+        ranks //= spatial
     path = benchmarks.closed_config_for_ranks(task.name, ranks, int(local_batch) if local_batch else None,
                                               int(accumulation) if accumulation else None)
     if path is not None:
@@ -141,7 +145,9 @@ def main(task, argv=None) -> int:
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
         cfg, note = load_run_config(task, config_path, overrides, dist.size)
         termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
-        bound = task(cfg)
+        # Collective (registers the groups' process sets when samples are split): every rank, here.
+        mesh = dist.spatial_mesh(cfg.parallel.spatial_ranks)
+        bound = task(cfg, mesh if mesh.is_split else None)
         run_dir = Path(cfg.run_dir)
         listeners = []
         if dist.is_root:

@@ -24,8 +24,13 @@ class TrainStep:
     """
 
     def __init__(self, model, optimizer, loss_fn, dist, compression: str = "none", xla: bool = False,
-                 accumulation: int = 1, preprocess=None):
+                 accumulation: int = 1, preprocess=None, gradient_scales=None):
         self.model, self.optimizer, self.dist = model, optimizer, dist
+        # Per trainable variable, a factor applied before the allreduce average: the group
+        # size for the layers that hold a slab of each sample (common.spatial.gradient_scales).
+        self._gradient_scales = None
+        if gradient_scales is not None and any(s != 1.0 for s in gradient_scales):
+            self._gradient_scales = list(gradient_scales)
         self._preprocess = preprocess or (lambda x, y: (x, y))
         self.accumulation = int(accumulation)
         self._scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
@@ -53,8 +58,15 @@ class TrainStep:
             grads = self.optimizer.get_unscaled_gradients(grads)
         return loss, grads
 
+    def reduce_gradients(self, grads):
+        """This rank's gradients -> the update's: averaged over the ranks (split layers' summed
+        over the spatial group first)."""
+        if self._gradient_scales is not None:
+            grads = [g * s if s != 1.0 else g for g, s in zip(grads, self._gradient_scales)]
+        return self.dist.average_gradients(grads, self._compression)
+
     def _apply(self, grads):
-        grads = self.dist.average_gradients(grads, self._compression)
+        grads = self.reduce_gradients(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
     def _fused_py(self, x, y):

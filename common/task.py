@@ -70,8 +70,11 @@ class Task:
     config_class: ClassVar[type]
     flags: ClassVar[tuple[Flag, ...]] = ()   # command-line flags mapped onto config keys
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, mesh=None):
         self.cfg = cfg
+        # The spatial mesh (common.distribution.SpatialMesh) of a run whose samples are
+        # split across ranks; None: each rank holds whole samples.
+        self.mesh = mesh
 
     @classmethod
     def tiny_overrides(cls, cfg) -> dict:
@@ -89,7 +92,8 @@ class Task:
         raise NotImplementedError
 
     def shard(self, rank: int, size: int) -> Shards:
-        """The files rank `rank` of `size` reads, and the global sample counts."""
+        """The files data-parallel group `rank` of `size` reads (a group: one rank, or the ranks
+        that split its samples), and the global sample counts."""
         raise NotImplementedError
 
     def input_specs(self) -> tuple:
@@ -98,7 +102,8 @@ class Task:
         raise NotImplementedError
 
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None) -> tuple:
-        """(train, valid) datasets over readable paths. train is endless, epoch after epoch from
+        """(train, valid) datasets over readable paths; `rank` is the data-parallel group's index
+        (every rank of a spatial group reads the same samples in the same order). train is endless, epoch after epoch from
         `start` (a common.epochs.Position; each epoch's order depends on the seed and the epoch
         only); valid is one pass."""
         raise NotImplementedError

@@ -29,6 +29,7 @@ from common.fingerprint import variables_in_sync
 from common.page_cache import drop_from_page_cache
 from common.run_measurements import characterize_run, pipeline_samples_per_s
 from common.progress import Progress
+from common.spatial import gradient_scales
 from common.steps import TrainStep, make_eval_step
 from common.sync_batchnorm import average_batchnorm_statistics, batchnorm_statistics
 
@@ -100,8 +101,10 @@ class Trainer:
         # Horovod is initialized (common.distribution); pin the device by local rank, threads, precision.
         self.result.runtime = runtime_lib.configure(cfg.runtime, dist)
         tf.keras.utils.set_random_seed(cfg.train.seed)
+        # Data parallelism is over groups: one rank each, or the K ranks that split each sample.
+        self.mesh = task.mesh or dist.spatial_mesh(1)
         self._print_runtime()
-        self.shards = task.shard(dist.rank, dist.size)          # this rank's files
+        self.shards = task.shard(self.mesh.group, self.mesh.groups)   # this rank's (its group's) files
         global_batch = self._plan_epochs()
         self._build(global_batch)                                # model, LR for the global batch, wrapped optimizer
         self._restore_or_start()                                 # rank 0 picks the checkpoint, if any
@@ -114,7 +117,7 @@ class Trainer:
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
         self.shards, self.result.staging = prepare_data(cfg, dist, self.shards, events, self.output_dir,
                                                         self._staging_progress, task.staged_layout())
-        train_ds, valid_ds = task.build_inputs(self.shards, dist.rank, dist.local_size, self.position)
+        train_ds, valid_ds = task.build_inputs(self.shards, self.mesh.group, dist.local_size, self.position)
         self._check_specs(train_ds)
         if cfg.train.evaluate_only:
             return self._evaluate_only(valid_ds)
@@ -126,7 +129,8 @@ class Trainer:
     # ---------------------------------------------------------------- set-up
     def _print_runtime(self):
         rt = self.result.runtime
-        self.print(f"[init] {self.dist.describe()}; runtime "
+        spatial = f"; {self.mesh.describe()}" if self.mesh.is_split else ""
+        self.print(f"[init] {self.dist.describe()}{spatial}; runtime "
                    f"{ {k: v for k, v in rt.items() if k not in ('cpu', 'precision_note')} }")
         self.print(f"[init] CPU {rt['cpu']['cpu']}: {rt['cpu']['isa']}, bf16 {rt['cpu']['bf16']}, "
                    f"oneDNN {rt['cpu']['onednn']}")
@@ -136,8 +140,9 @@ class Trainer:
     def _plan_epochs(self) -> int:
         """Steps and samples per epoch from the shard; returns the global batch."""
         shards, accumulation = self.shards, self.cfg.train.gradient_accumulation_frequency
-        # Gradient accumulation makes each optimizer step see n local batches.
-        global_batch = shards.local_batch_size * self.dist.size * accumulation
+        # Gradient accumulation makes each optimizer step see n local batches; the ranks of a
+        # spatial group share theirs.
+        global_batch = shards.local_batch_size * self.mesh.groups * accumulation
         # An epoch is one pass over the shard in whole steps (common.epochs).
         self.steps_per_epoch = epochs.batches_per_epoch(
             len(shards.train_files), shards.local_batch_size, accumulation) // accumulation
@@ -289,7 +294,8 @@ class Trainer:
         rt = cfg.runtime
         self.train_step = TrainStep(self.model, self.optimizer, self.loss_fn, self.dist,
                                     rt.gradient_compression, rt.xla, cfg.train.gradient_accumulation_frequency,
-                                    preprocess=self.task.preprocess_batch)
+                                    preprocess=self.task.preprocess_batch,
+                                    gradient_scales=gradient_scales(self.model))
         self.eval_step = make_eval_step(self.model, self.metric, rt.xla, preprocess=self.task.preprocess_batch)
         specs = self.task.input_specs()
         self.train_step.trace(specs)
@@ -400,10 +406,13 @@ class Trainer:
             self.events.on_step(StepInfo(1, step, t.benchmark_steps, self.global_step))
         float(loss)
         seconds = float(dist.allreduce_max([time.perf_counter() - start])[0])
-        per_rank = t.benchmark_steps * self.shards.local_batch_size * accumulation / seconds
+        # A spatial group's ranks train the same samples: the job's rate counts groups.
+        per_group = t.benchmark_steps * self.shards.local_batch_size * accumulation / seconds
+        total = per_group * self.mesh.groups
         self.result.throughput = {
             "steps": t.benchmark_steps, "warmup_steps": t.benchmark_warmup_steps, "seconds": seconds,
-            "samples_per_s_per_rank": per_rank, "samples_per_s": per_rank * dist.size,
+            "samples_per_s_per_rank": total / dist.size, "samples_per_s": total,
+            "spatial_ranks": self.mesh.size,
             "input_samples_per_s_per_rank": float(dist.allreduce_mean([input_rate])[0]),
             "global_batch_size": info.global_batch_size, "ranks": dist.size,
             "precision": self.result.runtime["precision"]}
@@ -426,7 +435,7 @@ class Trainer:
             model=self.model, dist=self.dist, sample_shape=sample_shape, history=self.result.history,
             staging=self.result.staging, global_batch_size=info.global_batch_size,
             compression=self.cfg.runtime.gradient_compression,
-            make_train_dataset=lambda: self.task.build_inputs(self.shards, self.dist.rank,
+            make_train_dataset=lambda: self.task.build_inputs(self.shards, self.mesh.group,
                                                               self.dist.local_size)[0],
             local_batch_size=self.shards.local_batch_size, files_read=self.shards.train_files,
             samples_read=len(self.shards.train_files))
@@ -479,7 +488,8 @@ class Trainer:
         with self._naming_bad_files(self.shards.valid_files):
             for x, y in valid_ds:
                 sums = sums + self.eval_step(x, y).numpy()
-        return float(self.metric.finalize(self.dist.allreduce_sum(sums)))
+        # The ranks of a spatial group evaluate the same samples: count each group once.
+        return float(self.metric.finalize(self.dist.allreduce_sum(sums) / self.mesh.size))
 
     @contextlib.contextmanager
     def _naming_bad_files(self, files):

@@ -29,6 +29,9 @@ class ModelConfig:
     fc1_size: int = 128
     fc2_size: int = 64
     dropout: float = 0.5                  # logged as `dropout` (an RCP hyperparameter)
+    # Filters of the deeper conv layers capped at this (None: conv_size * 2^i throughout,
+    # the reference); the 256^3 and 512^3 variants take 6 and 7 layers capped at 256.
+    max_channels: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,7 @@ class CosmoFlowConfig(BaseConfig):
         if edge % (2 ** m.n_conv_layers):
             raise ConfigError(f"config key 'model.n_conv_layers'={m.n_conv_layers}: the sample edge {edge} "
                               f"is not divisible by 2^{m.n_conv_layers} (one 2x pooling per layer)")
+        check_spatial_split(self)
         if not 0.0 <= m.dropout < 1.0:
             raise ConfigError(f"config key 'model.dropout' must be in [0, 1), got {m.dropout}")
         o = self.optimizer
@@ -90,3 +94,27 @@ class CosmoFlowConfig(BaseConfig):
                            ("data.n_valid", d.n_valid), ("train.n_epochs", self.train.n_epochs)):
             if value <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {value}")
+
+
+def check_spatial_split(cfg: CosmoFlowConfig) -> None:
+    """parallel.spatial_ranks K must cut the depth into slabs the first layer can work on."""
+    k, depth, m = cfg.parallel.spatial_ranks, cfg.data.sample_shape[0], cfg.model
+    if k == 1:
+        return
+    key = f"config key 'parallel.spatial_ranks'={k}"
+    if depth % k:
+        raise ConfigError(f"{key} does not divide the sample depth {depth}")
+    halo = m.kernel_size // 2
+    least = max(2, halo)   # a whole 2x pooling window, and the neighbours' halo planes
+    if depth // k < least:
+        raise ConfigError(f"{key} leaves {depth // k} plane(s) per rank of the depth {depth}; the first layer "
+                          f"needs at least {least} (a 2x pool window, a halo of {halo}): at most "
+                          f"{depth // least} spatial ranks for this sample")
+    if m.kernel_size % 2 == 0:
+        raise ConfigError(f"{key} needs an odd 'model.kernel_size' (a halo of kernel // 2 each side), "
+                          f"got {m.kernel_size}")
+    if cfg.data.transform != "log":
+        raise ConfigError(f"{key}: data.transform='{cfg.data.transform}' divides by the whole sample's mean, "
+                          f"which a slab does not see; use 'log' (v1.0+ data)")
+    if cfg.runtime.characterize:
+        raise ConfigError(f"{key}: runtime.characterize measures the unsplit model; run it with 1")

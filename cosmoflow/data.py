@@ -9,11 +9,15 @@ otherwise cast and log1p 8.4 M values (34 MB of float32) per sample.
 """
 
 import re
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from common import epochs
+from common.errors import InputError
+from common.staging import Conversion, sha256_of
+from cosmoflow.records import encode_example
 
 SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -41,6 +45,40 @@ def parse_example(serialized, sample_shape):
     return x, features["y"]
 
 
+def slab_of(x, slab):
+    """The z-slab `slab` = (index, count) of one sample [N, ...] (all of it when slab is None)."""
+    if slab is None:
+        return x
+    index, count = slab
+    planes = x.shape[0] // count
+    return x[index * planes:(index + 1) * planes]
+
+
+def slab_conversion(index: int, count: int, sample_shape) -> Conversion:
+    """Staging's layout for a rank of a spatial group: its z-slab of each sample, uncompressed.
+
+    A rank then reads 1/count of each sample's bytes every epoch instead of
+    inflating and parsing the whole volume (1 GiB of int16 at 512^3) to keep a slab.
+    """
+    sample_shape = tuple(int(s) for s in sample_shape)
+
+    def write(src: Path, tmp: Path, verify: bool):
+        records = list(tf.data.TFRecordDataset(str(src), compression_type=detect_compression(src)))
+        if len(records) != 1:
+            raise InputError(f"{src}: {len(records) or 'no'} records, expected one sample per file")
+        x, y = parse_example(records[0], sample_shape)
+        with tf.io.TFRecordWriter(str(tmp)) as writer:
+            writer.write(encode_example(slab_of(x, (index, count)).numpy(), y.numpy()))
+        return sha256_of(src) if verify else None
+
+    def size_hint(src: Path, size: int) -> int:
+        del src, size
+        return int(np.prod(sample_shape)) * 2 // count + 1024
+
+    return Conversion(f"cosmoflow-slab-{index}-of-{count}-{'x'.join(map(str, sample_shape))}", write=write,
+                      size_hint=size_hint, staged_name=lambda name: f"{name}.slab{index}of{count}")
+
+
 def log_transform(x):
     """v1.0+ normalization: log(1 + counts), of a batch [B, N, N, N, C] or one sample."""
     return tf.math.log1p(tf.cast(x, tf.float32))
@@ -58,7 +96,8 @@ TRANSFORMS = {"log": log_transform, "mean": mean_normalize}
 def make_dataset(files, sample_shape, batch_size: int, compression: str = "",
                  training: bool = True, seed: int = 0, cache: bool = False,
                  parallelism: int = 4, prefetch: int = 4, batches_per_epoch: int | None = None,
-                 start: epochs.Position = epochs.Position(), deterministic: bool = False) -> tf.data.Dataset:
+                 start: epochs.Position = epochs.Position(), deterministic: bool = False,
+                 slab=None) -> tf.data.Dataset:
     """The input pipeline of one rank.
 
     Args:
@@ -68,8 +107,10 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "",
         (default: all), from `start`; else one ordered pass.
       cache: keep decoded int16 samples in memory after the first pass.
       deterministic: read files in order although several are in flight (exact resume).
+      slab: (index, count): keep only that z-slab of each sample (a rank of a spatial
+        group reading whole samples; staged slab files are read with their own shape).
     Returns:
-      Batches (x int16 counts [B, *sample_shape], y float32 [B, 4]), full batches only;
+      Batches (x int16 counts [B, *sample_shape], or the slab's, y float32 [B, 4]), full batches only;
       a TRANSFORMS entry makes the model's input of x.
     """
     sample_shape = tuple(int(s) for s in sample_shape)
@@ -82,7 +123,11 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "",
                               .apply(tf.data.experimental.assert_cardinality(1)),
                               cycle_length=max(1, parallelism), num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=deterministic or not training)
-        return ds.map(lambda s: parse_example(s, sample_shape), num_parallel_calls=tf.data.AUTOTUNE)
+        def parse(serialized):
+            x, y = parse_example(serialized, sample_shape)
+            return slab_of(x, slab), y
+
+        return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
     if training:
         n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size

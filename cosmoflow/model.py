@@ -5,6 +5,17 @@ and 64 with LeakyReLU and dropout, Dense 4 with tanh scaled by 1.2 (targets lie
 in [-1, 1]; the 1.2 leaves the tanh room to reach them). On 128^3 x 4 inputs
 with the default sizes it has 8,907,556 parameters.
 
+Split across the ranks of a spatial group (`mesh`, common.distribution.SpatialMesh),
+the model's input is a z-slab of Zs = N / K planes: the convolutions exchange
+halos (common.spatial.SpatialConv3D), pools stay local while the slab holds an
+even number of planes, and the slabs are gathered where a pool would straddle
+them, or before Flatten; the rest runs on the whole sample. The variables and
+their names are those of the unsplit model.
+
+`max_channels` caps the filters of the deeper layers (LBANN's CosmoFlow does so
+for 256^3 and 512^3 volumes, which take log2(N) - 2 conv layers): without it the
+sixth and seventh layers would hold 1024 and 2048 filters.
+
 `l2` regularizes the kernels of the two hidden Dense layers only, as the
 reference (models/cosmoflow.py) and the rules' `opt_weight_decay` define it:
 the conv layers and the output layer carry no penalty.
@@ -13,20 +24,35 @@ the conv layers and the output layer carry no penalty.
 import tensorflow as tf
 from tensorflow.keras import layers
 
+from common.spatial import GatherSlabs, SpatialConv3D, pool_stays_local
+
 OUTPUT_SCALE = 1.2
 
 
 def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_size: int = 3,
                 n_conv_layers: int = 5, fc1_size: int = 128, fc2_size: int = 64, dropout: float = 0.5,
-                l2: float = 0.0) -> tf.keras.Model:
+                l2: float = 0.0, max_channels: int | None = None, mesh=None) -> tf.keras.Model:
+    """The model; with a split `mesh`, `input_shape` is the whole sample's and the input a z-slab of it."""
     # Keras' l2(l) adds l * sum(w^2) to the loss, as the reference's regularizers.l2.
     regularizer = tf.keras.regularizers.l2(l2) if l2 > 0 else None
-    inputs = layers.Input(shape=tuple(input_shape), name="volume")
+    split = mesh is not None and mesh.is_split
+    shape = tuple(input_shape)
+    if split:
+        shape = (shape[0] // mesh.size,) + shape[1:]
+    inputs = layers.Input(shape=shape, name="volume")
     x = inputs
     for i in range(n_conv_layers):
-        x = layers.Conv3D(conv_size * 2 ** i, kernel_size, padding="same", name=f"conv{i + 1}")(x)
+        filters = conv_size * 2 ** i if max_channels is None else min(conv_size * 2 ** i, max_channels)
+        if split:
+            x = SpatialConv3D(filters, kernel_size, mesh, name=f"conv{i + 1}")(x)
+        else:
+            x = layers.Conv3D(filters, kernel_size, padding="same", name=f"conv{i + 1}")(x)
         x = layers.LeakyReLU(name=f"conv{i + 1}_act")(x)
+        if split and not pool_stays_local(x.shape[1]):
+            x, split = GatherSlabs(mesh, name=f"gather_before_pool{i + 1}")(x), False
         x = layers.MaxPool3D(2, name=f"pool{i + 1}")(x)
+    if split:
+        x = GatherSlabs(mesh, name="gather_before_flatten")(x)
     x = layers.Flatten()(x)
     for j, size in enumerate((fc1_size, fc2_size)):
         x = layers.Dense(size, kernel_regularizer=regularizer, name=f"fc{j + 1}")(x)
@@ -38,7 +64,17 @@ def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_s
     return tf.keras.Model(inputs, outputs, name="cosmoflow")
 
 
-def from_config(cfg) -> tf.keras.Model:
+def from_config(cfg, mesh=None) -> tf.keras.Model:
     m = cfg.model
     return build_model(cfg.data.sample_shape, 4, m.conv_size, m.kernel_size, m.n_conv_layers,
-                       m.fc1_size, m.fc2_size, m.dropout, cfg.optimizer.weight_decay)
+                       m.fc1_size, m.fc2_size, m.dropout, cfg.optimizer.weight_decay, m.max_channels, mesh)
+
+
+def split_plan(sample_shape, n_conv_layers: int, spatial_ranks: int) -> str:
+    """Where the slabs are gathered for a split of `spatial_ranks`: 'before poolN' or 'before flatten'."""
+    planes = sample_shape[0] // spatial_ranks
+    for i in range(n_conv_layers):
+        if not pool_stays_local(planes):
+            return f"before pool{i + 1} (slabs of {planes} plane(s))"
+        planes //= 2
+    return f"before flatten (slabs of {planes} plane(s))"

@@ -36,6 +36,8 @@ FLAGS = (
     Flag(("--checkpoint-every",), "train.checkpoint_every", "epochs between checkpoints (0: none)"),
     Flag(("--checkpoint-steps",), "train.checkpoint_steps", "optimizer steps between checkpoints, mid-epoch "
          "included (0: none)"),
+    Flag(("--spatial-ranks",), "parallel.spatial_ranks", "split every sample along depth across groups of this "
+         "many consecutive ranks (spatial parallelism); the ranks / K groups do data parallelism"),
     Flag(("--deterministic",), "runtime.deterministic", "op determinism and in-order reading: a resumed run "
          "ends bitwise equal to an uninterrupted one", is_switch=True),
 )
@@ -68,9 +70,24 @@ class CosmoFlowTask(Task):
                       valid_files=select_and_shard(valid, d.n_valid, rank, size, seed + 1, "n_valid"),
                       n_train=d.n_train, n_valid=d.n_valid, local_batch_size=d.batch_size)
 
+    def _slab(self):
+        """This rank's (index, count) z-slab, None when samples are not split."""
+        mesh = self.mesh
+        return (mesh.index, mesh.size) if mesh is not None and mesh.is_split else None
+
+    def _read_shape(self) -> tuple:
+        """The shape of one sample as this rank keeps it: the whole volume, or its z-slab."""
+        shape = tuple(self.cfg.data.sample_shape)
+        slab = self._slab()
+        return shape if slab is None else (shape[0] // slab[1],) + shape[1:]
+
+    def _staged_slabs(self) -> bool:
+        """Staged files hold this rank's slab only (staged_layout)."""
+        return self._slab() is not None and bool(self.cfg.staging.stage_dir and self.cfg.staging.convert)
+
     def input_specs(self) -> tuple:
         d = self.cfg.data
-        return (tf.TensorSpec((d.batch_size, *d.sample_shape), tf.int16),
+        return (tf.TensorSpec((d.batch_size, *self._read_shape()), tf.int16),
                 tf.TensorSpec((d.batch_size, 4), tf.float32))
 
     def preprocess_batch(self, x, y):
@@ -78,23 +95,32 @@ class CosmoFlowTask(Task):
         return data.TRANSFORMS[self.cfg.data.transform](x), y
 
     def staged_layout(self):
-        return GUNZIP
+        slab = self._slab()
+        if slab is None:
+            return GUNZIP
+        return data.slab_conversion(*slab, self.cfg.data.sample_shape)
 
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None):
         cfg, d = self.cfg, self.cfg.data
-        sample_bytes = int(np.prod(d.sample_shape)) * 2
+        sample_bytes = int(np.prod(self._read_shape())) * 2
         n_local = len(shards.train_files) + len(shards.valid_files)
         cache = {"true": True, "false": False}.get(cfg.staging.cache)
         if cache is None:
             cache = fits_in_memory(n_local * sample_bytes, local_size)
-        common = dict(sample_shape=d.sample_shape, batch_size=d.batch_size, cache=cache,
+        # The ranks of a spatial group must hold slabs of the same sample at each place of a
+        # batch: they read in order, as exact resume does (files still read in parallel).
+        in_order = cfg.runtime.deterministic or self._slab() is not None
+        # A rank of a spatial group keeps its slab: cut from each whole sample, or staged as one.
+        staged_slabs = self._staged_slabs()
+        common = dict(sample_shape=self._read_shape() if staged_slabs else d.sample_shape,
+                      slab=None if staged_slabs else self._slab(), batch_size=d.batch_size, cache=cache,
                       parallelism=d.read_parallelism, prefetch=d.prefetch)
         # data.compression describes the sources; staged files were inflated (GUNZIP) on the way.
         staged_plain = bool(cfg.staging.stage_dir and cfg.staging.convert)
         compression = "none" if staged_plain else d.compression
         train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
                                   compression=data.resolve_compression(compression, shards.train_files),
-                                  start=start or epochs.Position(), deterministic=cfg.runtime.deterministic,
+                                  start=start or epochs.Position(), deterministic=in_order,
                                   batches_per_epoch=epochs.batches_per_epoch(
                                       len(shards.train_files), d.batch_size, cfg.train.gradient_accumulation_frequency),
                                   **common)
@@ -103,11 +129,12 @@ class CosmoFlowTask(Task):
         return train, valid
 
     def find_bad_file(self, files):
-        return data.find_bad_file(files, self.cfg.data.sample_shape)
+        shape = self._read_shape() if self._staged_slabs() else self.cfg.data.sample_shape
+        return data.find_bad_file(files, shape)
 
     def build_model(self, bn_group):
         del bn_group   # no batch norm
-        return model.from_config(self.cfg)
+        return model.from_config(self.cfg, self.mesh)
 
     def build_losses(self):
         return mean_squared_error

@@ -69,6 +69,9 @@ class DeepCAMConfig(BaseConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.parallel.spatial_ranks != 1:
+            raise ConfigError(f"config key 'parallel.spatial_ranks'={self.parallel.spatial_ranks}: DeepCAM is "
+                              f"data-parallel only (spatial splits exist for CosmoFlow); use 1")
         d, m, o = self.data, self.model, self.optimizer
         if not d.data_dir:
             raise ConfigError("config key 'data.data_dir' is not set (use --data_dir_prefix)")

@@ -1,0 +1,193 @@
+"""Spatial parallelism (common.spatial, SpatialMesh): split samples compute the unsplit function.
+
+Real Horovod ranks under horovodrun/Gloo (tests/spatial_probe.py, cosmoflow/train.py). Each
+comparison of a split run with an unsplit one has a negative control: the same comparison
+with the halo exchange switched off must fail.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests import helpers
+
+PROBE = helpers.REPO / "tests" / "spatial_probe.py"
+
+
+def _probe(tmp_path, mode, ranks, spatial_ranks, *extra) -> list[dict]:
+    out = tmp_path / f"{mode}-{ranks}x{spatial_ranks}{'-'.join(extra)}"
+    cmd = [helpers.PYTHON, PROBE, mode, "--spatial-ranks", spatial_ranks, "--out", out, *extra]
+    proc = helpers.horovodrun(ranks, cmd, timeout=900) if ranks > 1 else helpers.run(cmd, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = []
+    for rank in range(ranks):
+        with np.load(out / f"rank-{rank:05d}.npz") as f:
+            results.append({k: f[k] for k in f.files})
+    return results
+
+
+# ------------------------------------------------------------------ (a) the halo layer
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_halo_convolution_equals_the_padded_whole_tensor_exactly(tmp_path, ranks):
+    results = _probe(tmp_path, "layer", ranks, ranks)
+    for r in results:   # integer data: no rounding, so equality is exact
+        np.testing.assert_array_equal(r["out"], r["whole_out"])
+        np.testing.assert_array_equal(r["d_input"], r["whole_d_input"])
+    # The kernel and bias gradients are partial sums over the slabs: their sum is the whole one.
+    np.testing.assert_array_equal(sum(r["d_kernel"] for r in results), results[0]["whole_d_kernel"])
+    np.testing.assert_array_equal(sum(r["d_bias"] for r in results), results[0]["whole_d_bias"])
+    assert not np.array_equal(results[0]["d_kernel"], results[0]["whole_d_kernel"])
+
+
+def test_halo_convolution_without_the_exchange_differs_at_the_slab_faces(tmp_path):
+    r = _probe(tmp_path, "layer", 2, 2, "--no-halo")[0]
+    differs = np.any(r["out"] != r["whole_out"], axis=(0, 2, 3, 4))
+    assert differs[-1] and not differs[0], differs   # only the plane next to the neighbour
+
+
+# ------------------------------------------------------------------ (b, c) the whole model
+@pytest.fixture(scope="module")
+def unsplit(tmp_path_factory):
+    return _probe(tmp_path_factory.mktemp("unsplit"), "model", 1, 1)[0]
+
+
+def _relative_error(got, want) -> float:
+    """Largest difference over the tensor's own scale (a gradient holds near-zero entries)."""
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+def _worst_errors(results, reference) -> dict:
+    n_vars = sum(k.startswith("grad_") for k in reference)
+    worst = {"pred": 0.0, "loss": 0.0, "grad": 0.0, "weight": 0.0}
+    for r in results:
+        groups, group = int(r["groups"]), int(r["group"])
+        batch = len(reference["pred"]) // groups
+        worst["pred"] = max(worst["pred"], _relative_error(r["pred"], reference["pred"][group * batch:(group + 1) * batch]))
+        for i in range(n_vars):
+            worst["grad"] = max(worst["grad"], _relative_error(r[f"grad_{i}"], reference[f"grad_{i}"]))
+            worst["weight"] = max(worst["weight"], _relative_error(r[f"weight_{i}"], reference[f"weight_{i}"]))
+    # Each rank's loss is its group's mean; the mean over the groups is the global batch's.
+    per_group = {int(r["group"]): float(r["loss"]) for r in results}
+    worst["loss"] = abs(np.mean(list(per_group.values())) - float(reference["loss"])) / abs(float(reference["loss"]))
+    return worst
+
+
+@pytest.mark.parametrize("ranks,spatial_ranks,gathered", [(2, 2, "gather_before_flatten"),
+                                                          (4, 4, "gather_before_pool5"),
+                                                          (4, 2, "gather_before_flatten")])
+def test_split_model_step_equals_the_one_rank_step(tmp_path, unsplit, ranks, spatial_ranks, gathered):
+    # A non-trivial reference: predictions off the tanh's rails, every gradient non-zero.
+    assert np.max(np.abs(unsplit["pred"])) < 1.1 and np.ptp(unsplit["pred"]) > 1e-3
+    assert all(np.any(unsplit[k] != 0) for k in unsplit if k.startswith("grad_"))
+    results = _probe(tmp_path, "model", ranks, spatial_ranks)
+    assert gathered in list(results[0]["layers"])
+    assert sorted({int(r["group"]) for r in results}) == list(range(ranks // spatial_ranks))
+    # The conv kernels' gradients are summed over the group (scale K before the average).
+    assert set(results[0]["scales"]) == {1.0, float(spatial_ranks)}
+    worst = _worst_errors(results, unsplit)
+    assert all(v < 1e-5 for v in worst.values()), worst
+
+
+def test_without_the_halo_the_model_comparison_fails(tmp_path, unsplit):
+    worst = _worst_errors(_probe(tmp_path, "model", 2, 2, "--no-halo"), unsplit)
+    assert worst["pred"] > 1e-3 and worst["grad"] > 1e-3, worst
+
+
+# ------------------------------------------------------------------ (e) input by group
+def test_every_rank_of_a_group_reads_the_same_samples_in_the_same_order(tmp_path, cosmo_data):
+    results = _probe(tmp_path, "labels", 4, 2, "--data-dir", str(cosmo_data))
+    by_rank = {int(r["group"]) * 2 + int(r["index"]): r for r in results}
+    for first in (0, 2):
+        a, b = by_rank[first], by_rank[first + 1]
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+        assert a["slabs"].shape[2] == b["slabs"].shape[2] == 16   # half of the 32 planes each
+        assert not np.array_equal(a["slabs"], b["slabs"])
+    assert not np.array_equal(by_rank[0]["labels"], by_rank[2]["labels"])
+    # Two epochs, each a new order of the group's shard.
+    steps = len(by_rank[0]["labels"]) // 2
+    assert not np.array_equal(by_rank[0]["labels"][:steps], by_rank[0]["labels"][steps:])
+
+
+# ------------------------------------------------------------------ (d) a whole training run
+# A small LR without warmup, over 8 steps: at the tiny config's LR 0.01 with warmup, 16 steps
+# amplify rounding differences into 1% of the conv weights and 3e-4 of the metric, for two
+# unsplit runs with 1 and 2 threads alike (seen on the 2-core AMD EPYC), as the split and
+# unsplit convolutions add in different orders too.
+RUN = ["--n-train", "16", "--n-valid", "16", "--batch-size", "4", "--n-epochs", "2", "--deterministic",
+       "--set", "model.dropout=0.5", "--set", "train.global_batch_size=4", "--set", "train.stop_at_target=false",
+       "--set", "train.checkpoint_every=2", "--set", "optimizer.warmup_epochs=0",
+       "--set", "optimizer.base_learning_rate=0.001", "--set", "target_mae=10"]   # exit 0 after 2 epochs
+
+
+def _train(tiny_config, data, out, ranks, *extra):
+    cmd = helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", data, "--output-dir", out, *RUN, *extra)
+    proc = helpers.horovodrun(ranks, cmd) if ranks > 1 else helpers.run(cmd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((out / "summary.json").read_text())
+
+
+def _final_weights(out) -> dict:
+    import tensorflow as tf
+    folder = sorted((out / "checkpoints").iterdir())[-1]
+    reader = tf.train.load_checkpoint(str(folder / "ckpt"))
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}
+
+
+def test_spatial_run_ends_as_the_one_rank_run(cosmo_data, tiny_config, tmp_path):
+    _, one = _train(tiny_config, cosmo_data, tmp_path / "one", 1)
+    proc, split = _train(tiny_config, cosmo_data, tmp_path / "split", 2, "--spatial-ranks", "2")
+    assert "2-way spatial x 1 data-parallel group(s)" in proc.stdout
+    log = (tmp_path / "split" / "mlperf.log").read_text()
+    assert '"key": "global_batch_size", "value": 4' in log
+    assert len(one["history"]) == len(split["history"]) == 2
+    for a, b in zip(one["history"], split["history"]):
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
+        assert abs(a["metric"] - b["metric"]) <= 1e-4 * abs(a["metric"]), (a, b)
+    want, got = _final_weights(tmp_path / "one"), _final_weights(tmp_path / "split")
+    assert want.keys() == got.keys()
+    for name, value in want.items():
+        assert _relative_error(got[name], value) <= 1e-4, name
+    assert split["weights_in_sync"]
+
+
+def test_staged_slabs_hold_one_rank_s_planes_and_train_the_same(cosmo_data, tiny_config, tmp_path):
+    import tensorflow as tf
+    _, unstaged = _train(tiny_config, cosmo_data, tmp_path / "unstaged", 2, "--spatial-ranks", "2")
+    stage = tmp_path / "stage"
+    _, staged = _train(tiny_config, cosmo_data, tmp_path / "staged", 2, "--spatial-ranks", "2", "--stage-dir", stage)
+    assert [h["loss"] for h in staged["history"]] == [h["loss"] for h in unstaged["history"]]
+    slabs = sorted((stage / "train").glob("*.slab0of2")) + sorted((stage / "train").glob("*.slab1of2"))
+    assert len(slabs) == 2 * 16
+    # A staged slab is its rank's planes of the source sample, uncompressed.
+    from cosmoflow.data import parse_example
+    source = cosmo_data / "train" / slabs[0].name.replace(".slab0of2", "")
+    whole, y = parse_example(next(iter(tf.data.TFRecordDataset(str(source), "GZIP"))), (32, 32, 32, 4))
+    half, y_half = parse_example(next(iter(tf.data.TFRecordDataset(str(slabs[0])))), (16, 32, 32, 4))
+    np.testing.assert_array_equal(half.numpy(), whole.numpy()[:16])
+    np.testing.assert_array_equal(y_half.numpy(), y.numpy())
+    assert slabs[0].stat().st_size < 0.55 * 32 ** 3 * 4 * 2
+
+
+# ------------------------------------------------------------------ (f) bad K
+@pytest.mark.parametrize("bench,args,says", [
+    ("cosmoflow", ["--spatial-ranks", "2"], "parallel.spatial_ranks=2 does not divide the 1 ranks"),
+    ("cosmoflow", ["--spatial-ranks", "32"], "at most 16 spatial ranks"),
+    ("cosmoflow", ["--spatial-ranks", "3"], "does not divide the sample depth 32"),
+    ("deepcam", ["--set", "parallel.spatial_ranks=2"], "DeepCAM is data-parallel only"),
+])
+def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_config, deepcam_data, deepcam_config,
+                                                             tmp_path, bench, args, says):
+    config, data = (tiny_config, cosmo_data) if bench == "cosmoflow" else (deepcam_config, deepcam_data)
+    paths = ["--set", f"data.data_dir={data}", "--set", f"output_dir={tmp_path / 'run'}"]
+    proc = helpers.run(helpers.train_cmd(bench, config, *paths, *args))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and says in errors[0], proc.stderr[-2000:]
+
+
+def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks():
+    from common.launch import closed_config_for
+    from cosmoflow.task import CosmoFlowTask
+    path = closed_config_for(CosmoFlowTask, {"data.batch_size": "4", "parallel.spatial_ranks": "2"}, ranks=256)
+    assert path.endswith("cosmoflow_closed_gbs512.yaml")
