@@ -10,7 +10,10 @@ Runs, each in its own process so that TensorFlow reads TF_ENABLE_ONEDNN_OPTS afr
     on and off: train.py --benchmark, so the figures are training steps of the real loop.
     Emulated bf16 is 7-9x slower than fp32 and would take most of an hour here; --bf16
     measures it anyway;
-  - input: bench/input_pipeline.py (full-size samples, before/after staging), samples/s per core.
+  - input: bench/input_pipeline.py (full-size samples, before/after staging), samples/s per core;
+  - spatial: bench/spatial.py (CosmoFlow split K = 1, 2, 4 ways at 128^3 and 256^3): samples/s,
+    peak RSS per rank against K = 1, the halo's bytes and share of the step (also written to
+    bench/results/spatial_<ISA>.md with every column).
 Writes bench/results/<ISA>.json and bench/results/<ISA>.md (the ISA of this CPU: AVX2,
 AVX-512, AMX...), so the table of every ISA measured so far is kept side by side; the README
 quotes them. A figure names its CPU in the file's heading.
@@ -77,6 +80,25 @@ def input_rows(quick: bool) -> list[dict]:
              "per_core": r["samples_per_s_per_core"], "source": "bench/input_pipeline.py"} for r in record["rows"]]
 
 
+def spatial_rows(quick: bool) -> list[dict]:
+    cmd = ["bench/spatial.py"] + (["--sizes", "128", "--ks", "1,2", "--steps", "1"] if quick else [])
+    record = run_json(cmd, {})
+    base = {r["size"]: r["peak_rss_above_import_gib"] for r in record["rows"] if r["spatial_ranks"] == 1}
+    rows = []
+    for r in record["rows"]:
+        memory = f"peak RSS {r['peak_rss_gib_per_rank']:.2f} GiB/rank"
+        if r["size"] in base and r["spatial_ranks"] > 1:
+            memory += f" ({r['peak_rss_above_import_gib'] / base[r['size']]:.2f}x K=1 above import)"
+        halo = "" if r["halo_share_of_step"] is None else \
+            f", halo {r['halo_mib_per_step_per_rank']:.1f} MiB/step, {100 * r['halo_share_of_step']:.0f}% of step"
+        rows.append({"benchmark": "cosmoflow", "kind": "spatial",
+                     "measurement": f"{r['size']}^3, K={r['spatial_ranks']} ({r['threads_per_rank']} thread(s)/rank): "
+                                    f"{memory}{halo}",
+                     "onednn": "on", "precision": "fp32", "samples_per_s": r["samples_per_s"],
+                     "per_core": r["samples_per_s"] / cpu.cores(), "source": "bench/spatial.py"})
+    return rows
+
+
 def markdown(machine: dict, rows: list[dict], seconds: float) -> str:
     lines = [f"# Bench figures: {machine['isa']}",
              "",
@@ -99,7 +121,7 @@ def markdown(machine: dict, rows: list[dict], seconds: float) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer steps and samples (a smoke run of the table)")
-    p.add_argument("--only", choices=("compute", "input"), help="one half of the table")
+    p.add_argument("--only", choices=("compute", "input", "spatial"), help="one part of the table")
     p.add_argument("--bf16", action="store_true", default=cpu.has_native_bf16(),
                    help="also mixed bf16 (the default where the CPU has native bf16)")
     p.add_argument("--out-dir", default=str(RESULTS), help="where <ISA>.json and <ISA>.md go")
@@ -110,6 +132,8 @@ def main(argv=None) -> int:
         rows += compute_rows(args.quick, args.bf16)
     if args.only in (None, "input"):
         rows += input_rows(args.quick)
+    if args.only in (None, "spatial"):
+        rows += spatial_rows(args.quick)
     import tensorflow as tf
     machine = cpu.describe() | {"cores": cpu.cores(), "tensorflow": tf.__version__,
                                 "date": time.strftime("%Y-%m-%d"), "quick": args.quick, "bf16_measured": args.bf16}

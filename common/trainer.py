@@ -29,7 +29,7 @@ from common.fingerprint import variables_in_sync
 from common.page_cache import drop_from_page_cache
 from common.run_measurements import characterize_run, pipeline_samples_per_s
 from common.progress import Progress
-from common.spatial import gradient_scales
+from common.spatial import GatherSlabs, gradient_scales
 from common.steps import TrainStep, make_eval_step
 from common.sync_batchnorm import average_batchnorm_statistics, batchnorm_statistics
 
@@ -165,6 +165,10 @@ class Trainer:
             self.model = task.build_model(bn_group)
         self.result.num_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
         self.print(f"[init] model {self.model.name}: {self.result.num_params:,} trainable parameters")
+        if self.mesh.is_split:
+            gathers = [layer.name for layer in self.model.layers if isinstance(layer, GatherSlabs)]
+            self.print(f"[init] spatial: each rank holds 1/{self.mesh.size} of every sample's depth; slabs "
+                       f"gathered at {', '.join(gathers)}, the layers after it run whole on every rank of a group")
         n_bn = len(batchnorm_statistics(self.model)) // 2
         if n_bn and dist.size > 1:
             self.print(f"[init] batch norm: running statistics of {n_bn} layers averaged over the "

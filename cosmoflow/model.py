@@ -43,6 +43,8 @@ def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_s
     x = inputs
     for i in range(n_conv_layers):
         filters = conv_size * 2 ** i if max_channels is None else min(conv_size * 2 ** i, max_channels)
+        if split and x.shape[1] < kernel_size // 2:   # a neighbour's slab cannot fill the halo
+            x, split = GatherSlabs(mesh, name=f"gather_before_conv{i + 1}")(x), False
         if split:
             x = SpatialConv3D(filters, kernel_size, mesh, name=f"conv{i + 1}")(x)
         else:

@@ -12,6 +12,10 @@ snapshots of one universe at decreasing redshift would. A CNN can recover every
 parameter from the field, so a run can reach the MLPerf target (MAE <= 0.124).
 
   python -m cosmoflow.synthetic --output-dir data/cosmo --size 32 --n-train 1024 --n-valid 256
+  python -m cosmoflow.synthetic --output-dir data/cosmo256 --size 256 --n-train 64 --n-valid 16
+
+Any edge works: 128 for the closed configs, 256 and 512 for the spatial ones
+(cosmoflow_spatial_256.yaml, _512.yaml; 128 MiB and 1 GiB of int16 counts per sample).
 """
 
 import argparse
@@ -99,7 +103,7 @@ def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, g
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--size", type=int, default=128, help="edge of the cubic sub-volume (128 for the real model)")
+    parser.add_argument("--size", type=int, default=128, help="edge of the cubic sub-volume (128 for the real model; 256, 512 for the spatial configs)")
     parser.add_argument("--n-train", type=int, default=1024)
     parser.add_argument("--n-valid", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)

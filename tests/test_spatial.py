@@ -191,3 +191,34 @@ def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks():
     from cosmoflow.task import CosmoFlowTask
     path = closed_config_for(CosmoFlowTask, {"data.batch_size": "4", "parallel.spatial_ranks": "2"}, ranks=256)
     assert path.endswith("cosmoflow_closed_gbs512.yaml")
+
+
+# ------------------------------------------------------------------ figures
+def test_benchmark_mode_counts_groups_not_ranks(cosmo_data, tiny_config, tmp_path):
+    out = tmp_path / "bench"
+    cmd = helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out, "--n-train", "16",
+                            "--n-valid", "8", "--batch-size", "2", "--benchmark", "2", "--spatial-ranks", "2",
+                            "--set", "train.benchmark_warmup_steps=1")
+    proc = helpers.horovodrun(2, cmd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    b = json.loads((out / "summary.json").read_text())["throughput"]
+    assert b["spatial_ranks"] == 2 and b["global_batch_size"] == 2
+    # One group of 2 ranks trains 2 samples a step: the job's rate is one group's.
+    assert b["samples_per_s"] == pytest.approx(2 * b["steps"] / b["seconds"])
+    assert b["samples_per_s_per_rank"] == pytest.approx(b["samples_per_s"] / 2)
+
+
+def test_spatial_bench_reports_memory_and_halo_bytes(tmp_path):
+    proc = helpers.run([helpers.PYTHON, helpers.REPO / "bench" / "spatial.py", "--sizes", "32", "--ks", "1,2",
+                        "--steps", "1", "--out-dir", tmp_path], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(next(tmp_path.glob("spatial_*.json")).read_text())["rows"]
+    one, two = rows
+    assert (one["spatial_ranks"], two["spatial_ranks"]) == (1, 2) and one["halo_mib_per_step_per_rank"] == 0
+    # Split conv layers at 32^3, K=2 (the bench's 5-layer model, 32..512 filters): the slab keeps its
+    # planes through pool4, then is gathered; each sends 2 planes of its input, forward and backward.
+    planes = [(32, 4), (16, 32), (8, 64), (4, 128), (2, 256)]
+    expected = 2 * sum(2 * edge * edge * channels * 4 for edge, channels in planes)
+    assert two["halo_mib_per_step_per_rank"] * 2 ** 20 == pytest.approx(expected)
+    assert two["samples_per_s"] > 0 and two["peak_rss_gib_per_rank"] > 0
+    assert "| 32^3 | 2 |" in next(tmp_path.glob("spatial_*.md")).read_text()
