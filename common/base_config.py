@@ -122,11 +122,14 @@ def check_global_batch(cfg, global_batch_size: int, local_batch_size: int, ranks
     if cfg.mlperf.division != "closed" or declared is None or declared == global_batch_size:
         return
     accumulation = cfg.train.gradient_accumulation_frequency
+    # `ranks` counts data-parallel groups: with spatial parallelism, K ranks each.
+    k = cfg.parallel.spatial_ranks
+    groups = f"{ranks} ranks" if k == 1 else f"{ranks} data-parallel groups ({ranks * k} ranks / {k} spatial)"
     raise ConfigError(
         f"config key 'train.global_batch_size'={declared}: this closed-division config holds the RCP "
-        f"hyperparameters for global batch {declared}, but the job runs {ranks} ranks x local batch "
+        f"hyperparameters for global batch {declared}, but the job runs {groups} x local batch "
         f"{local_batch_size} x accumulation {accumulation} = {global_batch_size}; launch "
-        f"{declared // max(1, local_batch_size * accumulation)} ranks, use the config for {global_batch_size} "
+        f"{declared // max(1, local_batch_size * accumulation) * k} ranks, use the config for {global_batch_size} "
         f"if one exists, or --set mlperf.division=open")
 
 

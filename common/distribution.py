@@ -204,10 +204,10 @@ class SpatialMesh:
         splits = np.zeros(self.size, np.int32)
         splits[below] += halo
         splits[above] += halo
-        received = hvd.alltoall(send, splits=tf.constant(splits), name=name, process_set=self._process_set)
+        received = hvd.alltoall(_wire(send), splits=tf.constant(splits), name=name, process_set=self._process_set)
         if isinstance(received, (tuple, list)):   # (tensor, received_splits) in some Horovod versions
             received = received[0]
-        received = tf.ensure_shape(received, send.shape)
+        received = tf.cast(tf.ensure_shape(received, send.shape), x.dtype)
         # Sources in rank order: [from below (its last planes), from above (its first)];
         # at a face that slot holds this rank's own planes, sent to itself: zeroed.
         keep = np.ones([2 * halo] + [1] * (x.shape.rank - 1), bool)
@@ -227,9 +227,14 @@ class SpatialMesh:
         if not self.is_split:
             return x
         perm = [1, 0] + list(range(2, x.shape.rank))
-        whole = hvd.allgather(tf.transpose(x, perm), name=name, process_set=self._process_set)
+        whole = hvd.allgather(_wire(tf.transpose(x, perm)), name=name, process_set=self._process_set)
         shape = [x.shape[1] * self.size] + [x.shape[0]] + x.shape[2:].as_list()
-        return tf.transpose(tf.ensure_shape(whole, shape), perm)
+        return tf.cast(tf.transpose(tf.ensure_shape(whole, shape), perm), x.dtype)
+
+
+def _wire(tensor):
+    """Horovod's collectives have no bfloat16: such tensors travel as float32 (exact both ways)."""
+    return tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor
 
 
 def launcher_env() -> dict:

@@ -2,6 +2,7 @@
 
   horovodrun -np N python tests/spatial_probe.py layer|model|labels --spatial-ranks K --out DIR [--no-halo]
 
+halo:   the halo exchange alone (float32 and bfloat16) against the zero-padded whole tensor.
 layer:  one SpatialConv3D on integer data: the output slab, and the gradients of a fixed
         linear function of it with respect to the input slab and the (partial) kernel.
         Every rank also writes the whole tensor's Conv3D ('same' padding) results.
@@ -68,6 +69,22 @@ def layer(mesh) -> dict:
                 whole_d_kernel=w_dk, whole_d_bias=w_db)
 
 
+def halo(mesh) -> dict:
+    """The exchange alone, in float32 and bfloat16 (which Horovod cannot send: cast on the wire)."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(-100, 100, size=(2, 8, 3, 2, 2)).astype(np.float32)
+    planes = x.shape[1] // mesh.size
+    z = slice(mesh.index * planes, (mesh.index + 1) * planes + 2)
+    padded = np.pad(x, [(0, 0), (1, 1), (0, 0), (0, 0), (0, 0)])[:, z]   # the halo planes of the whole tensor
+    out = {"want": padded}
+    for dtype in (tf.float32, tf.bfloat16):
+        slab = tf.cast(x[:, mesh.index * planes:(mesh.index + 1) * planes], dtype)
+        got = tf.function(lambda t: mesh.exchange_halo(t, 1, name="probe.halo"))(slab)
+        out[f"got_{dtype.name}"] = tf.cast(got, tf.float32).numpy()
+        out[f"dtype_{dtype.name}"] = got.dtype.name
+    return out
+
+
 def _model_config(spatial_ranks: int, batch_size: int):
     from common.base_config import ParallelConfig
     from cosmoflow.config import CosmoFlowConfig, DataConfig, ModelConfig
@@ -132,7 +149,7 @@ def labels(mesh, data_dir: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("layer", "model", "labels"))
+    parser.add_argument("mode", choices=("halo", "layer", "model", "labels"))
     parser.add_argument("--spatial-ranks", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--data-dir")
@@ -142,7 +159,7 @@ def main() -> int:
     mesh = dist.spatial_mesh(args.spatial_ranks)
     if args.no_halo:
         _without_halo(mesh)
-    result = {"layer": lambda: layer(mesh), "model": lambda: model(mesh, dist),
+    result = {"halo": lambda: halo(mesh), "layer": lambda: layer(mesh), "model": lambda: model(mesh, dist),
               "labels": lambda: labels(mesh, args.data_dir)}[args.mode]()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

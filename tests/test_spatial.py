@@ -29,6 +29,15 @@ def _probe(tmp_path, mode, ranks, spatial_ranks, *extra) -> list[dict]:
 
 # ------------------------------------------------------------------ (a) the halo layer
 @pytest.mark.parametrize("ranks", [2, 4])
+def test_halo_exchange_gives_the_neighbours_planes_and_zeros_at_the_faces(tmp_path, ranks):
+    for r in _probe(tmp_path, "halo", ranks, ranks):
+        for dtype in ("float32", "bfloat16"):   # bfloat16 crosses Horovod as float32, and comes back
+            np.testing.assert_array_equal(r[f"got_{dtype}"], r["want"])
+            assert str(r[f"dtype_{dtype}"]) == dtype
+
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
 def test_halo_convolution_equals_the_padded_whole_tensor_exactly(tmp_path, ranks):
     results = _probe(tmp_path, "layer", ranks, ranks)
     for r in results:   # integer data: no rounding, so equality is exact
