@@ -653,7 +653,8 @@ def plot_spatial(machine: Machine, args, precision: str, rows: dict, costs_line:
         nodes.update(p.nodes for p in projected)
         minutes = [(p.time_to_train_s or p.epoch_s) / 60 for p in projected]
         left.plot([p.nodes for p in projected], minutes, "o-" if k == 1 else "s-", lw=2,
-                  label=f"K={k}" + (" (data parallel only)" if k == 1 else f" ({k}-way spatial)"))
+                  label=f"K={k}" + (" (data parallel only)" if k == 1 else f" ({k}-way spatial)")
+                  + ("" if projected else ": no node count fits or runs"))
     _nodes_axes(left, nodes)
     what = "time to train" if args.sample_edge == spatial_projection.MEASURED_EDGE else "minutes per epoch"
     policy = f"global batch {args.global_batch}" if args.global_batch else "local batch per group"
