@@ -32,6 +32,12 @@ Flags:
   --ruleset R             mlperf_logging's hpc ruleset for the RCP table (default 3.0.0)
   --busy F                the device-busy fraction the local-batch answer aims at (default 0.9)
   --png PATH              where the figure goes (default runs/projection/<benchmark>_<machine>.png)
+  --spatial-ranks K       cosmoflow: each sample split along depth across K devices of a node; prints
+                          the split layers' halo/gather traffic per layer, memory per device at
+                          128^3/256^3/512^3 against the machine's, and K=1 beside K (default 1: the
+                          projection above, unchanged). Model: offline/spatial_projection.py
+  --sample-edge N         cosmoflow: 128 (default), 256 or 512 (analytic scaling of the 128^3 costs)
+  --cycle-time-ms T       the split layers' latency per collective (default 1: Horovod's cycle time)
 """
 
 import argparse
@@ -45,7 +51,7 @@ from pathlib import Path
 import yaml
 
 from common import benchmarks
-from offline import projection
+from offline import projection, spatial_projection
 from offline.projection import Dataset, Machine, ModelCosts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +72,7 @@ DATASETS = {
 }
 MACHINE_KEYS = {f.name for f in dataclasses.fields(Machine)}
 OPTIONAL_MACHINE_KEYS = {"intra_node_bytes_per_s", "filesystem_bytes_per_s", "node_local_write_bytes_per_s",
-                         "allreduce_overlap"}
+                         "allreduce_overlap", "device_memory_bytes"}
 
 
 class InputError(ValueError):
@@ -113,7 +119,7 @@ def load_machine(path) -> Machine:
                   if isinstance(efficiency, dict) else {"default": _number(efficiency, "efficiency", path)})
     numbers = {key: _number(raw.get(key), key, path) for key in
                ("memory_bytes_per_s", "nic_bytes_per_s", "nic_latency_s", "intra_node_bytes_per_s",
-                "filesystem_bytes_per_s", "node_local_write_bytes_per_s")}
+                "filesystem_bytes_per_s", "node_local_write_bytes_per_s", "device_memory_bytes")}
     machine = Machine(name=str(raw["name"]), device=str(raw["device"]), peak_flop_per_s=peaks,
                       devices_per_node=int(raw["devices_per_node"]), cores_per_node=int(raw["cores_per_node"]),
                       precision=str(raw["precision"]), efficiency=efficiency,
@@ -194,15 +200,37 @@ class Request:
     instances: int
     staging_timed: bool
     means: dict
+    spatial_ranks: int = 1          # K > 1: the costs are a device's share (offline/spatial_projection.py)
+    exchange_s_for: object = None   # local batch -> seconds of the split layers' collectives per step
+    dataset: Dataset | None = None  # None: the benchmark's (DATASETS)
+    memory: object = None           # a spatial_projection.Memory: node counts whose batch does not fit fail
 
     def global_batch_for(self, nodes: int) -> int:
-        return self.global_batch or nodes * self.machine.devices_per_node * self.local_batch
+        # A fixed local batch is per group of K devices (a sample per group, split K ways).
+        return self.global_batch or nodes * self.machine.devices_per_node // self.spatial_ranks * self.local_batch
 
     def project(self, costs: ModelCosts, nodes: int) -> projection.Projection:
+        """Raises ValueError where projection.project does, and where the local batch does not fit."""
         batch = self.global_batch_for(nodes)
-        return projection.project(self.machine, costs, DATASETS[self.benchmark], self.benchmark, nodes, batch,
-                                  projection.rcp_epochs(self.means, batch), self.precision, self.instances,
-                                  self.staging_timed)
+        p = projection.project(self.machine, costs, self.dataset or DATASETS[self.benchmark], self.benchmark,
+                               nodes, batch, projection.rcp_epochs(self.means, batch), self.precision,
+                               self.instances, self.staging_timed, self.spatial_ranks, self.exchange_s_for)
+        device = self.machine.device_memory_bytes
+        if self.memory is not None and device and self.memory.total_at(p.local_batch) > device:
+            raise ValueError(f"does not fit: local batch {p.local_batch:g} needs "
+                             f"{self.memory.total_at(p.local_batch) / 1e9:.1f} GB per device, more than its "
+                             f"{device / 1e9:.0f} GB")
+        return p
+
+    def rows(self, costs: ModelCosts) -> list:
+        """A Projection per node count, or the one-line reason it cannot be projected."""
+        rows = []
+        for nodes in self.nodes:
+            try:
+                rows.append(self.project(costs, nodes))
+            except ValueError as e:
+                rows.append(f"{nodes:>6} {e}")
+        return rows
 
 
 def _minutes(seconds) -> str:
@@ -210,16 +238,20 @@ def _minutes(seconds) -> str:
 
 
 def format_projections(request: Request, costs: ModelCosts, costs_line: str, rows: list, rcp_line: str) -> str:
-    m = request.machine
+    m, split = request.machine, request.spatial_ranks > 1
     lines = [f"{request.benchmark} on {m.name}: {request.precision}, efficiency "
              f"{m.efficiency_for(request.benchmark):.3f}, staging {'timed' if request.staging_timed else 'untimed'}"
              + (f", {request.instances} jobs sharing the file system" if request.instances > 1 else ""),
              f"model: {costs.flops_train / 1e9:.1f} GFLOP and "
              f"{costs.activation_bytes_train * projection.ELEMENT_BYTES[request.precision] / 4 / 1e9:.2f} GB of "
-             f"activation traffic per training sample; {costs_line}",
+             f"activation traffic per training sample"
+             + (f" and device (its 1/{request.spatial_ranks} of the split layers, the replicated head)"
+                if split else "") + f"; {costs_line}",
              f"epochs: {rcp_line}", ""]
+    step_header = "step: device + exchange + allreduce" if split else "step: device + allreduce"
+    width = 37 if split else 26
     header = (f"{'nodes':>6} {'devices':>7} {'global':>7} {'local':>6} {'epochs':>7} {'staging':>9} "
-              f"{'step: device + allreduce':>26} {'bound':>7} {'eval/epoch':>10} {'headroom':>8} {'time to train':>14}")
+              f"{step_header:>{width}} {'bound':>7} {'eval/epoch':>10} {'headroom':>8} {'time to train':>14}")
     lines.append(header)
     for p in rows:
         if isinstance(p, str):
@@ -228,16 +260,18 @@ def format_projections(request: Request, costs: ModelCosts, costs_line: str, row
         epochs = f"{p.epochs:7.2f}" if p.epochs is not None else f"{'no RCP':>7}"
         staging = "-" if p.staging_s is None else f"{p.staging_s:.1f} s"
         headroom = "-" if p.input_headroom is None else f"{p.input_headroom:.2f}"
-        step = f"{p.device_step_s * 1e3:.1f} + {p.visible_allreduce_s * 1e3:.1f} ms"
+        step = (f"{p.device_step_s * 1e3:.1f} + " + (f"{p.exchange_s * 1e3:.1f} + " if split else "")
+                + f"{p.visible_allreduce_s * 1e3:.1f} ms")
         lines.append(f"{p.nodes:>6} {p.devices:>7} {p.global_batch:>7} {p.local_batch:>6g} {epochs} {staging:>9} "
-                     f"{step:>26} {p.bound:>7} {p.eval_epoch_s:>8.2f} s {headroom:>8} "
+                     f"{step:>{width}} {p.bound:>7} {p.eval_epoch_s:>8.2f} s {headroom:>8} "
                      f"{_minutes(p.time_to_train_s):>14}")
+    components = projection.COMPONENTS + (("exchange",) if split else ())
     lines += ["", "where the time goes (share of the time to train):",
-              f"{'nodes':>6} " + " ".join(f"{c:>9}" for c in projection.COMPONENTS)]
+              f"{'nodes':>6} " + " ".join(f"{c:>9}" for c in components)]
     for p in rows:
         if isinstance(p, str) or p.shares() is None:
             continue
-        lines.append(f"{p.nodes:>6} " + " ".join(f"{p.shares()[c]:>9.0%}" for c in projection.COMPONENTS))
+        lines.append(f"{p.nodes:>6} " + " ".join(f"{p.shares()[c]:>9.0%}" for c in components))
     return "\n".join(lines)
 
 
@@ -387,8 +421,6 @@ def plot(request: Request, rows: list, costs_line: str, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
-    from common.plots import save_figure
     projected = [p for p in rows if not isinstance(p, str) and p.time_to_train_s is not None]
     fig, ax = plt.subplots(figsize=(9, 5.5))
     if projected:
@@ -406,22 +438,242 @@ def plot(request: Request, rows: list, costs_line: str, path) -> None:
         jobs = f", {point['instances']} jobs" if point["instances"] > 1 else ""
         ax.plot([point["nodes"]], [point["published_minutes"]], "*", markersize=14,
                 label=f"published: {name} ({point['role']}, batch {point['global_batch']}{jobs})")
+    _nodes_axes(ax, {p.nodes for p in projected})
+    policy = f"global batch {request.global_batch}" if request.global_batch else f"local batch {request.local_batch}"
+    ax.set_title(f"{request.benchmark} on {request.machine.name}\nprojected, {request.precision}, {policy}, "
+                 f"efficiency {request.machine.efficiency_for(request.benchmark):.3f}"
+                 + ("" if machine_stem else " (no published point of this machine)"), fontsize=10)
+    _save(fig, costs_line, path)
+
+
+def _nodes_axes(ax, nodes) -> None:
+    """Log-log minutes against nodes, the node counts as ticks."""
+    import matplotlib.ticker
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xticks(sorted({p.nodes for p in projected}))
+    ax.set_xticks(sorted(nodes))
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("nodes")
     ax.set_ylabel("minutes")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    policy = f"global batch {request.global_batch}" if request.global_batch else f"local batch {request.local_batch}"
-    ax.set_title(f"{request.benchmark} on {request.machine.name}\nprojected, {request.precision}, {policy}, "
-                 f"efficiency {request.machine.efficiency_for(request.benchmark):.3f}"
-                 + ("" if machine_stem else " (no published point of this machine)"), fontsize=10)
+
+
+def _save(fig, costs_line: str, path) -> None:
+    from common.plots import save_figure
     fig.text(0.01, 0.01, f"FLOPs and bytes per sample: {costs_line}", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_figure(fig, path)
+
+
+# ------------------------------------------------------------------ spatial parallelism (CosmoFlow)
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def spatial_requests(args, machine: Machine, precision: str, means: dict, measured: ModelCosts) -> tuple:
+    """((K=1 request, its costs), (K-way request, its costs)) at the sample edge asked for.
+
+    Away from 128^3 there is no RCP (the table is the 128^3 benchmark's) and no data set: the
+    epoch is one of a hypothetical data set with the 128^3 one's sample counts, its bytes scaled.
+    """
+    edge, k = args.sample_edge, args.spatial_ranks
+    dataset = DATASETS["cosmoflow"]
+    if edge != spatial_projection.MEASURED_EDGE:
+        means = {}
+        dataset = dataclasses.replace(dataset, bytes=dataset.bytes * (edge / spatial_projection.MEASURED_EDGE) ** 3)
+    cycle_s = args.cycle_time_ms / 1e3
+
+    def request(ranks):
+        exchange = (lambda b: spatial_projection.exchange_seconds(machine, edge, ranks, precision, b, cycle_s)
+                    ) if ranks > 1 else None
+        return (Request("cosmoflow", machine, parse_nodes(args.nodes), args.global_batch,
+                        args.local_batch or default_local_batch("cosmoflow"), precision, args.instances,
+                        args.staging == "timed", means, ranks, exchange, dataset,
+                        spatial_projection.memory_per_device(edge, ranks, precision)),
+                spatial_projection.device_costs(measured, edge, ranks))
+    return request(1), request(k)
+
+
+def collectives_table(machine: Machine, edge: int, k: int, precision: str, cycle_s: float) -> list[str]:
+    """Per split layer: what a rank sends (halo) or receives (gather) per sample, and its time."""
+    link = spatial_projection.intra_node_link(machine)
+    lines = [f"the split layers' collectives per rank, per sample of a group's local batch, {precision} "
+             f"({spatial_projection.ELEMENT_BYTES[precision]} bytes), over the intra-node link at "
+             f"{link / 1e9:.0f} GB/s:",
+             f"{'layer':>22} {'kind':>6} {'slab in (Zs,Y,X,C)':>20} {'forward':>10} {'backward':>10} "
+             f"{'transfer':>10} {'collectives':>11} {'latency':>9}"]
+    total_bytes = total_latency = 0.0
+    for c in spatial_projection.collectives(edge, k, precision):
+        latency = c.count * cycle_s
+        total_bytes += c.forward_bytes + c.backward_bytes
+        total_latency += latency
+        lines.append(f"{c.layer:>22} {c.what:>6} {'x'.join(map(str, c.slab)):>20} {c.forward_bytes / 1e6:>7.3f} MB "
+                     f"{c.backward_bytes / 1e6:>7.3f} MB {c.transfer_s(link, 1) * 1e6:>7.1f} us {c.count:>11} "
+                     f"{latency * 1e3:>6.1f} ms")
+    lines.append(f"{'total':>22} {'':>6} {'':>20} {'':>10} {total_bytes / 1e6:>7.3f} MB "
+                 f"{total_bytes / link * 1e6:>7.1f} us {'':>11} {total_latency * 1e3:>6.1f} ms  (forward + backward)")
+    lines.append(f"latency: ASSUMPTION, at most one Horovod cycle ({cycle_s * 1e3:g} ms, HOROVOD_CYCLE_TIME's default "
+                 f"since Horovod 0.21.0) of waiting per collective issued serially; halo bytes = 2 halos x "
+                 f"h={spatial_projection.KERNEL // 2} plane x Y x X x Cin x element bytes")
+    return lines
+
+
+def memory_table(machine: Machine, k: int, precision: str) -> list[str]:
+    """Memory per device at local batch 1, each edge, K = 1 and K, against the device's memory."""
+    device = machine.device_memory_bytes
+    lines = [f"memory per device, local batch 1 (one sample per group), {precision} activations, float32 weights + "
+             f"gradients + momentum (K=1: nothing split, all of it replicated); device memory "
+             f"{_gb(device) if device else 'unknown (no device_memory_bytes)'}:",
+             f"{'sample':>7} {'K':>3} {'split/K':>10} {'halo':>10} {'replicated':>10} {'backward':>10} {'state':>9} "
+             f"{'total':>10} {'fp32 total':>11} {'fits':>5}"]
+    for edge in spatial_projection.EDGES:
+        for ranks in sorted({1, k}):
+            m = spatial_projection.memory_per_device(edge, ranks, precision)
+            fp32 = spatial_projection.memory_per_device(edge, ranks, "fp32")
+            fits = "-" if device is None else ("yes" if m.fits(device) else "NO")
+            lines.append(f"{edge:>5}^3 {ranks:>3} {_gb(m.split_activations):>10} {_gb(m.halo_copies):>10} "
+                         f"{_gb(m.head_activations):>10} {_gb(m.backward_working):>10} {_gb(m.state):>9} "
+                         f"{_gb(m.total):>10} {_gb(fp32.total):>11} {fits:>5}")
+    return lines
+
+
+def spatial_verdicts(args, precision: str, base, split, split_rows: list) -> list[str]:
+    """Where splitting loses, where it wins, and where it is the only way.
+
+    A split run on N nodes is set against the K=1 run on N / K nodes: the same number of groups
+    (data-parallel replicas) at the same local batch, so the split's gain is its device time / K
+    and its cost the collectives. At equal node counts the devices would do the same work.
+    """
+    (base_request, base_costs), (split_request, _) = base, split
+    k, machine, out = args.spatial_ranks, base_request.machine, []
+    device = machine.device_memory_bytes
+    for e in spatial_projection.EDGES if device else ():
+        one = spatial_projection.memory_per_device(e, 1, precision)
+        many = spatial_projection.memory_per_device(e, k, precision)
+        if not one.fits(device):
+            out.append(f"{e}^3: one sample needs {_gb(one.total)} on one device ({precision}), more than its "
+                       f"{_gb(device)}: splitting is the only way; K={k} needs {_gb(many.total)} "
+                       + ("(fits)" if many.fits(device) else "(does not fit either: a larger K)"))
+    for p in (p for p in split_rows if not isinstance(p, str)):
+        if p.nodes % k:
+            continue
+        try:
+            b = base_request.project(base_costs, p.nodes // k)
+        except ValueError as e:
+            out.append(f"{p.nodes} nodes at K={k} ({_span(p)}) vs {p.nodes // k} at K=1: the latter {e}")
+            continue
+        verdict = "splitting loses" if p.step_s > b.step_s else "splitting wins"
+        out.append(f"{p.nodes} nodes at K={k} vs {b.nodes} at K=1 ({p.groups} replicas of local batch "
+                   f"{p.local_batch:g}): {verdict}: step {p.step_s * 1e3:.1f} vs {b.step_s * 1e3:.1f} ms (device time "
+                   f"{b.device_step_s * 1e3:.1f} -> {p.device_step_s * 1e3:.1f} ms, collectives "
+                   f"+{p.exchange_s * 1e3:.1f} ms), {_span(p)} vs {_span(b)}")
+    beyond = [p for p in split_rows if not isinstance(p, str) and p.global_batch < p.devices]
+    if beyond:
+        out.append(f"past the data-parallel limit (fewer samples than devices) only the split runs: "
+                   + ", ".join(f"{p.nodes} nodes {_span(p)}" for p in beyond))
+    fastest = [min((p for p in rows if not isinstance(p, str)), key=lambda p: p.time_to_train_s or p.epoch_s,
+                   default=None) for rows in (base_request.rows(base_costs), split_rows)]
+    out.append("fastest of the node counts asked: " + "; ".join(
+        f"K={ranks} {_span(p)} on {p.nodes} nodes" for ranks, p in zip((1, k), fastest) if p is not None))
+    collectives = spatial_projection.collectives(args.sample_edge, k, precision)
+    latency_ms = sum(c.count for c in collectives) * args.cycle_time_ms
+    out.append(f"a split step waits on {sum(c.count for c in collectives)} collectives, ~{latency_ms:g} ms of latency "
+               f"whatever the batch (the assumed cycle): splitting pays where the device time it saves exceeds "
+               f"that, or where K=1 cannot run at all")
+    return out
+
+
+def _span(p: projection.Projection) -> str:
+    """The time to train, or the epoch's time where no RCP gives epochs."""
+    return _minutes(p.time_to_train_s) if p.epochs is not None else f"{p.epoch_s / 60:.2f} min/epoch"
+
+
+def run_spatial_projection(args) -> int:
+    """--spatial-ranks K and/or --sample-edge N: CosmoFlow split K ways, next to K = 1."""
+    machine = load_machine(args.machine)
+    precision = args.precision or machine.precision
+    machine.peak(precision)
+    edge, k = args.sample_edge, args.spatial_ranks
+    spatial_projection.check_split(machine, edge, k)
+    if args.characterization:
+        raise InputError("--characterization projects the unsplit 128^3 model only (drop --spatial-ranks/--sample-edge)")
+    measured, measured_line = load_costs("cosmoflow")
+    costs_line = f"{edge}^3, scaled analytically by the layer shapes from the {measured_line}"
+    means = rcp_means("cosmoflow", args.ruleset, args.rcp_pass)
+    (base, base_costs), (split, split_costs) = spatial_requests(args, machine, precision, means, measured)
+    if split.staging_timed and projection.staging_seconds(machine, split.dataset, 1) is None:
+        raise InputError(f"{machine_path(args.machine)} states neither a file-system nor a node-local bandwidth, "
+                         f"so staging cannot be projected: give --staging untimed")
+    layers = spatial_projection.cosmoflow_layers(edge, k)
+    gather = next((layer.name for layer in layers if layer.kind == "gather"), "none (K=1)")
+    filters = [layer.out_shape[-1] for layer in layers if layer.kind == "conv"]
+    print(f"cosmoflow at {edge}^3 split {k} ways along depth (z) on {machine.name}, machine file "
+          f"{machine_path(args.machine)}")
+    print(f"model: {len(filters)} conv layers of {', '.join(map(str, filters))} filters, "
+          f"{spatial_projection.parameters(layers):,} parameters; slabs of {edge // k} planes, gathered at {gather}")
+    print(f"FLOPs and bytes: ANALYTIC SCALING of the 128^3 measurement ({measured_line}) by the layer shapes: "
+          f"2 k^3 Cin Cout N^3 per conv forward, x3 for training, the split layers' / K on each device plus "
+          f"the replicated head")
+    if edge != spatial_projection.MEASURED_EDGE:
+        print(f"no RCP at {edge}^3 (the table is the 128^3 benchmark's): epochs of a hypothetical data set of "
+              f"{split.dataset.train_samples:,} samples ({split.dataset.bytes / 1e12:.0f} TB), no time to train")
+    print()
+    if k > 1:
+        print("\n".join(collectives_table(machine, edge, k, precision, args.cycle_time_ms / 1e3)))
+        print()
+    print("\n".join(memory_table(machine, k, precision)))
+    rows = {}
+    for request, costs, title in ((base, base_costs, "data parallel only (K=1)"),
+                                  (split, split_costs, f"{k}-way spatial x data parallel")):
+        if request is split and k == 1:
+            break
+        rows[request.spatial_ranks] = request.rows(costs)
+        print(f"\n{title}:")
+        print(format_projections(request, costs, costs_line, rows[request.spatial_ranks],
+                                 rcp_line(args, request.means) if request.means else "none (no RCP at this size)"))
+    print()
+    print("\n".join(spatial_verdicts(args, precision, (base, base_costs), (split, split_costs), rows.get(k, []))))
+    png = args.png or REPO / "runs" / "projection" / f"cosmoflow_{edge}_k{k}_{machine_path(args.machine).stem}.png"
+    plot_spatial(machine, args, precision, rows, costs_line, png)
+    print(f"wrote {png}")
+    return 0
+
+
+def plot_spatial(machine: Machine, args, precision: str, rows: dict, costs_line: str, path) -> None:
+    """Time to train (or per epoch, away from 128^3) against nodes for each K; memory per device per edge."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
+    nodes = set()
+    for k, projected in rows.items():
+        projected = [p for p in projected if not isinstance(p, str)]
+        nodes.update(p.nodes for p in projected)
+        minutes = [(p.time_to_train_s or p.epoch_s) / 60 for p in projected]
+        left.plot([p.nodes for p in projected], minutes, "o-" if k == 1 else "s-", lw=2,
+                  label=f"K={k}" + (" (data parallel only)" if k == 1 else f" ({k}-way spatial)")
+                  + ("" if projected else ": no node count fits or runs"))
+    _nodes_axes(left, nodes)
+    what = "time to train" if args.sample_edge == spatial_projection.MEASURED_EDGE else "minutes per epoch"
+    policy = f"global batch {args.global_batch}" if args.global_batch else "local batch per group"
+    left.set_title(f"cosmoflow {args.sample_edge}^3 on {machine.name}: {what}, {policy}, {precision}", fontsize=9)
+    ks = sorted(rows)
+    width = 0.8 / len(ks)
+    for i, k in enumerate(ks):
+        totals = [spatial_projection.memory_per_device(e, k, precision).total / 1e9 for e in spatial_projection.EDGES]
+        right.bar([j + i * width for j in range(len(totals))], totals, width, label=f"K={k}")
+    if machine.device_memory_bytes:
+        right.axhline(machine.device_memory_bytes / 1e9, color="red", ls="--", label="device memory")
+    right.set_xticks([j + width * (len(ks) - 1) / 2 for j in range(len(spatial_projection.EDGES))])
+    right.set_xticklabels([f"{e}^3" for e in spatial_projection.EDGES])
+    right.set_yscale("log")
+    right.set_ylabel("GB per device, local batch 1")
+    right.set_title(f"memory per device ({precision} activations)", fontsize=9)
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3, which="both", axis="y")
+    _save(fig, costs_line, path)
 
 
 # ------------------------------------------------------------------ command line
@@ -447,22 +699,20 @@ def run_projection(args) -> int:
     request = Request(args.benchmark, machine, parse_nodes(args.nodes), args.global_batch,
                       args.local_batch or default_local_batch(args.benchmark), precision, args.instances,
                       args.staging == "timed", means)
-    rows = []
-    for nodes in request.nodes:
-        try:
-            rows.append(request.project(costs, nodes))
-        except ValueError as e:
-            rows.append(f"{nodes:>6} {e}")
-    rcp_line = (f"mlperf_logging hpc {args.ruleset} rcps_{args.benchmark}.json, {args.rcp_pass} table, mean epochs "
-                + ", ".join(f"{bs}: {e:.2f}" for bs, e in means.items())
-                + "; linear between batch sizes, none outside")
-    print(format_projections(request, costs, costs_line, rows, rcp_line))
+    rows = request.rows(costs)
+    print(format_projections(request, costs, costs_line, rows, rcp_line(args, means)))
     print()
     print("\n".join(answers(request, costs, args.busy)))
     png = args.png or REPO / "runs" / "projection" / f"{args.benchmark}_{machine_path(args.machine).stem}.png"
     plot(request, rows, costs_line, png)
     print(f"wrote {png}")
     return 0
+
+
+def rcp_line(args, means: dict) -> str:
+    return (f"mlperf_logging hpc {args.ruleset} rcps_{args.benchmark}.json, {args.rcp_pass} table, mean epochs "
+            + ", ".join(f"{bs}: {e:.2f}" for bs, e in means.items())
+            + "; linear between batch sizes, none outside")
 
 
 def run_validation(ruleset: str) -> int:
@@ -498,6 +748,12 @@ def main(argv=None) -> int:
     parser.add_argument("--ruleset", default="3.0.0")
     parser.add_argument("--busy", type=float, default=0.9)
     parser.add_argument("--png")
+    parser.add_argument("--spatial-ranks", type=int, default=1, metavar="K",
+                        help="cosmoflow: split each sample along depth across K devices of a node")
+    parser.add_argument("--sample-edge", type=int, default=128, choices=spatial_projection.EDGES,
+                        help="cosmoflow: the sample's edge N (N^3 x 4 volumes)")
+    parser.add_argument("--cycle-time-ms", type=float, default=spatial_projection.HOROVOD_CYCLE_S * 1e3,
+                        help="per-collective latency of the split layers (Horovod's cycle time)")
     parser.add_argument("--validate", action="store_true", help="print the validation table and exit")
     parser.add_argument("--calibrate", metavar="POINT", help="print the efficiency a published point implies")
     args = parser.parse_args(argv)
@@ -512,6 +768,10 @@ def main(argv=None) -> int:
         if args.instances < 1 or (args.global_batch is not None and args.global_batch < 1) \
                 or (args.local_batch is not None and args.local_batch < 1):
             raise InputError("--instances, --global-batch and --local-batch must be at least 1")
+        if args.spatial_ranks != 1 or args.sample_edge != spatial_projection.MEASURED_EDGE:
+            if args.benchmark != "cosmoflow":
+                raise InputError(f"--spatial-ranks and --sample-edge are for cosmoflow only, not {args.benchmark}")
+            return run_spatial_projection(args)
         return run_projection(args)
     except (InputError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -17,6 +17,10 @@ nodes with `devices_per_node` devices each, p = nodes x devices_per_node, global
   staging      = data set bytes / min(file system / instances, nodes x node-local write)
   time to train = staging + epochs x epoch
 
+Split K ways (CosmoFlow, offline/spatial_projection.py), p / K groups share the global batch,
+b = B / (p / K), the costs are one device's share of a sample, and the step adds the split
+layers' halo exchanges and gather.
+
 Staging counts by default (`staging_timed`): the MLPerf HPC rules as read here
 (training_policies hpc_training_rules.adoc, "Data State at Start of Run") time "any staging to
 node-local disk or memory", and most published logs do: Perlmutter's CosmoFlow logs
@@ -66,6 +70,7 @@ class Machine:
       efficiency: benchmark -> fraction of the roofline reached (calibrated); the key 'default'
         serves every benchmark without its own.
       allreduce_overlap: fraction of the allreduce hidden behind the backward pass (0: none).
+      device_memory_bytes: one device's memory (None: unknown); what a split sample must fit.
     """
     name: str
     device: str
@@ -81,6 +86,7 @@ class Machine:
     precision: str
     efficiency: dict
     allreduce_overlap: float = 0.0
+    device_memory_bytes: float | None = None
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flop_per_s:
@@ -136,6 +142,8 @@ class Projection:
     staging_s: float | None         # computed whether or not it is timed; None: no rate known
     staging_timed: bool             # whether it counts in the time to train
     input_headroom: float | None    # samples/s the host cores can feed / samples/s the devices take
+    spatial_ranks: int = 1          # K devices split each sample (offline/spatial_projection.py)
+    exchange_s: float = 0.0         # per step: the split layers' collectives (halos, gather)
 
     @property
     def bound(self) -> str:
@@ -146,8 +154,12 @@ class Projection:
         return self.train_epoch_s + self.eval_epoch_s
 
     @property
+    def groups(self) -> int:
+        return self.devices // self.spatial_ranks
+
+    @property
     def visible_allreduce_s(self) -> float:
-        return self.step_s - self.device_step_s
+        return self.step_s - self.device_step_s - self.exchange_s
 
     @property
     def time_to_train_s(self) -> float | None:
@@ -162,8 +174,10 @@ class Projection:
         if self.epochs is None:
             return None
         steps = self.epochs * self.steps_per_epoch
-        return {"compute": steps * self.device_step_s, "allreduce": steps * self.visible_allreduce_s,
-                "staging": self.timed_staging_s, "eval": self.epochs * self.eval_epoch_s}
+        parts = {"compute": steps * self.device_step_s, "allreduce": steps * self.visible_allreduce_s,
+                 "staging": self.timed_staging_s, "eval": self.epochs * self.eval_epoch_s}
+        # A split run's halos and gather: a component of their own, absent (not 0 %) at K = 1.
+        return {**parts, "exchange": steps * self.exchange_s} if self.spatial_ranks > 1 else parts
 
     def shares(self) -> dict | None:
         parts = self.parts_s()
@@ -261,7 +275,11 @@ def allreduce_seconds(machine: Machine, gradient_bytes: float, nodes: int) -> fl
 
 def eval_seconds(machine: Machine, costs: ModelCosts, dataset: Dataset, devices: int, precision: str,
                  efficiency: float) -> float:
-    """One validation pass: each device's share of the samples through the forward pass."""
+    """One validation pass: each device's share of the samples through the forward pass.
+
+    Split K ways, `devices` counts the groups and `costs` are a device's share of a sample (the
+    split layers' forward collectives in evaluation are not counted).
+    """
     per_device = math.ceil(dataset.eval_samples / devices)
     compute = costs.flops_forward / machine.peak(precision)
     memory = costs.activation_bytes_forward * ELEMENT_BYTES[precision] / 4 / machine.memory_bytes_per_s
@@ -278,12 +296,18 @@ def input_headroom(machine: Machine, costs: ModelCosts, local_batch: float, step
 
 def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: str, nodes: int,
             global_batch: int, epochs: float | None, precision: str | None = None,
-            instances: int = 1, staging_timed: bool = True) -> Projection:
+            instances: int = 1, staging_timed: bool = True, spatial_ranks: int = 1,
+            exchange_s_for=None) -> Projection:
     """Every term at `nodes` nodes and global batch `global_batch` (see the module docstring).
 
+    With `spatial_ranks` K > 1 (offline/spatial_projection.py) the devices form devices / K groups
+    that share the global batch, each group splitting its samples K ways: `costs` are then one
+    device's share of a sample, and `exchange_s_for(local batch of a group)` the seconds per step
+    of the split layers' collectives, added to the step (they sit in its critical path).
+
     Raises:
-      ValueError: fewer samples in the global batch than devices; staging timed on a machine whose
-        staging rates are unknown.
+      ValueError: fewer samples in the global batch than devices (groups of K devices); staging
+        timed on a machine whose staging rates are unknown.
     """
     precision = precision or machine.precision
     staging = staging_seconds(machine, dataset, nodes, instances)
@@ -291,24 +315,30 @@ def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: st
         raise ValueError(f"{machine.name} states no file-system or node-local bandwidth: staging cannot be "
                          f"projected (project it as untimed)")
     devices = nodes * machine.devices_per_node
-    if global_batch < devices:
-        raise ValueError(f"global batch {global_batch} is smaller than the {devices} devices of {nodes} node(s)")
-    local_batch = global_batch / devices
+    groups = devices // spatial_ranks
+    if global_batch < groups:
+        raise ValueError(f"global batch {global_batch} is smaller than the {devices} devices of {nodes} node(s)"
+                         if spatial_ranks == 1 else
+                         f"global batch {global_batch} is smaller than the {groups} groups of {spatial_ranks} "
+                         f"devices on {nodes} node(s)")
+    local_batch = global_batch / groups
     efficiency = machine.efficiency_for(benchmark)
     compute = compute_seconds(machine, costs, local_batch, precision)
     memory = memory_seconds(machine, costs, local_batch, precision)
     device_step = max(compute, memory) / efficiency
     allreduce = allreduce_seconds(machine, costs.gradient_bytes, nodes)
-    step = device_step + (1 - machine.allreduce_overlap) * allreduce
+    exchange = exchange_s_for(local_batch) if exchange_s_for else 0.0
+    step = device_step + exchange + (1 - machine.allreduce_overlap) * allreduce
     steps = dataset.train_samples // global_batch
     return Projection(
         nodes=nodes, devices=devices, global_batch=global_batch, local_batch=local_batch, epochs=epochs,
         steps_per_epoch=steps, compute_s=compute, memory_s=memory, device_step_s=device_step,
         allreduce_s=allreduce, step_s=step,
-        eval_epoch_s=eval_seconds(machine, costs, dataset, devices, precision, efficiency),
+        eval_epoch_s=eval_seconds(machine, costs, dataset, groups, precision, efficiency),
         train_epoch_s=steps * step, staging_s=staging,
         staging_timed=staging_timed,
-        input_headroom=input_headroom(machine, costs, local_batch, step))
+        input_headroom=input_headroom(machine, costs, local_batch, step),
+        spatial_ranks=spatial_ranks, exchange_s=exchange)
 
 
 def calibrate_efficiency(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: str, nodes: int,

@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from offline import project, projection
+from offline import project, projection, spatial_projection
 from offline.projection import Dataset, Machine, ModelCosts
 from tests import helpers
 
@@ -311,3 +311,126 @@ def test_command_takes_a_runs_characterization(tmp_path, capsys):
     assert "3.0 GFLOP" in capsys.readouterr().out
     assert project.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "4",
                          "--characterization", str(tmp_path)]) == 2
+
+
+# ------------------------------------------------------------------ spatial parallelism (offline/spatial_projection.py)
+def test_layer_rebuild_is_the_measured_closed_model():
+    """The 128^3 network rebuilt from its shapes has the stored model's parameters and ~its FLOPs."""
+    record = project.stored_costs("cosmoflow")
+    layers = spatial_projection.cosmoflow_layers(128)
+    assert spatial_projection.parameters(layers) == record["parameters"]
+    analytic = sum(layer.forward_flops for layer in layers)
+    assert analytic == pytest.approx(record["flops_per_sample_forward"], rel=0.01)
+    # 128^3 at K=1 through the spatial path gives back the measured costs
+    measured, _ = project.load_costs("cosmoflow")
+    costs = spatial_projection.device_costs(measured, 128, 1)
+    for field in ("flops_train", "flops_forward", "activation_bytes_train", "weight_bytes_train", "gradient_bytes"):
+        assert getattr(costs, field) == pytest.approx(getattr(measured, field), rel=1e-12)
+
+
+def test_halo_bytes_against_the_slabs_a_rank_sends():
+    """Per split conv: the bytes of the tensor exchange_halo sends (the slab's first and last h planes),
+    built here from the layer shapes with numpy; one alltoall forward and one backward."""
+    np = pytest.importorskip("numpy")
+    for edge, k, precision in ((128, 4, "fp16"), (256, 2, "fp32"), (512, 4, "bf16")):
+        channels = [spatial_projection.IN_CHANNELS] + [min(32 << i, 512 if edge == 128 else 256)
+                                                       for i in range(spatial_projection.conv_layer_count(edge))]
+        dtype = np.float16 if projection.ELEMENT_BYTES[precision] == 2 else np.float32
+        halos = [c for c in spatial_projection.collectives(edge, k, precision) if c.what == "halo"]
+        assert len(halos) == spatial_projection.conv_layer_count(edge)   # every conv split (gather before flatten)
+        for i, c in enumerate(halos):
+            y = edge >> i
+            slab = np.zeros((edge // k >> i, y, y, channels[i]), dtype)
+            sent = np.concatenate([slab[:1], slab[-1:]])       # h = 1 plane to each neighbour
+            assert c.forward_bytes == c.backward_bytes == sent.nbytes
+            assert c.count == 2
+
+
+def test_exchange_seconds_by_hand():
+    """K=2 at 128^3, fp32, one sample per group: bytes over the NVLink share plus a cycle per collective."""
+    machine = project.load_machine("perlmutter-a100")
+    link = machine.intra_node_bytes_per_s
+    halo = sum(2 * 2 * (128 >> i) ** 2 * c * 4 for i, c in enumerate((4, 32, 64, 128, 256)))  # fwd + bwd
+    gathered = 4 * 4 * 4 * 512 * 4          # the 4^3 x 512 tensor before Flatten
+    gather = (0.5 + 2 * 0.5) * gathered      # allgather (K-1)/K forward, ring allreduce 2 (K-1)/K backward
+    expected = (halo + gather) / link + (2 * 5 + 3) * 1e-3
+    assert spatial_projection.exchange_seconds(machine, 128, 2, "fp32", 1) == pytest.approx(expected)
+    assert spatial_projection.exchange_seconds(machine, 128, 1, "fp32", 1) == 0.0
+
+
+@pytest.mark.parametrize("edge", spatial_projection.EDGES)
+def test_split_memory_scales_as_one_over_k(edge):
+    one = spatial_projection.memory_per_device(edge, 1, "fp32")
+    split_parts = []
+    for k in (2, 4, 8):
+        m = spatial_projection.memory_per_device(edge, k, "fp32")
+        split_parts.append(m.split_activations * k)
+        assert m.state == one.state                       # weights are whole on every device
+        # the activations: 1/K of K=1's, plus the halo copies and the small replicated head
+        assert (m.total - m.state) / ((one.total - one.state) / k) == pytest.approx(1.0, abs=0.1)
+    # the split layers' part x K is the same for K that split the same layers (2 and 4: all of them;
+    # at 8 a slab is down to 1 plane before the last pool, gathered there)
+    assert split_parts[0] == pytest.approx(split_parts[1])
+    assert split_parts[2] < split_parts[1]
+
+
+def test_512_cubed_fits_only_split():
+    """One 512^3 sample at K=1 does not fit an 80 GB device in fp32 (nor a 40 GB one in fp16); K=4 fits both."""
+    eos, perlmutter = project.load_machine("eos-h100"), project.load_machine("perlmutter-a100")
+    assert not spatial_projection.memory_per_device(512, 1, "fp32").fits(eos.device_memory_bytes)
+    assert spatial_projection.memory_per_device(512, 4, "fp32").fits(eos.device_memory_bytes)
+    assert not spatial_projection.memory_per_device(512, 1, "fp16").fits(perlmutter.device_memory_bytes)
+    assert spatial_projection.memory_per_device(512, 4, "fp16").fits(perlmutter.device_memory_bytes)
+    assert spatial_projection.memory_per_device(128, 1, "fp32").fits(perlmutter.device_memory_bytes)
+
+
+def test_split_projects_past_the_batch_limit():
+    """Global batch 512 on 512 nodes x 4 devices: K=1 cannot (fewer samples than devices); K=4 can,
+    with the RCP epochs of batch 512."""
+    machine = project.load_machine("perlmutter-a100")
+    measured, _ = project.load_costs("cosmoflow")
+    means = project.rcp_means("cosmoflow")
+    with pytest.raises(ValueError, match="smaller than the 2048 devices"):
+        projection.project(machine, measured, project.DATASETS["cosmoflow"], "cosmoflow", 512, 512, means[512])
+    p = projection.project(machine, spatial_projection.device_costs(measured, 128, 4), project.DATASETS["cosmoflow"],
+                           "cosmoflow", 512, 512, means[512], spatial_ranks=4,
+                           exchange_s_for=lambda b: spatial_projection.exchange_seconds(machine, 128, 4, "fp16", b))
+    assert (p.devices, p.groups, p.local_batch, p.epochs) == (2048, 512, 1, means[512])
+    assert p.step_s == pytest.approx(p.device_step_s + p.exchange_s + p.allreduce_s)
+    assert set(p.shares()) == set(projection.COMPONENTS) | {"exchange"}
+
+
+def test_k1_output_unchanged(tmp_path, capsys):
+    """--spatial-ranks 1 is today's projection, line for line; the new Projection fields default to it."""
+    args = ["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "16,128"]
+    assert project.main(args + ["--png", str(tmp_path / "a.png")]) == 0
+    plain = capsys.readouterr().out
+    assert project.main(args + ["--spatial-ranks", "1", "--png", str(tmp_path / "a.png")]) == 0
+    assert capsys.readouterr().out == plain
+    assert "exchange" not in plain and "step: device + allreduce" in plain
+    p = projection.project(TOY, COSTS, DATA, "toy", 2, 8, 10.0)
+    assert (p.spatial_ranks, p.exchange_s, p.groups) == (1, 0.0, 4) and set(p.shares()) == set(projection.COMPONENTS)
+
+
+def test_split_command_prints_collectives_memory_and_verdicts(tmp_path, capsys):
+    png = tmp_path / "split.png"
+    rc = project.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--spatial-ranks", "4",
+                       "--global-batch", "512", "--nodes", "32,128,512", "--png", str(png)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for words in ("ANALYTIC SCALING", "conv1   halo", "gather_before_flatten gather", "ASSUMPTION", "HOROVOD_CYCLE_TIME",
+                  "memory per device", "512^3: one sample needs", "splitting is the only way", "splitting loses",
+                  "past the data-parallel limit", "step: device + exchange + allreduce", "exchange"):
+        assert words in out, words
+    assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("flags", [["--benchmark", "deepcam", "--spatial-ranks", "2"],
+                                   ["--benchmark", "deepcam", "--sample-edge", "256"],
+                                   ["--benchmark", "cosmoflow", "--spatial-ranks", "3"],
+                                   ["--benchmark", "cosmoflow", "--spatial-ranks", "256", "--machine", "eos-h100"]])
+def test_bad_split_is_a_one_line_error(flags, capsys):
+    machine = [] if "--machine" in flags else ["--machine", "perlmutter-a100"]
+    assert project.main(flags + machine + ["--nodes", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
