@@ -434,3 +434,12 @@ def test_bad_split_is_a_one_line_error(flags, capsys):
     assert project.main(flags + machine + ["--nodes", "4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("edge", [256, 512])
+def test_the_projected_large_models_are_the_shipped_spatial_configs(edge):
+    import yaml
+    cfg = yaml.safe_load((helpers.REPO / "cosmoflow" / "configs" / f"cosmoflow_spatial_{edge}.yaml").read_text())
+    assert cfg["data"]["sample_shape"][0] == edge
+    assert spatial_projection.conv_layer_count(edge) == cfg["model"]["n_conv_layers"]
+    assert spatial_projection.MAX_CHANNELS[edge] == cfg["model"]["max_channels"]
