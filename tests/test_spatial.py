@@ -15,10 +15,10 @@ from tests import helpers
 PROBE = helpers.REPO / "tests" / "spatial_probe.py"
 
 
-def _probe(tmp_path, mode, ranks, spatial_ranks, *extra) -> list[dict]:
-    out = tmp_path / f"{mode}-{ranks}x{spatial_ranks}{'-'.join(extra)}"
+def _probe(tmp_path, mode, ranks, spatial_ranks, *extra, launcher="gloo") -> list[dict]:
+    out = tmp_path / f"{mode}-{ranks}x{spatial_ranks}{'-'.join(extra)}-{launcher}"
     cmd = [helpers.PYTHON, PROBE, mode, "--spatial-ranks", spatial_ranks, "--out", out, *extra]
-    proc = helpers.horovodrun(ranks, cmd, timeout=900) if ranks > 1 else helpers.run(cmd, timeout=900)
+    proc = helpers.LAUNCHERS[launcher](ranks, cmd, timeout=900) if ranks > 1 else helpers.run(cmd, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = []
     for rank in range(ranks):
@@ -28,9 +28,11 @@ def _probe(tmp_path, mode, ranks, spatial_ranks, *extra) -> list[dict]:
 
 
 # ------------------------------------------------------------------ (a) the halo layer
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_halo_exchange_gives_the_neighbours_planes_and_zeros_at_the_faces(tmp_path, ranks):
-    for r in _probe(tmp_path, "halo", ranks, ranks):
+@pytest.mark.parametrize("ranks,launcher", [(2, "gloo"), (4, "gloo"), (4, "mpi")])
+def test_halo_exchange_gives_the_neighbours_planes_and_zeros_at_the_faces(tmp_path, ranks, launcher):
+    if launcher == "mpi" and not helpers.horovod_has_mpi():
+        pytest.skip("Horovod was built without MPI (install libopenmpi-dev, then `make install` rebuilds it)")
+    for r in _probe(tmp_path, "halo", ranks, ranks, launcher=launcher):
         for dtype in ("float32", "bfloat16"):   # bfloat16 crosses Horovod as float32, and comes back
             np.testing.assert_array_equal(r[f"got_{dtype}"], r["want"])
             assert str(r[f"dtype_{dtype}"]) == dtype
