@@ -140,7 +140,7 @@ class Distribution:
                               f"group must sit on one node (its halo exchange runs every layer)")
         group = self.rank_group(k, what)
         return SpatialMesh(size=k, index=self.rank % k, group=self.rank // k, groups=self.size // k,
-                           process_set=group._process_set)
+                           process_set=group.process_set)
 
     def describe(self) -> str:
         return (f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
@@ -153,6 +153,11 @@ class RankGroup:
     def __init__(self, size: int, process_set):
         self.size = size
         self._process_set = process_set
+
+    @property
+    def process_set(self):
+        """The Horovod process set (None for a group of one rank)."""
+        return self._process_set
 
     def sum(self, tensor):
         if self._process_set is None:

@@ -63,7 +63,10 @@ def slab_conversion(index: int, count: int, sample_shape) -> Conversion:
     sample_shape = tuple(int(s) for s in sample_shape)
 
     def write(src: Path, tmp: Path, verify: bool):
-        records = list(tf.data.TFRecordDataset(str(src), compression_type=detect_compression(src)))
+        try:
+            records = list(tf.data.TFRecordDataset(str(src), compression_type=detect_compression(src)))
+        except tf.errors.OpError as e:
+            raise InputError(f"{src}: unreadable TFRecord ({_tf_reason(e)})") from None
         if len(records) != 1:
             raise InputError(f"{src}: {len(records) or 'no'} records, expected one sample per file")
         x, y = parse_example(records[0], sample_shape)

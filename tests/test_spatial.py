@@ -185,6 +185,8 @@ def test_staged_slabs_hold_one_rank_s_planes_and_train_the_same(cosmo_data, tiny
     ("cosmoflow", ["--spatial-ranks", "2"], "parallel.spatial_ranks=2 does not divide the 1 ranks"),
     ("cosmoflow", ["--spatial-ranks", "32"], "at most 16 spatial ranks"),
     ("cosmoflow", ["--spatial-ranks", "3"], "does not divide the sample depth 32"),
+    ("cosmoflow", ["--spatial-ranks", "2", "--stage-dir", "/tmp/unused", "--set", "staging.convert=false"],
+     "would have the ranks of a group write the same staged file"),
     ("deepcam", ["--set", "parallel.spatial_ranks=2"], "DeepCAM is data-parallel only"),
 ])
 def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_config, deepcam_data, deepcam_config,
@@ -233,3 +235,12 @@ def test_spatial_bench_reports_memory_and_halo_bytes(tmp_path):
     assert two["halo_mib_per_step_per_rank"] * 2 ** 20 == pytest.approx(expected)
     assert two["samples_per_s"] > 0 and two["peak_rss_gib_per_rank"] > 0
     assert "| 32^3 | 2 |" in next(tmp_path.glob("spatial_*.md")).read_text()
+
+
+def test_staging_a_corrupt_file_into_slabs_names_it(tmp_path):
+    from common.errors import InputError
+    from cosmoflow.data import slab_conversion
+    bad = tmp_path / "bad.tfrecord"
+    bad.write_bytes(b"\x1f\x8b" + b"\x00" * 100)   # a gzip magic, then garbage
+    with pytest.raises(InputError, match="bad.tfrecord: unreadable TFRecord"):
+        slab_conversion(0, 2, (32, 32, 32, 4)).write(bad, tmp_path / "out", False)
