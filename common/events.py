@@ -85,7 +85,9 @@ class Listener:
     def on_epoch_stop(self, epoch: int, train: dict, site: CallSite): ...
     def on_eval_start(self, epoch: int, site: CallSite): ...
     def on_eval_stop(self, epoch: int, value: float, site: CallSite): ...
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, site: CallSite): ...
+    # failure: why a run that could not go on stopped (non-finite input or loss: common.trainer), else None.
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: dict | None,
+                    site: CallSite): ...
     def close(self): ...
 
 
@@ -182,10 +184,10 @@ class Events:
         for listener in self.listeners:
             listener.on_eval_stop(epoch, value, site)
 
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None):
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: dict | None = None):
         site = _caller()
         for listener in self.listeners:
-            listener.on_run_stop(status, epoch, checkpoint, site)
+            listener.on_run_stop(status, epoch, checkpoint, failure, site)
 
     def close(self):
         for listener in self.listeners:

@@ -128,10 +128,13 @@ class MLPerfLogger(Listener):
         self._end("eval_stop", site, epoch_num=epoch)
         self._event(self.metric_key, value, site, epoch_num=epoch)
 
-    def on_run_stop(self, status, epoch, checkpoint, site):
-        # A run stopped on request says where it can go on from (aborted-with-checkpoint).
-        self._end("run_stop", site, status=status, epoch_num=epoch,
-                  **({"checkpoint": checkpoint} if checkpoint else {}))
+    def on_run_stop(self, status, epoch, checkpoint, failure, site):
+        # A run stopped on request says where it can go on from (aborted-with-checkpoint); one
+        # that could not go on says why, at which step and with which loss.
+        extra = {"checkpoint": checkpoint} if checkpoint else {}
+        if failure:
+            extra |= {k: failure[k] for k in ("reason", "step_num", "loss", "input_file") if failure.get(k) is not None}
+        self._end("run_stop", site, status=status, epoch_num=epoch, **extra)
 
     def close(self):
         """Closes the file and moves it to its final name (idempotent, from any thread)."""

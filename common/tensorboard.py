@@ -103,7 +103,7 @@ class TensorBoardListener(Listener):
         self._scalars(self._epoch_step(epoch), {f"eval/{name}": value})
         self.writer.flush()   # the curve people watch: on disk at once, not at the next 2-minute flush
 
-    def on_run_stop(self, status, epoch, checkpoint, site):
+    def on_run_stop(self, status, epoch, checkpoint, failure, site):
         if self._writer is not None:
             self._writer.flush()
 

@@ -103,7 +103,7 @@ class CosmoFlowTask(Task):
         return train, valid
 
     def find_bad_file(self, files):
-        return data.find_bad_file(files, self.cfg.data.sample_shape)
+        return data.find_bad_file(files, self.cfg.data.sample_shape, self.cfg.data.transform)
 
     def build_model(self, bn_group):
         del bn_group   # no batch norm
