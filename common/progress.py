@@ -46,7 +46,7 @@ class ProgressPrinter(Listener):
     def on_epoch_stop(self, epoch, train, site):
         self.train = train
 
-    def on_eval_stop(self, epoch, value, site):
+    def on_eval_stop(self, epoch, value, loss, site):
         t = self.train
         self._print(f"[epoch {epoch:3d}] train_loss {t.get('loss', float('nan')):.4f}  "
                     f"{self.info.target_name} {value:.4f} (target {self.info.target})  "

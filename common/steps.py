@@ -141,17 +141,21 @@ class TrainStep:
             self._apply_sums.get_concrete_function()
 
 
-def make_eval_step(model, metric, xla: bool = False, preprocess=None):
+def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=None):
     """A tf.function (x, y) -> float64 vector for one batch (x as the pipeline yields it): the
-    metric's sums, then 1.0 if the preprocessed batch held a NaN or Inf, else 0.0 (so that the
-    allreduce that adds up the sums counts the non-finite batches of every rank too)."""
+    metric's sums; the loss times the batch's samples and the samples (0, 0 without `loss_fn`),
+    so that sums over batches give the per-sample mean loss, as the references' eval_loss; then
+    1.0 if the preprocessed batch held a NaN or Inf, else 0.0. One allreduce adds up all of it,
+    the non-finite batches of every rank included."""
     preprocess = preprocess or (lambda x, y: (x, y))
 
     def eval_step(x, y):
         x, y = preprocess(x, y)
         pred = model(x, training=False)
         sums = tf.cast(metric.update(y, tf.cast(pred, tf.float32)), tf.float64)
+        samples = tf.cast(tf.shape(y)[0], tf.float64)
+        loss = tf.cast(loss_fn(y, pred), tf.float64) * samples if loss_fn else tf.constant(0.0, tf.float64)
         non_finite = 1.0 - tf.cast(all_finite([x, y]), tf.float64)
-        return tf.concat([sums, [non_finite]], axis=0)
+        return tf.concat([sums, tf.stack([loss, samples if loss_fn else 0.0, non_finite])], axis=0)
 
     return tf.function(eval_step, jit_compile=xla)

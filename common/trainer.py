@@ -309,7 +309,8 @@ class Trainer:
         self.train_step = TrainStep(self.model, self.optimizer, self.loss_fn, self.dist,
                                     rt.gradient_compression, rt.xla, cfg.train.gradient_accumulation_frequency,
                                     preprocess=self.task.preprocess_batch)
-        self.eval_step = make_eval_step(self.model, self.metric, rt.xla, preprocess=self.task.preprocess_batch)
+        self.eval_step = make_eval_step(self.model, self.metric, rt.xla, preprocess=self.task.preprocess_batch,
+                                        loss_fn=self.loss_fn)
         specs = self.task.input_specs()
         self.train_step.trace(specs)
         self.eval_step.get_concrete_function(*specs)
@@ -366,9 +367,10 @@ class Trainer:
             self.result.history.append(record)
             if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.n_epochs:
                 events.on_eval_start(epoch)
-                value = self._evaluate(valid_ds)
-                events.on_eval_stop(epoch, value)
+                value, eval_loss = self._evaluate(valid_ds)
+                events.on_eval_stop(epoch, value, eval_loss)
                 self.result.metric = record["metric"] = value
+                record["eval_loss"] = eval_loss
             record["time_s"] = time.perf_counter() - run_start
             if "metric" in record and cfg.train.stop_at_target and self._reached(record["metric"]):
                 self.result.status = "success"
@@ -452,7 +454,7 @@ class Trainer:
         """One pass over the validation set with the model as restored (--evaluate); rank 0's
         report says the result (no run, so no run events)."""
         try:
-            self.result.metric = self._evaluate(valid_ds)
+            self.result.metric = self._evaluate(valid_ds)[0]
         except RunFailed as e:   # no run started: bad input like any other
             raise InputError(e.failure["message"]) from None
         self.result.status = "evaluated"
@@ -606,17 +608,19 @@ class Trainer:
                         lr=float(self.schedule.at_step(self.global_step - 1)),
                         samples_per_s=samples / seconds if seconds > 0 else 0.0)
 
-    def _evaluate(self, valid_ds) -> float:
-        """The metric over every rank's validation files; RunFailed on every rank if a batch held NaN or Inf."""
-        sums = np.zeros(self.metric.n_sums + 1)   # a rank may hold no validation file
+    def _evaluate(self, valid_ds) -> tuple[float, float]:
+        """(the metric, the per-sample mean loss) over every rank's validation files; RunFailed on
+        every rank if a batch held NaN or Inf."""
+        sums = np.zeros(self.metric.n_sums + 3)   # a rank may hold no validation file
         with self._naming_bad_files(self.shards.valid_files):
             for x, y in valid_ds:
                 sums = sums + self.eval_step(x, y).numpy()
-        total = self.dist.allreduce_sum(sums)      # the last sum counts the non-finite batches
+        total = self.dist.allreduce_sum(sums)      # ..., loss x samples, samples, non-finite batches
         if total[-1]:
             culprit = self.dist.allreduce_max([self.dist.rank + 1.0 if sums[-1] else 0.0])[0]
             self._fail_on_input(int(culprit) - 1, self.shards.valid_files, self.epoch, None, "validation")
-        return float(self.metric.finalize(total[:-1]))
+        loss = float(total[-3] / total[-2]) if total[-2] else float("nan")
+        return float(self.metric.finalize(total[:-3])), loss
 
     @contextlib.contextmanager
     def _naming_bad_files(self, files):
