@@ -91,13 +91,13 @@ def _ours(args) -> dict:
     x, y = (tf.constant(a) for a in _random_batch(args.height, args.width))
     batches = iter(lambda: (x, y), None)
     for _ in range(args.warmup):
-        float(step(batches))
+        float(step(batches).loss)
     times = []
     if args.profile_dir:
         tf.profiler.experimental.start(args.profile_dir)
     for _ in range(args.steps):
         start = time.perf_counter()
-        float(step(batches))
+        float(step(batches).loss)
         times.append(time.perf_counter() - start)
     if args.profile_dir:
         tf.profiler.experimental.stop()

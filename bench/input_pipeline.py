@@ -24,6 +24,12 @@ The consumer takes each batch and drops it, as a train step would after using it
              HDF5, each file read into its place in a reused batch buffer: unstaged runs now;
              staged raw layout, readinto a reused batch buffer: staged runs now.
 Staging runs once per variant before the clock (its own figure is bench/staging_throughput.py).
+
+Last, per benchmark, the train step's check for NaN and Inf (common.steps.all_finite) alone,
+on one preprocessed batch in memory (float32, the model's input shape), timed as the step
+runs it: it lives in the compiled step, not in the pipeline, so the readers' rows do not
+include it; the printout says what it would cost beside the readers, as a share of each
+current reader's time per sample.
 """
 
 import argparse
@@ -37,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cpu  # noqa: E402  (sets the oneDNN default before TensorFlow is imported)
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from common import epochs  # noqa: E402
@@ -100,6 +107,7 @@ def cosmoflow_variants(args, stage_root: Path) -> list[dict]:
         warm_page_cache(paths)
         rate = samples_per_s(pipeline(paths, compression, float_in_pipeline), batch, n_batches, args.repeats)
         out.append(row("cosmoflow", label, rate, file_mb, f"{size}^3x4, batch {batch}"))
+    out.append(finite_check_row("cosmoflow", shape, (4,), batch, args.repeats, f"{size}^3x4, batch {batch}"))
     return out
 
 
@@ -129,7 +137,27 @@ def deepcam_variants(args, stage_root: Path) -> list[dict]:
                                    training=True, seed=0, readers=args.readers)
         rate = samples_per_s(ds, batch, n_batches, args.repeats)
         out.append(row("deepcam", label, rate, os.path.getsize(paths[0]) / 1e6, f"{h}x{w}x16, batch {batch}"))
+    out.append(finite_check_row("deepcam", (h, w, len(channels)), (h, w), batch, args.repeats,
+                                f"{h}x{w}x16, batch {batch}"))
     return out
+
+
+CHECK_VARIANT = "the train step's NaN/Inf check alone (preprocessed batch in memory)"
+
+
+def finite_check_row(benchmark, x_shape, y_shape, batch, repeats, sample, n_batches: int = 10) -> dict:
+    """samples/s of common.steps.all_finite, compiled, on one float32 batch (x, y) of these shapes."""
+    from common.steps import all_finite
+    x, y = tf.random.uniform((batch, *x_shape)), tf.zeros((batch, *y_shape))
+    check = tf.function(lambda x, y: all_finite([x, y]))
+    check(x, y).numpy()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n_batches):
+            check(x, y).numpy()   # reading the flag waits for the check, as the trainer's agreement does
+        rates.append(n_batches * batch / (time.perf_counter() - start))
+    return row(benchmark, CHECK_VARIANT, statistics.median(rates), 4 * int(np.prod(x_shape)) / 1e6, sample)
 
 
 def former_hdf5_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
@@ -177,7 +205,12 @@ def print_rows(rows) -> None:
     for r in rows:
         by.setdefault(r["benchmark"], []).append(r)
     for name, rs in by.items():
-        print(f"{name}: last variant / first = {rs[-1]['samples_per_s'] / rs[0]['samples_per_s']:.2f}x")
+        readers = [r for r in rs if r["variant"] != CHECK_VARIANT]
+        print(f"{name}: last variant / first = {readers[-1]['samples_per_s'] / readers[0]['samples_per_s']:.2f}x")
+        for check in (r for r in rs if r["variant"] == CHECK_VARIANT):
+            for reader in readers[-2:]:   # the current unstaged and staged readers
+                print(f"{name}: the NaN/Inf check takes {reader['samples_per_s'] / check['samples_per_s']:.1%} of "
+                      f"the time per sample of '{reader['variant']}' (were it run beside it on these cores)")
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,14 @@ TensorFlow reads `TF_ENABLE_ONEDNN_OPTS` once, when it is first imported, so
 in their `__init__`, which every entry point (train.py, bench/, `python -m`
 tools, the tests) imports first. A value the user set is left alone.
 
+When TensorFlow was imported before this project (a notebook's first line), it
+is too late: TensorFlow has registered its kernels, and setting the variable
+then would only make `IsMklEnabled()`, which reads it on its first call, claim
+oneDNN kernels that do not run (DeepCAM's model would pick the dilated
+convolution that only oneDNN can differentiate, and fail). So the variable is
+left unset, code that depends on the kernels asks `onednn_enabled()`, and one
+line on stderr says what that costs and how to avoid it.
+
 This module imports nothing heavy: it must be importable before TensorFlow.
 """
 
@@ -25,6 +33,10 @@ _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 # Whether prefer_onednn() set the variable (as opposed to the user), for the report.
 _set_here = False
+# Whether TensorFlow was imported before prefer_onednn() could choose.
+_tensorflow_first = False
+# Training samples/s on the 2-core AVX2 EPYC, oneDNN on vs off (bench/results/AVX2.md).
+_ONEDNN_SPEEDUP = "3.7x (DeepCAM) to 4.4x (CosmoFlow)"
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,10 +85,18 @@ def prefer_onednn(environ=None, machine=None) -> bool:
       environ: the environment to update (default: os.environ).
       machine: platform.machine() to decide on (default: this one's).
     """
-    global _set_here
+    global _set_here, _tensorflow_first
     environ = os.environ if environ is None else environ
     machine = (machine or platform.machine()).lower()
     if ONEDNN_ENV in environ or machine not in _X86_64:
+        return False
+    if environ is os.environ and "tensorflow" in sys.modules:
+        _tensorflow_first = True
+        if not onednn_enabled():
+            print(f"warning: TensorFlow was imported before this project could set {ONEDNN_ENV}=1, so its "
+                  f"oneDNN kernels stay off on this {isa()} CPU and training runs {_ONEDNN_SPEEDUP} slower "
+                  f"(bench/results/AVX2.md); import common, cosmoflow or deepcam before tensorflow, or start "
+                  f"Python with {ONEDNN_ENV}=1 set", file=sys.stderr, flush=True)
         return False
     environ[ONEDNN_ENV] = "1"
     if environ is os.environ:
@@ -104,6 +124,8 @@ def describe() -> dict:
     else:
         if _set_here:
             who = f"{ONEDNN_ENV}=1 set by this project"
+        elif _tensorflow_first and ONEDNN_ENV not in os.environ:
+            who = "TensorFlow imported before this project could choose"
         elif ONEDNN_ENV in os.environ:
             who = f"{ONEDNN_ENV}={os.environ[ONEDNN_ENV]} set by the user"
         else:

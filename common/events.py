@@ -84,8 +84,11 @@ class Listener:
     def on_train_log(self, log: TrainLog, site: CallSite): ...
     def on_epoch_stop(self, epoch: int, train: dict, site: CallSite): ...
     def on_eval_start(self, epoch: int, site: CallSite): ...
-    def on_eval_stop(self, epoch: int, value: float, site: CallSite): ...
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, site: CallSite): ...
+    # loss: the per-sample mean validation loss (eval_loss), None where not computed.
+    def on_eval_stop(self, epoch: int, value: float, loss: float | None, site: CallSite): ...
+    # failure: why a run that could not go on stopped (non-finite input or loss: common.trainer), else None.
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: dict | None,
+                    site: CallSite): ...
     def close(self): ...
 
 
@@ -177,15 +180,15 @@ class Events:
         for listener in self.listeners:
             listener.on_eval_start(epoch, site)
 
-    def on_eval_stop(self, epoch: int, value: float):
+    def on_eval_stop(self, epoch: int, value: float, loss: float | None = None):
         site = _caller()
         for listener in self.listeners:
-            listener.on_eval_stop(epoch, value, site)
+            listener.on_eval_stop(epoch, value, loss, site)
 
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None):
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: dict | None = None):
         site = _caller()
         for listener in self.listeners:
-            listener.on_run_stop(status, epoch, checkpoint, site)
+            listener.on_run_stop(status, epoch, checkpoint, failure, site)
 
     def close(self):
         for listener in self.listeners:

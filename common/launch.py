@@ -22,7 +22,7 @@ from common.compliance import check_log
 from common import benchmarks
 from common.config_loading import dump_config, load_config, replace, yaml_text
 from common.distribution import Distribution, launcher_env
-from common.errors import ConfigError, InputError
+from common.errors import EXIT_INPUT_ERROR, ConfigError, InputError
 from common.events import Events
 from common.progress import ProgressPrinter, StepProgress
 from common.tensorboard import TensorBoardListener
@@ -31,7 +31,8 @@ from common.plots import plot_training_curve
 from common import termination
 from common.trainer import Trainer, write_summary
 
-EXIT_INPUT_ERROR = 2
+# 2 (EXIT_INPUT_ERROR): bad input, a NaN or Inf in a sample included; 4 (EXIT_NON_FINITE_LOSS):
+# the loss became NaN or Inf with every input finite, checkpoint of the last finite state kept.
 EXIT_CRASH = 1
 EXIT_NOT_CONVERGED = 3
 # Stopped on SIGUSR1/SIGTERM after writing a checkpoint: run again with --resume
@@ -170,6 +171,9 @@ def main(task, argv=None) -> int:
         # Every rank waits for rank 0's report: a rank that exits first with a
         # non-zero status would make the launcher kill rank 0 mid-write.
         dist.barrier()
+        if result.failure:   # every rank agreed on it and says it, as on any bad input
+            print(f"error:{rank_prefix} {' '.join(result.failure['message'].split())}", file=sys.stderr, flush=True)
+            return result.failure["exit_code"]
         if result.status == "preempted":
             termination.stopped()   # in order: the SIGTERM deadline no longer applies
             return EXIT_PREEMPTED
@@ -231,6 +235,12 @@ def _report(task, result, output_dir) -> str:
               f"{result.metric:.4f} (target {task.target})")
         print(f"[done] run directory: {output_dir.resolve()}")
         return "no log (evaluation only)"
+    if result.failure:
+        f = result.failure
+        print(f"[done] {task.name}: aborted ({f['reason']} at step {f['step_num']}), exit code {f['exit_code']}"
+              + (f"; checkpoint of the last finite state {f['checkpoint']}" if f.get("checkpoint") else ""))
+        print(f"[done] run directory: {output_dir.resolve()}")
+        return "not checked (the run could not go on)"
     print(f"[done] {task.name}: {result.status}, {result.epochs} epoch(s), "
           f"{metric_name} {result.metric:.4f}, time to train {result.time_to_train_s / 60:.3f} min")
     print(f"[done] run directory: {output_dir.resolve()}")

@@ -46,17 +46,18 @@ class ProgressPrinter(Listener):
     def on_epoch_stop(self, epoch, train, site):
         self.train = train
 
-    def on_eval_stop(self, epoch, value, site):
+    def on_eval_stop(self, epoch, value, loss, site):
         t = self.train
         self._print(f"[epoch {epoch:3d}] train_loss {t.get('loss', float('nan')):.4f}  "
                     f"{self.info.target_name} {value:.4f} (target {self.info.target})  "
                     f"{t.get('samples_per_s', 0):.1f} samples/s  lr {t.get('lr', 0):.3g}  "
                     f"t={time.time() - self.run_start:.1f}s")
 
-    def on_run_stop(self, status, epoch, checkpoint, site):
+    def on_run_stop(self, status, epoch, checkpoint, failure, site):
         minutes = (time.time() - self.run_start) / 60 if self.run_start else float("nan")
         saved = f"; checkpoint {checkpoint}" if checkpoint else ""
-        self._print(f"[run] {status} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}")
+        why = f" ({failure['reason']} at step {failure['step_num']})" if failure else ""
+        self._print(f"[run] {status}{why} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}")
 
 
 def format_duration(seconds: float) -> str:
@@ -260,7 +261,7 @@ class StepProgress(Listener):
     def on_eval_start(self, epoch, site):
         self._end()
 
-    def on_run_stop(self, status, epoch, checkpoint, site):
+    def on_run_stop(self, status, epoch, checkpoint, failure, site):
         self._end()   # stopped mid-epoch: end the bar before the run's last line
 
     def _end(self, final: bool = False) -> None:

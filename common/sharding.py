@@ -2,9 +2,23 @@
 
 The file list is shuffled with a seed that all ranks share *before* it is cut
 into shards, so the shards are disjoint and cover the selection exactly once.
-(The reference shuffled per rank with different seeds, so shards overlapped.)
 Shards are contiguous by rank, and ranks are numbered node by node, so a
 node's ranks read one contiguous block: that block is what the node stages.
+A rank keeps its shard for the whole run and reads it in a new order every
+epoch (common.epochs).
+
+The references reshuffle across ranks instead. DeepCAM's (mlcommons/hpc
+deepcam/src/deepCam/data/__init__.py b3ccbb3c, train.py 176c1089) samples with
+torch's DistributedSampler, shuffle=True and set_epoch(epoch) before every
+epoch: one permutation of the whole training set per epoch, the same on every
+rank (seed and epoch), of which each rank takes every size-th sample.
+CosmoFlow's (cosmoflow/data/cosmo.py 3b43dd57, the newest version read here)
+shuffles the file list with reshuffle_each_iteration=True, then calls
+data.shard(n_shards, index): shuffled before sharding, reshuffled every epoch;
+its op takes no seed of its own, so the shards are disjoint only where every
+rank's TensorFlow draws the same order. A rank that reads other files every
+epoch needs every file on its node, so node-local staging means fixed shards:
+the deviation the README declares.
 """
 
 from pathlib import Path

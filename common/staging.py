@@ -361,6 +361,12 @@ def _read_entry(dst: Path) -> Optional[_Entry]:
         return None
 
 
+def source_of(staged) -> Optional[str]:
+    """The source a staged file was made from (its manifest entry), or None for a file not staged here."""
+    entry = _read_entry(Path(staged))
+    return entry.source if entry else None
+
+
 def _write_entry(dst: Path, entry: _Entry) -> None:
     path = _manifest_path(dst)
     tmp = _partial_path(path)

@@ -98,12 +98,12 @@ class TensorBoardListener(Listener):
         self._scalars(self._epoch_step(epoch), {"train/epoch_loss": train["loss"],
                                                 "train/epoch_samples_per_s": train["samples_per_s"]})
 
-    def on_eval_stop(self, epoch, value, site):
+    def on_eval_stop(self, epoch, value, loss, site):
         name = self.info.target_name if self.info is not None else "metric"
-        self._scalars(self._epoch_step(epoch), {f"eval/{name}": value})
+        self._scalars(self._epoch_step(epoch), {f"eval/{name}": value} | ({} if loss is None else {"eval/loss": loss}))
         self.writer.flush()   # the curve people watch: on disk at once, not at the next 2-minute flush
 
-    def on_run_stop(self, status, epoch, checkpoint, site):
+    def on_run_stop(self, status, epoch, checkpoint, failure, site):
         if self._writer is not None:
             self._writer.flush()
 

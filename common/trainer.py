@@ -21,12 +21,13 @@ from common import runtime as runtime_lib
 from common import termination
 from common.checkpoint import (Checkpointer, holds_training_state, random_generators, read_rank_state,
                                restore_model_weights)
-from common.errors import InputError
+from common.errors import EXIT_INPUT_ERROR, EXIT_NON_FINITE_LOSS, InputError
 from common.data_preparation import prepare_data
 from common.events import RunInfo, StepInfo, TrainLog
 from common.files import write_text_atomic
 from common.fingerprint import variables_in_sync
 from common.page_cache import drop_from_page_cache
+from common.staging import source_of
 from common.run_measurements import characterize_run, pipeline_samples_per_s
 from common.progress import Progress
 from common.spatial import GatherSlabs, gradient_scales
@@ -61,6 +62,24 @@ class RunResult:
     # Benchmark mode (train.benchmark_steps): steps timed, samples/s per rank and in total.
     throughput: dict = dataclasses.field(default_factory=dict)
     characterization: dict = dataclasses.field(default_factory=dict)
+    # A run that could not go on (status "aborted"): {"reason", "exit_code", "message", "step_num",
+    # "loss", "input_file", "checkpoint"} (common.trainer.RunFailed); None otherwise.
+    failure: dict | None = None
+
+
+_NO_STEP = 2.0 ** 62   # "no bad step" in the agreement's allreduce_max of negated steps
+
+
+class RunFailed(Exception):
+    """Every rank agreed that the run cannot go on (a non-finite input or loss); `failure` says why.
+
+    Raised inside the loop, on every rank at the same point; `Trainer._train` ends the run in
+    order (log closed as aborted, summary written) and common.launch exits with failure["exit_code"].
+    """
+
+    def __init__(self, failure: dict):
+        super().__init__(failure["message"])
+        self.failure = failure
 
 
 class Trainer:
@@ -300,7 +319,8 @@ class Trainer:
                                     rt.gradient_compression, rt.xla, cfg.train.gradient_accumulation_frequency,
                                     preprocess=self.task.preprocess_batch,
                                     gradient_scales=gradient_scales(self.model))
-        self.eval_step = make_eval_step(self.model, self.metric, rt.xla, preprocess=self.task.preprocess_batch)
+        self.eval_step = make_eval_step(self.model, self.metric, rt.xla, preprocess=self.task.preprocess_batch,
+                                        loss_fn=self.loss_fn)
         specs = self.task.input_specs()
         self.train_step.trace(specs)
         self.eval_step.get_concrete_function(*specs)
@@ -324,11 +344,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def _train(self, train_ds, valid_ds, info) -> RunResult:
-        cfg, events = self.cfg, self.events
-        events.on_run_start()
+        self.events.on_run_start()
         self.run_started = True
         run_start = time.perf_counter()
         train_iter = iter(train_ds)
+        try:
+            return self._train_epochs(train_iter, valid_ds, info, run_start)
+        except RunFailed as e:
+            return self._end_failed(e.failure, run_start)
+
+    def _train_epochs(self, train_iter, valid_ds, info, run_start) -> RunResult:
+        cfg, events = self.cfg, self.events
         epoch = self.epoch = self.position.epoch - 1   # the last epoch done
         stopped = False
         for epoch in range(self.position.epoch, cfg.train.n_epochs + 1):
@@ -351,9 +377,10 @@ class Trainer:
             self.result.history.append(record)
             if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.n_epochs:
                 events.on_eval_start(epoch)
-                value = self._evaluate(valid_ds)
-                events.on_eval_stop(epoch, value)
+                value, eval_loss = self._evaluate(valid_ds)
+                events.on_eval_stop(epoch, value, eval_loss)
                 self.result.metric = record["metric"] = value
+                record["eval_loss"] = eval_loss
             record["time_s"] = time.perf_counter() - run_start
             if "metric" in record and cfg.train.stop_at_target and self._reached(record["metric"]):
                 self.result.status = "success"
@@ -384,7 +411,19 @@ class Trainer:
         events.on_run_stop("aborted" if stopped else self.result.status, self.epoch, self.result.checkpoint)
         self.result.weights_in_sync, self.result.weights_compared = self._weights_in_sync()
         if cfg.runtime.characterize and not stopped:
-            self.result.characterization = self._characterize(train_ds.element_spec[0].shape[1:], info)
+            self.result.characterization = self._characterize(train_iter.element_spec[0].shape[1:], info)
+        return self.result
+
+    def _end_failed(self, failure: dict, run_start: float) -> RunResult:
+        """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
+        if self.dist.is_root and self._saved_at is not None:
+            self.checkpointer.wait()   # the last finite state is on disk before anyone exits
+        self.result.status, self.result.failure = "aborted", failure
+        self.result.checkpoint = failure.get("checkpoint")
+        self.result.epochs = self.epoch - 1
+        self.result.time_to_train_s = time.perf_counter() - run_start
+        self.events.on_run_stop("aborted", self.epoch, self.result.checkpoint, failure)
+        self.result.weights_in_sync, self.result.weights_compared = self._weights_in_sync()
         return self.result
 
     def _benchmark(self, train_ds, info) -> RunResult:
@@ -399,13 +438,13 @@ class Trainer:
         train_iter = iter(train_ds)
         loss = None
         for _ in range(t.benchmark_warmup_steps):
-            loss = self.train_step(train_iter)
+            loss = self.train_step(train_iter).loss
         if loss is not None:
             float(loss)   # the warm-up steps are done before the clock starts
         dist.barrier()
         start = time.perf_counter()
         for step in range(1, t.benchmark_steps + 1):
-            loss = self.train_step(train_iter)
+            loss = self.train_step(train_iter).loss
             self.global_step += 1
             self.events.on_step(StepInfo(1, step, t.benchmark_steps, self.global_step))
         float(loss)
@@ -427,7 +466,10 @@ class Trainer:
     def _evaluate_only(self, valid_ds) -> RunResult:
         """One pass over the validation set with the model as restored (--evaluate); rank 0's
         report says the result (no run, so no run events)."""
-        self.result.metric = self._evaluate(valid_ds)
+        try:
+            self.result.metric = self._evaluate(valid_ds)[0]
+        except RunFailed as e:   # no run started: bad input like any other
+            raise InputError(e.failure["message"]) from None
         self.result.status = "evaluated"
         self.result.epochs = self.start_epoch
         self.result.weights_in_sync, self.result.weights_compared = self._weights_in_sync()
@@ -448,16 +490,23 @@ class Trainer:
         return value <= self.target if self.metric.lower_is_better else value >= self.target
 
     def _train_epoch(self, train_iter, epoch) -> dict | None:
-        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written)."""
+        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
+
+        Raises RunFailed on every rank once they agree that a step's input or loss was not finite.
+        """
         t = self.cfg.train
         start = time.perf_counter()
         losses = self.epoch_losses   # the steps a resumed run did before, if any
         first = len(losses)
+        flags = []                   # each step's StepResult.inputs_finite, from step first + 1
+        checked = first              # losses[:checked] went through an agreement
         log_from, log_start = first, start   # the steps and time since the last TrainLog
         with self._naming_bad_files(self.shards.train_files):
             for step in range(first + 1, self.steps_per_epoch + 1):
-                # Keep the loss tensors: reading one would wait for its step.
-                losses.append(self.train_step(train_iter))
+                # Keep the tensors: reading one would wait for its step.
+                result = self.train_step(train_iter)
+                losses.append(result.loss)
+                flags.append(result.inputs_finite)
                 self.global_step += 1
                 self.events.on_step(StepInfo(epoch, step, self.steps_per_epoch, self.global_step))
                 if t.log_every_steps and self.global_step % t.log_every_steps == 0:
@@ -465,11 +514,18 @@ class Trainer:
                     log_from, log_start = len(losses), time.perf_counter()
                 if step == self.steps_per_epoch:
                     break   # the epoch's end checks and saves after its statistics are averaged
+                stop = False
+                if self.global_step % t.stop_check_steps == 0:
+                    stop = self._agree(epoch, step, losses[checked:], flags[checked - first:])
+                    checked = len(losses)
                 if t.checkpoint_steps and self.global_step % t.checkpoint_steps == 0:
                     self._save(epoch, step)
-                if self.global_step % t.stop_check_steps == 0 and self._stop_agreed():
+                if stop:
                     self._save(epoch, step, wait=True)
                     return None
+            # The steps since the last agreement, before their losses are averaged and logged; a
+            # stop request waits for the epoch's end checks.
+            self._agree(epoch, self.steps_per_epoch, losses[checked:], flags[checked - first:])
             loss = _mean(losses)
         self.epoch_losses = []
         seconds = time.perf_counter() - start
@@ -477,6 +533,84 @@ class Trainer:
         steps = self.steps_per_epoch - first
         return {"loss": loss, "seconds": seconds, "lr": self.schedule.at_step((epoch - 1) * self.steps_per_epoch),
                 "samples_per_s": self.samples_per_epoch * steps / self.steps_per_epoch / seconds}
+
+    def _agree(self, epoch, step, losses, flags) -> bool:
+        """A collective every `train.stop_check_steps` steps: True on every rank once any rank got
+        SIGUSR1 or SIGTERM. Raises RunFailed on every rank when a batch or a loss of the steps since
+        the last call (`losses`, `flags`: this rank's) was not finite on any rank.
+
+        The stop request and both checks share one allreduce: [stop, 1 + the rank of a
+        non-finite batch, minus the first global step with a non-finite loss].
+        """
+        first = self.global_step - len(losses) + 1   # global step of losses[0]
+        bad_batch = _first(~tf.stack(flags).numpy()) if flags else None
+        values = tf.stack(losses).numpy() if losses else np.zeros(0)
+        bad_loss = _first(~np.isfinite(values))
+        stop, culprit, loss_step = self.dist.allreduce_max([
+            1.0 if termination.stop_requested() else 0.0,
+            0.0 if bad_batch is None else self.dist.rank + 1.0,
+            -_NO_STEP if bad_loss is None else -float(first + bad_loss)])
+        if culprit:
+            self._fail_on_input(int(culprit) - 1, self.shards.train_files, epoch,
+                                None if bad_batch is None else first + bad_batch, "training")
+        if loss_step > -_NO_STEP:
+            self._fail_on_loss(epoch, step, int(-loss_step), values[int(-loss_step) - first])
+        return bool(stop > 0)
+
+    def _fail_on_input(self, culprit, files, epoch, global_step, what) -> None:
+        """Every rank: rank `culprit` (which read a batch with NaN or Inf) looks for the file in
+        `files`; raises RunFailed naming it, on every rank."""
+        message = None
+        if self.dist.rank == culprit:
+            found = self.task.find_bad_file(files)   # 'PATH: reason'
+            path = found.split(": ", 1)[0] if found else None
+            source = source_of(path) if path else None
+            staged = f" (staged from {source})" if source else ""
+            where = f"{what} step {global_step}" if global_step is not None else what
+            message = {"input_file": source or path,
+                       "text": (f"{found}{staged} (non-finite input, found after the {where} of epoch {epoch} "
+                                f"on rank {culprit})" if found else
+                                f"rank {culprit} read a {what} batch with NaN or Inf after preprocessing (epoch "
+                                f"{epoch}, {where}), but no file of its shard holds one: the preprocessing "
+                                f"overflowed (values beyond float32 after normalization?)")}
+        message = self.dist.broadcast_object(message, root_rank=culprit)
+        raise RunFailed({"reason": "non-finite input", "exit_code": EXIT_INPUT_ERROR, "input_file": message["input_file"],
+                         "step_num": global_step if global_step is not None else self.global_step,
+                         "message": message["text"] + "; MLPerf log closed as aborted"})
+
+    def _fail_on_loss(self, epoch, step, global_step, local_loss) -> None:
+        """Every rank: the loss of `global_step` was not finite on some rank, with every input
+        batch finite. Keeps a checkpoint of the last finite state; raises RunFailed on every rank."""
+        loss = float(np.mean(self.dist.allgather([local_loss])))   # the global loss of that step
+        checkpoint, kept = self._keep_finite_state(epoch, step)
+        failure = {"reason": "non-finite loss", "exit_code": EXIT_NON_FINITE_LOSS, "step_num": global_step,
+                   "loss": str(loss), "checkpoint": checkpoint}
+        failure["message"] = (
+            f"the training loss was {loss} at step {global_step} (epoch {epoch}): the model diverged (a "
+            f"learning rate too high?); no input file was found bad (every batch of every rank was finite, "
+            f"checked in the step); {kept}; MLPerf log closed as aborted")
+        raise RunFailed(failure)
+
+    def _keep_finite_state(self, epoch, step) -> tuple:
+        """Every rank: (checkpoint path or None, what the message says about it).
+
+        Updates with non-finite gradients were skipped (common.steps.TrainStep), so the
+        variables usually hold the last finite state: they are saved. If they are not finite
+        all the same (a finite gradient times the LR overflowed, a batch-norm statistic of a
+        diverged forward pass), the newest checkpoint written before is the last finite state.
+        """
+        state = self.model.variables + self.optimizer.variables
+        broken = float(not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in state
+                               if v.dtype.is_floating))
+        if not self.dist.allreduce_max([broken])[0]:
+            self._save(epoch, step, wait=True)
+            path = str(self.checkpointer.folder(self.global_step).resolve())
+            return path, f"checkpoint of the last finite state (its updates with non-finite gradients skipped): {path}"
+        latest = self.checkpointer.latest() if self.dist.is_root else None
+        latest = self.dist.broadcast_object(None if latest is None else str(Path(latest).resolve()))
+        if latest is None:
+            return None, "the weights are no longer finite and no checkpoint was written before (train.checkpoint_steps)"
+        return latest, f"the weights are no longer finite; the last finite state is the newest checkpoint {latest}"
 
     def _train_log(self, epoch, losses, since) -> TrainLog:
         """This rank's mean loss over `losses` (waits for the last step), the LR, samples/s since `since`."""
@@ -487,13 +621,21 @@ class Trainer:
                         lr=float(self.schedule.at_step(self.global_step - 1)),
                         samples_per_s=samples / seconds if seconds > 0 else 0.0)
 
-    def _evaluate(self, valid_ds) -> float:
-        sums = np.zeros(self.metric.n_sums)   # a rank may hold no validation file
+    def _evaluate(self, valid_ds) -> tuple[float, float]:
+        """(the metric, the per-sample mean loss) over every rank's validation files; RunFailed on
+        every rank if a batch held NaN or Inf."""
+        sums = np.zeros(self.metric.n_sums + 3)   # a rank may hold no validation file
         with self._naming_bad_files(self.shards.valid_files):
             for x, y in valid_ds:
                 sums = sums + self.eval_step(x, y).numpy()
-        # The ranks of a spatial group evaluate the same samples: count each group once.
-        return float(self.metric.finalize(self.dist.allreduce_sum(sums) / self.mesh.size))
+        # ..., loss x samples, samples, non-finite batches; the ranks of a spatial group evaluate
+        # the same samples: each group counted once.
+        total = self.dist.allreduce_sum(sums) / self.mesh.size
+        if total[-1]:
+            culprit = self.dist.allreduce_max([self.dist.rank + 1.0 if sums[-1] else 0.0])[0]
+            self._fail_on_input(int(culprit) - 1, self.shards.valid_files, self.epoch, None, "validation")
+        loss = float(total[-3] / total[-2]) if total[-2] else float("nan")
+        return float(self.metric.finalize(total[:-3])), loss
 
     @contextlib.contextmanager
     def _naming_bad_files(self, files):
@@ -509,6 +651,12 @@ class Trainer:
     def _weights_in_sync(self) -> tuple[bool, int]:
         """All ranks must end with identical variables, batch-norm statistics included (common.fingerprint)."""
         return variables_in_sync(self.model.variables, self.dist)
+
+
+def _first(flags) -> int | None:
+    """The index of the first True of a bool vector, or None."""
+    hits = np.flatnonzero(flags)
+    return int(hits[0]) if hits.size else None
 
 
 def _mean(losses) -> float:

@@ -144,8 +144,14 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "",
     return ds.prefetch(prefetch)
 
 
-def find_bad_file(files, sample_shape):
-    """Reads `files` one by one; returns 'PATH: reason' for the first unreadable one, else None."""
+def find_bad_file(files, sample_shape, transform: str = "log"):
+    """Reads `files` one by one; returns 'PATH: reason' for the first bad one, else None.
+
+    Bad: unreadable, not one record, a wrong size of 'x', a target 'y' holding NaN or Inf, or
+    counts 'x' that the `transform` (a TRANSFORMS name) turns into NaN or Inf (a negative count
+    under log(1 + x), an all-zero sample under x / mean): what the train step's finite check
+    (common.steps) would catch.
+    """
     expected = int(np.prod(sample_shape)) * 2
     for path in files:
         try:
@@ -160,6 +166,14 @@ def find_bad_file(files, sample_shape):
                 if got != expected:
                     return (f"{path}: sample 'x' holds {got // 2} int16 values, expected "
                             f"{expected // 2} for shape {list(sample_shape)}")
+                y = features["y"].numpy()
+                if not np.isfinite(y).all():
+                    return f"{path}: target 'y' holds NaN or Inf ({y.tolist()})"
+                x = tf.io.decode_raw(features["x"], tf.int16)
+                if not bool(tf.reduce_all(tf.math.is_finite(TRANSFORMS[transform](x[None])))):
+                    return (f"{path}: sample 'x' gives NaN or Inf under the '{transform}' transform "
+                            f"({int(tf.reduce_sum(tf.cast(x < 0, tf.int32)))} negative counts, "
+                            f"{int(tf.reduce_sum(tf.cast(x != 0, tf.int32)))} non-zero)")
             if n != 1:
                 return f"{path}: {n or 'no'} records, expected one sample per file"
         except tf.errors.NotFoundError:

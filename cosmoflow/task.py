@@ -130,7 +130,7 @@ class CosmoFlowTask(Task):
 
     def find_bad_file(self, files):
         shape = self._read_shape() if self._staged_slabs() else self.cfg.data.sample_shape
-        return data.find_bad_file(files, shape)
+        return data.find_bad_file(files, shape, self.cfg.data.transform)
 
     def build_model(self, bn_group):
         del bn_group   # no batch norm

@@ -56,6 +56,11 @@ def load_normalization(data_dir, channels) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"{path}: climate/minval and climate/maxval must be vectors over the channels, "
                          f"got shapes {lo.shape} and {hi.shape}")
     lo, hi = lo[idx].astype(np.float32), hi[idx].astype(np.float32)
+    for key, values in (("climate/minval", lo), ("climate/maxval", hi)):
+        if not np.isfinite(values).all():
+            bad = [c for c, v in zip(idx, values) if not np.isfinite(v)]
+            raise InputError(f"{path}: {key} holds NaN or Inf (channels {bad}); recompute it with "
+                             f"python -m deepcam.stats {data_dir}")
     # A constant channel would divide by zero; it normalizes to 0 instead.
     span = np.where(hi > lo, hi - lo, 1.0).astype(np.float32)
     return lo, (1.0 / span).astype(np.float32)
@@ -191,7 +196,8 @@ def is_raw(files) -> bool:
 
 
 def find_bad_file(files, channels, height, width) -> str | None:
-    """The first file that cannot be read as a sample, with the reason; None if all are fine."""
+    """The first file that cannot be read as a sample, or whose fields hold NaN or Inf, with the
+    reason; None if all are fine."""
     zeros = np.zeros(len(channels), np.float32)
     expected = raw_sample_bytes(len(channels), height, width)
     for path in files:
@@ -203,19 +209,29 @@ def find_bad_file(files, channels, height, width) -> str | None:
             if size != expected:
                 return (f"{path}: staged raw sample of {size:,} bytes, expected {expected:,} for "
                         f"{height}x{width} with {len(channels)} channels")
+            x, y = np.empty((height, width, len(channels)), np.float32), np.empty((height, width), np.uint8)
             try:
-                with open(path, "rb") as f:
-                    f.read(1)
-            except OSError as e:
+                read_raw_into(path, x, y)
+            except (OSError, InputError) as e:
                 return f"{path}: unreadable staged sample ({_first_line(e)})"
-            continue
-        try:
-            read_sample(path, channels, zeros, zeros + 1, height, width)
-        except InputError as e:
-            return str(e)
-        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
-            return f"{path}: unreadable HDF5 sample ({_first_line(e)})"
+        else:
+            try:
+                x, _ = read_sample(path, channels, zeros, zeros + 1, height, width)
+            except InputError as e:
+                return str(e)
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+                return f"{path}: unreadable HDF5 sample ({_first_line(e)})"
+        if not np.isfinite(x).all():
+            return f"{path}: {DATA_KEY} holds {_non_finite(x, channels)}"
     return None
+
+
+def _non_finite(x, channels) -> str:
+    """'2 NaN and 1 Inf values (channels [3], first at height 5, width 7)' of fields [H, W, C]."""
+    nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
+    h, w, c = np.argwhere(~np.isfinite(x))[0]
+    bad = sorted({int(channels[i]) for i in np.flatnonzero(~np.isfinite(x).all(axis=(0, 1)))})
+    return f"{nan} NaN and {inf} Inf values (channels {bad}, first at height {h}, width {w}, channel {channels[c]})"
 
 
 def make_dataset(files, *, channels, height, width, batch_size, training, seed=0,

@@ -24,6 +24,38 @@ def write_tfrecord(path, x: np.ndarray, y, gzip: bool = True) -> None:
         w.write(example.SerializeToString())
 
 
+def read_tfrecord(path) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(x int16 flat, y float32 [4], gzipped) of a one-sample CosmoFlow file, read with TensorFlow's own ops."""
+    import tensorflow as tf
+    gzip = Path(path).read_bytes()[:2] == b"\x1f\x8b"
+    record = next(iter(tf.data.TFRecordDataset(str(path), compression_type="GZIP" if gzip else "")))
+    features = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([], tf.string),
+                                                   "y": tf.io.FixedLenFeature([4], tf.float32)})
+    return np.frombuffer(features["x"].numpy(), np.int16), features["y"].numpy(), gzip
+
+
+def spoil_cosmoflow_target(path, value: float, index: int = 0) -> None:
+    """Rewrites a CosmoFlow sample with target y[index] = value (NaN, Inf), the rest as it was."""
+    x, y, gzip = read_tfrecord(path)
+    y = y.copy()
+    y[index] = value
+    write_tfrecord(path, x, y, gzip=gzip)
+
+
+def spoil_deepcam_sample(path, value: float, where=(0, 0, 0)) -> None:
+    """Sets one value of a DeepCAM sample's climate/data (height, width, channel) to `value` in place."""
+    import h5py
+    with h5py.File(path, "r+") as f:
+        f["climate/data"][where] = value
+
+
+def spoil_deepcam_stats(path, value: float, key: str = "climate/maxval", channel: int = 0) -> None:
+    """Sets one channel's entry of a stats.h5 vector to `value` in place."""
+    import h5py
+    with h5py.File(path, "r+") as f:
+        f[key][channel] = value
+
+
 def env() -> dict:
     e = dict(os.environ)
     e["TF_CPP_MIN_LOG_LEVEL"] = "2"

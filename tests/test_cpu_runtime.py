@@ -3,6 +3,7 @@
 import platform
 import types
 
+import numpy as np
 import pytest
 
 from common import cpu
@@ -46,6 +47,51 @@ def test_tensorflow_runs_onednn_unless_the_user_turned_it_off(user_value, expect
     proc = helpers.run([helpers.PYTHON, "-c", PROBE], timeout=120, environ=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["onednn", expected]
+
+
+# A notebook's cells: TensorFlow first, then one training step of the small synthetic DeepCAM config.
+TENSORFLOW_FIRST = """
+import tensorflow as tf
+import numpy as np
+from common import cpu
+from common.config_loading import load_config, replace
+from common.distribution import RankGroup
+from common.steps import TrainStep
+from deepcam.config import DeepCAMConfig
+from deepcam.task import DeepCAMTask
+from tests import helpers
+cfg = load_config(DeepCAMConfig, "deepcam/configs/deepcam_synthetic_cpu.yaml", {"data.data_dir": "%s"})
+task = DeepCAMTask(replace(cfg, DeepCAMTask.tiny_overrides(cfg)))
+model = task.build_model(RankGroup(1, None))
+step = TrainStep(model, task.build_optimizer(1, 1)[0], task.build_losses(), helpers.SingleProcess(),
+                 preprocess=task.preprocess_batch)
+x_spec, y_spec = task.input_specs()
+x = np.random.default_rng(0).random(x_spec.shape, np.float32)
+loss = step(iter([(x, np.zeros(y_spec.shape, np.uint8))])).loss
+print("loss", float(loss), "onednn", cpu.onednn_enabled(), cpu.describe()["onednn"])
+"""
+# The CPU flags with which TensorFlow 2.15 turns oneDNN on by itself (tensorflow/core/util/port.cc).
+_ONEDNN_BY_DEFAULT = {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"}
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or bool(_ONEDNN_BY_DEFAULT & cpu._cpuinfo()[1]),
+                    reason="TensorFlow's own default is oneDNN off on this CPU only")
+@pytest.mark.parametrize("variable", [None, "1"])
+def test_importing_tensorflow_first_trains_and_says_what_it_costs(deepcam_data, variable):
+    env = helpers.env()
+    env.pop(cpu.ONEDNN_ENV, None)   # the tests' own process set it (conftest imports common)
+    if variable is not None:        # the control: set before Python starts, it is TensorFlow's choice
+        env[cpu.ONEDNN_ENV] = variable
+    proc = helpers.run([helpers.PYTHON, "-c", TENSORFLOW_FIRST % deepcam_data], timeout=300, environ=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    words = proc.stdout.split("loss", 1)[1].split()
+    assert np.isfinite(float(words[0]))
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: TensorFlow was imported")]
+    if variable is None:
+        assert words[2] == "False" and "imported before this project" in proc.stdout
+        assert len(warnings) == 1 and "slower" in warnings[0] and "before tensorflow" in warnings[0]
+    else:
+        assert words[2] == "True" and not warnings
 
 
 def rt(amp=True, amp_dtype="auto"):

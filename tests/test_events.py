@@ -60,10 +60,11 @@ def _emit(events):
     events.on_init_stop(_info())
     events.on_run_start()
     events.on_epoch_start(1)
-    events.on_epoch_stop(1, {"loss": 0.5, "samples_per_s": 10.0})
+    events.on_step(StepInfo(1, 8, 8, 8))
+    events.on_epoch_stop(1, {"loss": 0.5, "samples_per_s": 10.0, "lr": 0.01})
     events.on_eval_start(1)
-    events.on_eval_stop(1, 0.3)
-    events.on_run_stop("aborted", 1)
+    events.on_eval_stop(1, 0.3, 0.7)
+    events.on_run_stop("aborted", 1, None, {"reason": "non-finite loss", "step_num": 8, "loss": "nan"})
     return inspect.getsourcelines(_emit)[1]
 
 
@@ -75,13 +76,19 @@ def test_mlperf_lines_name_the_line_that_raised_the_event(tmp_path):
     events.close()
     records = [json.loads(line[len(":::MLLOG "):]) for line in (tmp_path / "mlperf.log").read_text().splitlines()]
     by_key = {r["key"]: r for r in records}
-    body = {"init_start": 3, "seed": 4, "init_stop": 4, "run_start": 5, "epoch_start": 6, "epoch_stop": 7,
-            "train_loss": 7, "eval_start": 8, "eval_stop": 9, "eval_error": 9, "run_stop": 10}
+    body = {"init_start": 3, "seed": 4, "init_stop": 4, "run_start": 5, "epoch_start": 6, "epoch_stop": 8,
+            "train_loss": 8, "learning_rate": 8, "eval_start": 9, "eval_stop": 10, "eval_error": 10,
+            "eval_loss": 10, "run_stop": 11}
     for key, offset in body.items():
         assert by_key[key]["metadata"]["file"] == "tests/test_events.py", key
         assert by_key[key]["metadata"]["lineno"] == first_line + offset - 1, key
     assert by_key["epoch_start"]["metadata"]["epoch_num"] == 1
-    assert by_key["run_stop"]["metadata"]["status"] == "aborted"
+    # As the references log them: the step count with the epoch's end and the evaluation.
+    assert by_key["epoch_start"]["metadata"]["step_num"] == 0
+    assert all(by_key[k]["metadata"]["step_num"] == 8 for k in ("epoch_stop", "train_loss", "eval_error", "eval_loss"))
+    assert by_key["eval_loss"]["value"] == 0.7 and by_key["learning_rate"]["value"] == 0.01
+    stop = by_key["run_stop"]["metadata"]
+    assert (stop["status"], stop["reason"], stop["step_num"], stop["loss"]) == ("aborted", "non-finite loss", 8, "nan")
     assert not (tmp_path / "mlperf.log.partial").exists()
 
 

@@ -1,8 +1,9 @@
 """Bad input, fuzzed: one damaged file per run, through the real entry point.
 
 Each case copies a small data set (or the tiny config), damages ONE file with a
-seeded random damage (flip bytes, truncate, zero a range, append garbage), runs a
-one-epoch training and accepts exactly two endings:
+seeded random damage (flip bytes, truncate, zero a range, append garbage; or, in a
+file that stays well-formed, one NaN or Inf value: a DeepCAM field, a CosmoFlow
+target, a stats.h5 entry), runs a one-epoch training and accepts exactly two endings:
 
   trained   exit 0 or 3: the damage left the input valid (a flipped float, a gzip
             header byte nobody checks);
@@ -11,7 +12,8 @@ one-epoch training and accepts exactly two endings:
             key, or a data file that no longer matches the config's shapes).
 
 Anything else (a traceback, exit 1, a signal, a hang past TIMEOUT_S, the wrong
-file named) fails the test and prints the case's reproducer.
+file named) fails the test and prints the case's reproducer; so does a NaN or Inf
+that trains (a non-finite value is never valid input).
 
 The cases run in one `tests/fuzz_driver.py` process, which imports TensorFlow once
 and forks a child per case that runs `common.launch.main(Task, argv)`, what
@@ -34,7 +36,7 @@ from tests import helpers
 
 SEED = 20240611
 TIMEOUT_S = 120
-# (bench, target, damage, cases in the fast tier, in all): 88 cases, 15 of them fast.
+# (bench, target, damage, cases in the fast tier, in all): 102 cases, 19 of them fast.
 # A DeepCAM case that trains costs ~15-30 s here (a CosmoFlow one ~4 s): the fast tier
 # takes DeepCAM's cheap ones (stats.h5 and config damage that ends the run before the
 # first step) and leaves its damaged samples, and stats.h5 with garbage appended (HDF5
@@ -56,7 +58,13 @@ PLAN = (
     ("deepcam", "stats", "append", 0, 3),
     ("deepcam", "config", "flip", 1, 5),
     ("deepcam", "config", "truncate", 1, 5),
+    ("cosmoflow", "tfrecord", "nan", 1, 3),
+    ("cosmoflow", "tfrecord", "inf", 1, 3),
+    ("deepcam", "sample", "nan", 1, 3),
+    ("deepcam", "sample", "inf", 0, 3),
+    ("deepcam", "stats", "nan", 1, 2),
 )
+NON_FINITE = ("nan", "inf")   # damages that keep the file well-formed and put in one such value
 N_TRAIN = {"cosmoflow": 16, "deepcam": 8}
 N_VALID = {"cosmoflow": 8, "deepcam": 4}
 SUFFIX = {"cosmoflow": ".tfrecord", "deepcam": ".h5"}
@@ -109,6 +117,22 @@ def damage_bytes(raw: bytes, damage: str, rng: random.Random, config: bool) -> t
     raise ValueError(damage)
 
 
+def put_non_finite(case: Case, victim: Path, rng: random.Random) -> str:
+    """One NaN or (signed) Inf at a seeded place of a well-formed file; returns what was done."""
+    value = float("nan") if case.damage == "nan" else rng.choice((1.0, -1.0)) * float("inf")
+    if case.target == "tfrecord":
+        index = rng.randrange(4)
+        helpers.spoil_cosmoflow_target(victim, value, index)
+        return f"target y[{index}] = {value}"
+    if case.target == "stats":
+        key, channel = rng.choice(("climate/minval", "climate/maxval")), rng.randrange(16)
+        helpers.spoil_deepcam_stats(victim, value, key, channel)
+        return f"{key}[{channel}] = {value}"
+    where = (rng.randrange(64), rng.randrange(96), rng.randrange(16))   # the tests' 64x96x16 samples
+    helpers.spoil_deepcam_sample(victim, value, where)
+    return f"climate/data{list(where)} = {value}"
+
+
 def prepare(case: Case, source: Path, root: Path) -> tuple[dict, Path, str]:
     """Copies the data (and config) into `root`, damages one file; returns (driver case, victim, damage)."""
     rng = random.Random(case.seed)
@@ -122,8 +146,11 @@ def prepare(case: Case, source: Path, root: Path) -> tuple[dict, Path, str]:
         shutil.copy(source / "stats.h5", data / "stats.h5")
     config = Path(shutil.copy(CONFIG[case.bench], root / CONFIG[case.bench].name))
     victim = {"config": config, "stats": data / "stats.h5"}.get(case.target) or rng.choice(copied)
-    raw, done = damage_bytes(victim.read_bytes(), case.damage, rng, config=case.target == "config")
-    victim.write_bytes(raw)
+    if case.damage in NON_FINITE:
+        done = put_non_finite(case, victim, rng)
+    else:
+        raw, done = damage_bytes(victim.read_bytes(), case.damage, rng, config=case.target == "config")
+        victim.write_bytes(raw)
     if case.bench == "cosmoflow":
         argv = [config, "--data-dir", data, "--output-dir", root / "run", "--n-train", N_TRAIN["cosmoflow"],
                 "--n-valid", N_VALID["cosmoflow"], "--n-epochs", 1, "--checkpoint-every", 0]
@@ -150,6 +177,8 @@ def verdict(case: Case, victim: Path, data: Path, result: dict) -> tuple[str, st
     if "Traceback" in out:
         return "FAIL", f"traceback (exit {code})"
     if code in (0, 3):
+        if case.damage in NON_FINITE:
+            return "FAIL", f"a {case.damage} value trained (exit {code})"
         return "trained", f"exit {code}"
     if code != 2:
         return "FAIL", f"exit {code}"

@@ -50,7 +50,7 @@ def step(policy: str, kernel, bias, x, y):
     """One TrainStep of SGD(LR) under `policy`; returns (model, optimizer, loss)."""
     model = build(policy, kernel, bias)
     optimizer = wrap_optimizer(tf.keras.optimizers.SGD(LR), policy)
-    loss = TrainStep(model, optimizer, mse, helpers.SingleProcess())(iter([(tf.constant(x, tf.float32), tf.constant(y, tf.float32))]))
+    loss = TrainStep(model, optimizer, mse, helpers.SingleProcess())(iter([(tf.constant(x, tf.float32), tf.constant(y, tf.float32))])).loss
     return model, optimizer, float(loss)
 
 

@@ -69,10 +69,10 @@ def test_gradient_accumulation_equals_one_step_on_the_whole_batch(n):
     loss = lambda yt, yp: tf.reduce_mean(tf.square(yt - yp))   # noqa: E731
     whole, split = fresh(), fresh()
     w0 = [v.numpy() for v in split.trainable_variables]
-    whole_loss = TrainStep(whole, tf.keras.optimizers.SGD(0.1), loss, helpers.SingleProcess())(itertools.repeat((x, y)))
+    whole_loss = TrainStep(whole, tf.keras.optimizers.SGD(0.1), loss, helpers.SingleProcess())(itertools.repeat((x, y))).loss
     parts = [(x[i::n], y[i::n]) for i in range(n)]
     step = TrainStep(split, tf.keras.optimizers.SGD(0.1), loss, helpers.SingleProcess(), accumulation=n)
-    mean_loss = step(iter(parts))
+    mean_loss = step(iter(parts)).loss
     for a, b in zip(whole.trainable_variables, split.trainable_variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
     # The step returns the mean of its micro-batches' losses, each taken before the update
