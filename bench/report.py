@@ -11,7 +11,7 @@ Runs, each in its own process so that TensorFlow reads TF_ENABLE_ONEDNN_OPTS afr
     Emulated bf16 is 7-9x slower than fp32 and would take most of an hour here; --bf16
     measures it anyway;
   - input: bench/input_pipeline.py (full-size samples, before/after staging), samples/s per core;
-  - spatial: bench/spatial.py (CosmoFlow split K = 1, 2, 4 ways at 128^3 and 256^3): samples/s,
+  - spatial: bench/spatial.py (CosmoFlow split K = 1, 2, 4 ways at 128^3, 1 and 2 at 256^3): samples/s,
     peak RSS per rank against K = 1, the halo's bytes and share of the step (also written to
     bench/results/spatial_<ISA>.md with every column).
 Writes bench/results/<ISA>.json and bench/results/<ISA>.md (the ISA of this CPU: AVX2,
