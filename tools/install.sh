@@ -1,16 +1,50 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs the pinned stack of requirements.txt.
 #
-#   tools/install.sh            # CPU TensorFlow
+#   tools/install.sh              # CPU TensorFlow
 #   VARIANT=gpu tools/install.sh  # tensorflow[and-cuda] at the same pin, Horovod with NCCL
+#   PYTHON=/opt/python3.11/bin/python3 tools/install.sh   # this interpreter, not the first on PATH
 #
-# Idempotent: a stamp file records the hash of requirements.txt and this script,
-# so a second call returns at once. Each step says what failed.
+# Without PYTHON, the venv is made with the first of python3.11, python3.10, python3.9 on PATH:
+# the pins (TensorFlow 2.15.1) have wheels for those only, and newer hosts (Python 3.12, 3.13)
+# must be pointed at one. Idempotent: a stamp file records the hash of requirements.txt and this
+# script, so a second call returns at once. Each step says what failed.
 set -euo pipefail
+
+step() { printf '[install] %s\n' "$*"; }
+fail() { printf '[install] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
+
+# The interpreter is chosen first, with bash builtins only, so that a host whose PATH holds no
+# usable Python gets the one line below and nothing else.
+supported=(3.11 3.10 3.9)
+if [[ -n "${PYTHON:-}" ]]; then
+  python=$PYTHON
+else
+  python=""
+  for v in "${supported[@]}"; do
+    if command -v "python$v" >/dev/null 2>&1; then python="python$v"; break; fi
+  done
+fi
+version=""
+if [[ -n "$python" ]] && command -v "$python" >/dev/null 2>&1; then
+  version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+fi
+if [[ " ${supported[*]} " != *" $version "* ]]; then
+  if [[ -n "${PYTHON:-}" ]]; then
+    found="PYTHON=$python is ${version:+Python }${version:-not a working Python}"
+  else
+    others=""
+    while read -r name; do
+      [[ $name =~ ^python3(\.[0-9]+)?$ && " $others " != *" $name "* ]] || continue
+      others+="${others:+, }$name = Python $("$name" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo '?')"
+    done < <(compgen -c python3)
+    found="no python3.11, python3.10 or python3.9 on PATH (found: ${others:-no python3 at all})"
+  fi
+  fail "python" "TensorFlow 2.15.1 needs Python 3.9-3.11; $found; ways on: \`uv python install 3.11\` then PYTHON=\$(uv python find 3.11), or \`pyenv install 3.11\` then PYTHON=\$(pyenv prefix 3.11)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"
+fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$root/.venv}"
-python="${PYTHON:-python3}"
 variant="${VARIANT:-cpu}"
 reqs="$root/requirements.txt"
 stamp="$venv/.installed"
@@ -23,12 +57,7 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
 fi
 
-step() { printf '[install] %s\n' "$*"; }
-fail() { printf '[install] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
-
-step "python: $($python --version 2>&1)"
-"$python" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 9) and sys.version_info[:2] <= (3, 11) else 1)' \
-  || fail "python" "TensorFlow 2.15.1 needs Python 3.9-3.11; set PYTHON=python3.11"
+step "python: $python ($("$python" --version 2>&1))"
 
 if [[ ! -x "$venv/bin/python" ]]; then
   step "creating $venv"
