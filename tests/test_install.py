@@ -56,7 +56,7 @@ def test_without_python_the_newest_supported_on_path_is_taken(tmp_path):
     bin_dir = tmp_path / "bin"
     for name, version in (("python3.9", "3.9.18"), ("python3.10", "3.10.13"), ("python3.12", "3.12.3")):
         fake_python(bin_dir, name, version)
-    for tool in ("cat", "sha256sum", "cut", "dirname"):   # what the script runs before it makes the venv
+    for tool in ("cat", "sha256sum", "cut", "dirname", "mktemp", "rm"):   # what the script runs before the venv
         (bin_dir / tool).symlink_to(shutil.which(tool))
     proc = install({"PATH": str(bin_dir), "VENV": str(tmp_path / "venv")}, tmp_path)
     assert "[install] python: python3.10 (Python 3.10.13)" in proc.stdout, proc.stdout + proc.stderr
@@ -74,3 +74,60 @@ def test_second_call_returns_at_once():
     proc = subprocess.run(["bash", str(REPO / "tools" / "install.sh")], capture_output=True, text=True, timeout=60,
                           cwd=REPO)
     assert proc.returncode == 0 and proc.stdout == ""  # the stamp matched: nothing installed again
+
+
+def wheelhouse(tmp_path, files=(), listed=(), python_version=None, variant="cpu"):
+    """A wheelhouse as tools/wheelhouse.sh writes it: `files` (name: bytes) and a SHA256SUMS listing `listed` too."""
+    import hashlib
+    import sys
+    folder = tmp_path / "wh"
+    folder.mkdir()
+    sums = []
+    for name, data in dict(files).items():
+        (folder / name).write_bytes(data)
+        sums.append(f"{hashlib.sha256(data).hexdigest()}  {name}")
+    sums += [f"{'0' * 64}  {name}" for name in listed]
+    (folder / "SHA256SUMS").write_text("".join(line + "\n" for line in sums))
+    version = python_version or "%d.%d" % sys.version_info[:2]
+    (folder / "MADE_FOR").write_text(f"python {version} x\nplatform linux-x86_64\nvariant {variant}\n")
+    return folder
+
+
+def install_from(folder, tmp_path):
+    import sys
+    return install({"PYTHON": sys.executable, "VENV": str(tmp_path / "venv"), "WHEELHOUSE": str(folder),
+                    "PIP_INDEX_URL": "http://127.0.0.1:9/"}, tmp_path)
+
+
+def test_a_file_the_wheelhouse_lost_is_named_on_one_line(tmp_path):
+    name = "tensorflow_cpu-2.15.1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    folder = wheelhouse(tmp_path, files={"six-1.17.0-py2.py3-none-any.whl": b"six"}, listed=[name])
+    proc = install_from(folder, tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f'[install] FAILED at step "wheelhouse": {folder}/{name} is missing (listed in {folder}/SHA256SUMS)']
+    assert not (tmp_path / "venv").exists()
+
+
+def test_a_damaged_file_and_a_wheelhouse_of_another_python_are_refused(tmp_path):
+    folder = wheelhouse(tmp_path, files={"six-1.17.0-py2.py3-none-any.whl": b"six"})
+    (folder / "six-1.17.0-py2.py3-none-any.whl").write_bytes(b"damaged")
+    proc = install_from(folder, tmp_path)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1
+    assert f"{folder}/six-1.17.0-py2.py3-none-any.whl does not match its hash in SHA256SUMS" in proc.stderr
+    (folder / "six-1.17.0-py2.py3-none-any.whl").write_bytes(b"six")
+    (folder / "MADE_FOR").write_text("python 3.9 cpython-39\nvariant cpu\n")
+    proc = install_from(folder, tmp_path)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1
+    assert f"{folder} was made for Python 3.9, variant cpu" in proc.stderr and "make wheelhouse" in proc.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_a_package_the_wheelhouse_has_no_file_for_is_named_on_one_line(tmp_path):
+    # A wheelhouse without wheel or setuptools (the venv brings pip): the first install step stops.
+    proc = install_from(wheelhouse(tmp_path), tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f'[install] FAILED at step "pip upgrade": the wheelhouse {tmp_path / "wh"} has no file for wheel '
+        "(make wheelhouse again on a machine with PyPI)"]
+    assert "installing from the wheelhouse" in proc.stdout

@@ -4,6 +4,7 @@
 #   tools/install.sh              # CPU TensorFlow
 #   VARIANT=gpu tools/install.sh  # tensorflow[and-cuda] at the same pin, Horovod with NCCL
 #   PYTHON=/opt/python3.11/bin/python3 tools/install.sh   # this interpreter, not the first on PATH
+#   WHEELHOUSE=DIR tools/install.sh   # no network: only the files of DIR (tools/wheelhouse.sh made it)
 #
 # Without PYTHON, the venv is made with the first of python3.11, python3.10, python3.9 on PATH:
 # the pins (TensorFlow 2.15.1) have wheels for those only, and newer hosts (Python 3.12, 3.13)
@@ -15,33 +16,10 @@ step() { printf '[install] %s\n' "$*"; }
 fail() { printf '[install] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
 
 # The interpreter is chosen first, with bash builtins only, so that a host whose PATH holds no
-# usable Python gets the one line below and nothing else.
-supported=(3.11 3.10 3.9)
-if [[ -n "${PYTHON:-}" ]]; then
-  python=$PYTHON
-else
-  python=""
-  for v in "${supported[@]}"; do
-    if command -v "python$v" >/dev/null 2>&1; then python="python$v"; break; fi
-  done
-fi
-version=""
-if [[ -n "$python" ]] && command -v "$python" >/dev/null 2>&1; then
-  version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
-fi
-if [[ " ${supported[*]} " != *" $version "* ]]; then
-  if [[ -n "${PYTHON:-}" ]]; then
-    found="PYTHON=$python is ${version:+Python }${version:-not a working Python}"
-  else
-    others=""
-    while read -r name; do
-      [[ $name =~ ^python3(\.[0-9]+)?$ && " $others " != *" $name "* ]] || continue
-      others+="${others:+, }$name = Python $("$name" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo '?')"
-    done < <(compgen -c python3)
-    found="no python3.11, python3.10 or python3.9 on PATH (found: ${others:-no python3 at all})"
-  fi
-  fail "python" "TensorFlow 2.15.1 needs Python 3.9-3.11; $found; ways on: \`uv python install 3.11\` then PYTHON=\$(uv python find 3.11), or \`pyenv install 3.11\` then PYTHON=\$(pyenv prefix 3.11)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"
-fi
+# usable Python gets one line and nothing else. (${BASH_SOURCE%/*}: dirname may not be on PATH.)
+# shellcheck source=tools/select_python.sh
+source "${BASH_SOURCE[0]%/*}/select_python.sh"
+select_python || exit 1
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$root/.venv}"
@@ -59,25 +37,64 @@ fi
 
 step "python: $python ($("$python" --version 2>&1))"
 
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+source_args=()
+if [[ -n "${WHEELHOUSE:-}" ]]; then
+  wheelhouse="$(realpath -m "$WHEELHOUSE")"
+  [[ -f "$wheelhouse/SHA256SUMS" ]] \
+    || fail "wheelhouse" "$wheelhouse/SHA256SUMS is missing: not a wheelhouse (make wheelhouse writes one)"
+  # Every file the manifest lists, before anything is installed: a copy that lost one names it.
+  while read -r _ name; do
+    [[ -f "$wheelhouse/$name" ]] || fail "wheelhouse" "$wheelhouse/$name is missing (listed in $wheelhouse/SHA256SUMS)"
+  done < "$wheelhouse/SHA256SUMS"
+  damaged="$(cd "$wheelhouse" && { sha256sum --quiet -c SHA256SUMS 2>/dev/null || true; } | sed -n 's/: FAILED.*//p' | head -n1)"
+  [[ -z "$damaged" ]] || fail "wheelhouse" "$wheelhouse/$damaged does not match its hash in SHA256SUMS (a damaged copy?)"
+  made_for="$(sed -n 's/^python \([0-9.]*\).*/\1/p' "$wheelhouse/MADE_FOR" 2>/dev/null || true)"
+  made_variant="$(sed -n 's/^variant //p' "$wheelhouse/MADE_FOR" 2>/dev/null || true)"
+  [[ "$made_for" == "$python_version" && "$made_variant" == "$variant" ]] || fail "wheelhouse" \
+    "$wheelhouse was made for Python ${made_for:-?}, variant ${made_variant:-?}; this install is Python $python_version ($python), variant $variant: make it with PYTHON=$python VARIANT=$variant make wheelhouse"
+  step "installing from the wheelhouse $wheelhouse only (no index)"
+  # Only the wheelhouse: no index, and none of the find-links, extra indexes or constraints a
+  # pip.conf or PIP_* variable of this host adds (they would hide a file the wheelhouse lacks).
+  pip=(env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null "${pip[@]}")
+  source_args=(--no-index --find-links "$wheelhouse")
+fi
+
+# pip_install STEP ARGS...: pip install from PyPI or the wheelhouse. A package the wheelhouse has
+# no file for is named on one line; any other failure shows the end of pip's output.
+pip_install() {
+  local what=$1; shift
+  if "${pip[@]}" install "${source_args[@]}" "$@" 2> "$work/pip.err"; then
+    return 0
+  fi
+  local missing
+  missing="$(sed -n 's/.*No matching distribution found for \([^ ]*\).*/\1/p' "$work/pip.err" | head -n1)"
+  if [[ -n "${WHEELHOUSE:-}" && -n "$missing" ]]; then
+    fail "$what" "the wheelhouse $wheelhouse has no file for $missing (make wheelhouse again on a machine with PyPI)"
+  fi
+  tail -n 30 "$work/pip.err" >&2
+  fail "$what" "see pip's message above"
+}
+
 if [[ ! -x "$venv/bin/python" ]]; then
   step "creating $venv"
   "$python" -m venv "$venv" || fail "venv" "python -m venv failed (Debian: apt-get install python3-venv)"
 fi
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-"${pip[@]}" install -q --upgrade pip wheel setuptools || fail "pip upgrade" "could not upgrade pip/wheel/setuptools"
+pip_install "pip upgrade" -q --upgrade pip wheel setuptools
 
 tf_pin="$(grep -E '^tensorflow-cpu==' "$reqs")"
 hvd_pin="$(grep -E '^horovod==' "$reqs")"
 [[ -n "$tf_pin" && -n "$hvd_pin" ]] || fail "requirements" "requirements.txt must pin tensorflow-cpu and horovod"
-base_reqs="$(mktemp)"
-trap 'rm -f "$base_reqs"' EXIT
+base_reqs="$work/requirements.txt"
 grep -vE '^horovod==' "$reqs" > "$base_reqs"
 if [[ "$variant" == gpu ]]; then
   sed -i "s/^tensorflow-cpu==/tensorflow[and-cuda]==/" "$base_reqs"
 fi
 
 step "installing Python packages (TensorFlow ${tf_pin#*==}, $variant)"
-"${pip[@]}" install -q -r "$base_reqs" || fail "pip install -r requirements.txt" "see pip's message above"
+pip_install "pip install -r requirements.txt" -q -r "$base_reqs"
 
 hvd_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
 if [[ "$has_mpi" == yes ]]; then
@@ -101,8 +118,8 @@ if [[ -f "$hvd_stamp" && "$(cat "$hvd_stamp")" == "$hvd_want" ]] \
 else
   step "building ${hvd_pin} from source against TensorFlow, Gloo $mpi_note (about 5 minutes on 2 cores)"
   log="$venv/horovod-build.log"
-  if ! env "${hvd_env[@]}" MAKEFLAGS="-j$(nproc)" "${pip[@]}" install -v --no-build-isolation --no-cache-dir \
-        --force-reinstall --no-deps "$hvd_pin" > "$log" 2>&1; then
+  if ! env "${hvd_env[@]}" MAKEFLAGS="-j$(nproc)" "${pip[@]}" install "${source_args[@]}" -v --no-build-isolation \
+        --no-cache-dir --force-reinstall --no-deps "$hvd_pin" > "$log" 2>&1; then
     tail -n 30 "$log" >&2
     fail "horovod build" "full log in $log"
   fi
@@ -112,7 +129,7 @@ else
 fi
 # The build above wants the newest setuptools; TensorBoard 2.15's command line
 # (`tensorboard --logdir runs/`) imports pkg_resources, which setuptools 81 dropped.
-"${pip[@]}" install -q 'setuptools<81' || fail "setuptools" "could not install setuptools<81 (TensorBoard needs pkg_resources)"
+pip_install "setuptools<81 (TensorBoard needs pkg_resources)" -q 'setuptools<81'
 step "horovod controllers and frameworks:"
 TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build | sed -n '/Available Controllers/,$p'
 
