@@ -203,6 +203,14 @@ def _logged(log: Path, key: str):
     return None
 
 
+def _nodes(rs: scoring.ResultSet) -> int:
+    """The nodes a set ran on: a weak-scaling set's instances each logged their own share."""
+    per_run = max((int(v) for v in _log_values(rs, "number_of_nodes")), default=1)
+    if rs.scaling == "weak":
+        return per_run * max((int(v) for v in _log_values(rs, "number_of_instances")), default=len(rs.runs))
+    return per_run
+
+
 def load_sets(paths, ruleset: str, allow_failed: bool) -> list[scoring.ResultSet]:
     """The result sets under `paths`, each scored; raises SubmissionError for one that cannot be submitted."""
     sets = []
@@ -261,8 +269,8 @@ def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tup
             raise SubmissionError(f"--system-info {info_file}: unknown fields {', '.join(unknown)} "
                                   f"(the checker knows {', '.join(required)})")
     probed = probe_machine()
-    accelerators = max(int(v) for rs in sets for v in _log_values(rs, "accelerators_per_node") or {0})
-    nodes = max(int(v) for rs in sets for v in _log_values(rs, "number_of_nodes") or {1})
+    accelerators = max((int(v) for rs in sets for v in _log_values(rs, "accelerators_per_node")), default=0)
+    nodes = max(_nodes(rs) for rs in sets)
     from_logs = {"submitter": org, "system_name": system, "division": sets[0].division,
                  "number_of_nodes": str(nodes), "accelerators_per_node": str(accelerators)}
     if accelerators == 0:

@@ -16,7 +16,7 @@ from mlperf_logging.system_desc_checker import system_desc_checker
 
 from offline import submission
 from tests import helpers
-from tests.test_scoring import COSMO, extract_fixtures, killed, not_converged
+from tests.test_scoring import COSMO, DEEPCAM_WEAK, extract_fixtures, killed, not_converged
 
 DEEPCAM = "Dell/results/32xXE8545x4A100-SXM4-40GB/strong/deepcam"
 # What no machine can tell about itself; the fixture logs are of 4-GPU nodes, so the GPU fields too.
@@ -39,7 +39,8 @@ def results(tmp_path_factory):
 def result_set(results, tmp_path, source: str, name: str):
     """A result set as offline.result_set writes it: <out>/<org>/results/<system>/strong/<bench>/."""
     out = tmp_path / name
-    shutil.copytree(results / source, out / "reference" / "results" / "testbox" / "strong" / source.split("/")[-1])
+    *_, scaling, bench = source.split("/")
+    shutil.copytree(results / source, out / "reference" / "results" / "testbox" / scaling / bench)
     return out
 
 
@@ -99,6 +100,15 @@ def test_the_verdict_is_the_checkers_own(packaged, tmp_path):
     passed, errors, _ = submission.run_package_checker(out, "3.0.0")
     assert not passed
     assert any("Incorrect number of files" in line for line in errors)
+
+
+def test_a_weak_scaling_set_is_packaged_with_every_instances_nodes(results, tmp_path):
+    out = tmp_path / "TestOrg"
+    proc = package(result_set(results, tmp_path, DEEPCAM_WEAK, "weak_set"), out=out, info=system_info(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(list((out / "results" / "box_1x2" / "weak" / "deepcam").glob("result_*.txt"))) == 10
+    # 10 instances of 128 nodes, as HPE+LBNL's own description of this system says.
+    assert json.loads((out / "systems" / "box_1x2.json").read_text())["number_of_nodes"] == "1280"
 
 
 def test_a_set_with_a_failed_run_is_refused_naming_the_run(results, tmp_path):
