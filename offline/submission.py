@@ -212,7 +212,19 @@ def _nodes(rs: scoring.ResultSet) -> int:
 
 
 def load_sets(paths, ruleset: str, allow_failed: bool) -> list[scoring.ResultSet]:
-    """The result sets under `paths`, each scored; raises SubmissionError for one that cannot be submitted."""
+    """The result sets under `paths`, each scored by offline.scoring.
+
+    Args:
+      paths: result-set directories (submission layout, a benchmark folder, or run directories).
+      ruleset: the MLPerf HPC ruleset the logs are checked against.
+      allow_failed: accept a set with failed runs when the rules still make it a valid result.
+
+    Returns:
+      One ResultSet per set found.
+
+    Raises:
+      SubmissionError: a set that cannot be submitted, or sets that cannot go in one package.
+    """
     sets = []
     for path in paths:
         try:
@@ -254,7 +266,21 @@ def load_sets(paths, ruleset: str, allow_failed: bool) -> list[scoring.ResultSet
 
 
 def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tuple[dict, list[str]]:
-    """The system description: probed, from the logs, then the YAML. Returns it and notes on where fields came from."""
+    """The system description, each field from the first of: the YAML, the logs, this machine.
+
+    Args:
+      org: the submitter.
+      system: the system name.
+      sets: the packaged sets (their logs give division, nodes and accelerators per node).
+      info_file: the --system-info YAML, or None.
+      ruleset: the ruleset whose system_desc_checker decides which fields are required.
+
+    Returns:
+      (the description in the checker's field order, lines saying where the fields came from).
+
+    Raises:
+      SubmissionError: the YAML is unreadable or has unknown fields, or required fields are missing.
+    """
     required = required_fields(ruleset)
     user = {}
     if info_file:
@@ -329,7 +355,13 @@ def write_tree(out: Path, org: str, system: str, sets, description: dict, impl: 
 
 
 def run_package_checker(out: Path, ruleset: str) -> tuple[bool, list[str], Path]:
-    """The official package checker on `out`: passed, its ERROR lines, and where its full log is."""
+    """Runs `python -m mlperf_logging.package_checker OUT hpc RULESET`.
+
+    Its exit status is 0 whatever it finds, so the verdict is read from its closing line.
+
+    Returns:
+      (whether it found no errors, its ERROR lines, the path of its full log).
+    """
     log = out.with_name(out.name + ".package_checker.log")
     proc = subprocess.run([sys.executable, "-m", "mlperf_logging.package_checker", str(out), USAGE, ruleset,
                            "--log_output", str(log)], capture_output=True, text=True, timeout=1800)
