@@ -103,7 +103,34 @@ else
   hvd_env+=(HOROVOD_WITHOUT_MPI=1); mpi_note="without MPI (no mpicxx found; Debian: apt-get install libopenmpi-dev)"
 fi
 if [[ "$variant" == gpu ]]; then
-  hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
+  # Horovod's GPU build compiles CUDA kernels (nvcc) and links NCCL. NCCL comes from the
+  # nvidia-nccl-cu12 wheel tensorflow[and-cuda] installs (HOROVOD_NCCL_HOME overrides it), so
+  # Horovod runs with the NCCL TensorFlow brought; the CUDA toolkit is CUDA_HOME's: the pinned
+  # nvidia-cuda-nvcc-cu12 wheel holds ptxas only (for XLA), no nvcc and no libcudart_static.a.
+  nv="$("$venv/bin/python" -c 'import nvidia, os; print(os.path.realpath(list(nvidia.__path__)[0]))' 2>/dev/null)" \
+    || fail "cuda" "no nvidia-* wheels in $venv: tensorflow[and-cuda] did not install them"
+  cuda_home="${HOROVOD_CUDA_HOME:-${CUDA_HOME:-}}"
+  if [[ -z "$cuda_home" ]]; then
+    nvcc_wheel="$("$venv/bin/python" -c 'from importlib.metadata import version; print(version("nvidia-cuda-nvcc-cu12"))' 2>/dev/null || echo '?')"
+    fail "cuda" "Horovod's NCCL build needs nvcc, which tensorflow[and-cuda]'s wheels do not bring (nvidia-cuda-nvcc-cu12 $nvcc_wheel: ptxas only, in $nv/cuda_nvcc/bin): give CUDA_HOME=a CUDA toolkit with bin/nvcc (e.g. CUDA_HOME=/usr/local/cuda-12.2)"
+  fi
+  [[ -x "$cuda_home/bin/nvcc" ]] || fail "cuda" "CUDA_HOME=$cuda_home has no bin/nvcc"
+  nccl_home="${HOROVOD_NCCL_HOME:-$venv/nccl-from-wheel}"
+  nccl_env=()
+  if [[ -z "${HOROVOD_NCCL_HOME:-}" ]]; then
+    # The wheel ships libnccl.so.2 only; the linker looks for libnccl.so.
+    [[ -f "$nv/nccl/include/nccl.h" && -f "$nv/nccl/lib/libnccl.so.2" ]] \
+      || fail "cuda" "no nccl.h and libnccl.so.2 in $nv/nccl (the nvidia-nccl-cu12 wheel)"
+    rm -rf "$nccl_home" && mkdir -p "$nccl_home/lib"
+    ln -s "$nv/nccl/include" "$nccl_home/include"
+    ln -s "$nv/nccl/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so.2"
+    ln -s libnccl.so.2 "$nccl_home/lib/libnccl.so"
+    # Linked as the shared library, found at run time in the wheel (TensorFlow does not load it).
+    nccl_env=(HOROVOD_NCCL_LINK=SHARED LDFLAGS="${LDFLAGS:-} -Wl,-rpath,$nv/nccl/lib")
+  fi
+  step "GPU build: CUDA toolkit $cuda_home ($("$cuda_home/bin/nvcc" --version | tail -n1)), NCCL $nccl_home"
+  hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home" HOROVOD_NCCL_HOME="$nccl_home"
+            "${nccl_env[@]}")
 fi
 command -v cmake >/dev/null 2>&1 || fail "horovod" "cmake is required to build Horovod (apt-get install cmake)"
 command -v g++ >/dev/null 2>&1 || fail "horovod" "a C++ compiler is required to build Horovod (apt-get install g++)"
@@ -125,6 +152,10 @@ else
   fi
   "$venv/bin/python" -c 'import horovod.tensorflow as hvd; hvd.init(); assert hvd.size() == 1' \
     || fail "horovod check" "horovod.tensorflow does not import; full build log in $log"
+  if [[ "$variant" == gpu ]]; then
+    "$venv/bin/python" -c 'import horovod.tensorflow as hvd; import sys; sys.exit(0 if hvd.nccl_built() else 1)' \
+      || fail "horovod check" "Horovod was built without NCCL; full build log in $log"
+  fi
   echo "$hvd_want" > "$hvd_stamp"
 fi
 # The build above wants the newest setuptools; TensorBoard 2.15's command line
