@@ -121,7 +121,7 @@ def run_in(image_tag, engine, *cmd, volume=None, timeout=900) -> subprocess.Comp
 def test_the_image_installs_from_the_wheelhouse_alone_and_leaves_it_out(image, engine):
     tag, output, _, size = image
     assert "[install] installing from the wheelhouse /tmp/wheelhouse only (no index)" in output
-    assert "Horovod v0.28.1" in output and "[X] MPI" in output and "[X] Gloo" in output
+    assert "Available Controllers" in output and "[X] MPI" in output and "[X] Gloo" in output
     probe = run_in(tag, engine, "bash", "-c", "ls /tmp/wheelhouse /opt/mlperf-hpc/wheelhouse 2>&1; command -v g++")
     assert probe.stdout.count("No such file or directory") == 2, probe.stdout
     assert "g++" not in probe.stdout                  # the compilers stayed in the build stage
