@@ -9,10 +9,16 @@ NP ?= 1
 # How NP ranks are started on this machine (Gloo needs no MPI).
 LAUNCH = $(if $(filter 1,$(NP)),,$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo)
 
-.PHONY: install result-set weak-scaling test test-all bench bench-budgets clean
+.PHONY: install wheelhouse result-set weak-scaling test test-all bench bench-budgets clean
 
+# WHEELHOUSE=DIR make install: from the files of DIR only, no network (tools/install.sh).
 install:
 	@VENV=$(VENV) VARIANT=$(VARIANT) bash tools/install.sh
+
+# Every package `make install` takes from PyPI, for this platform and Python, into wheelhouse/ (or
+# WHEELHOUSE=DIR), with SHA256SUMS: for a machine without internet, and for the images.
+wheelhouse:
+	@WHEELHOUSE=$(or $(WHEELHOUSE),$(CURDIR)/wheelhouse) VARIANT=$(VARIANT) bash tools/wheelhouse.sh
 
 # Per benchmark, from its entry in common/benchmarks.py (`python -m common.benchmarks make` prints
 # them): <PREFIX>_DATA, <PREFIX>_CONFIG and the run directory variable (COSMO_*, RUN_DIR; DEEPCAM_*,

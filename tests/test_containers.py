@@ -1,7 +1,10 @@
-"""Container recipes: one source of truth for versions, and hadolint-clean Dockerfiles.
+"""Container recipes: one source of truth for versions, hadolint-clean Dockerfiles, and .def files
+that name the images the Dockerfiles produce.
 
-No Docker engine or Apptainer runs on the test machines, so the images are not built here;
-these tests check what can be checked without building them.
+These tests check the recipes without building them; tests/test_images.py builds and runs
+docker/Dockerfile.cpu (slow tier). The GPU image's CUDA base is on a registry the test machines
+cannot reach, and no Apptainer or Singularity package exists in Debian bookworm, so those two are
+checked here only.
 """
 
 import re
@@ -47,6 +50,42 @@ def test_install_script_turns_the_cpu_pin_into_the_gpu_wheel_at_the_same_version
     assert 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' in script
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in script
     assert PINS["tensorflow-cpu"] == "2.15.1" and PINS["horovod"] == "0.28.1"
+
+
+def built_tags() -> dict:
+    """Dockerfile name -> the tag its header's `docker build ... -f docker/NAME -t TAG .` line gives."""
+    tags = {}
+    for dockerfile in DOCKER.glob("Dockerfile*"):
+        for name, tag in re.findall(r"docker build (?:\S+ )*?-f docker/(\S+) -t (\S+) \.", dockerfile.read_text()):
+            tags[name] = tag
+    return tags
+
+
+def test_every_dockerfile_says_how_it_is_built_and_tagged():
+    assert built_tags() == {"Dockerfile": "mlperf-hpc-tf:gpu", "Dockerfile.cpu": "mlperf-hpc-tf:cpu"}
+    from tests.test_images import IMAGE   # the slow tier builds the CPU image under the tag it documents
+    assert IMAGE == built_tags()["Dockerfile.cpu"]
+
+
+@pytest.mark.parametrize("recipe", sorted(DOCKER.glob("*.def")), ids=lambda p: p.name)
+def test_def_files_bootstrap_from_what_the_dockerfiles_produce(recipe):
+    text = recipe.read_text()
+    bootstrap = re.search(r"^Bootstrap: (\S+)$", text, re.M)[1]
+    source = re.search(r"^From: (\S+)$", text, re.M)[1]
+    gpu = (DOCKER / "Dockerfile").read_text()
+    if bootstrap == "docker-daemon":
+        # An image of the local Docker daemon: one a Dockerfile here builds, by the command its header gives.
+        assert source in built_tags().values(), f"{recipe.name}: From {source} is no Dockerfile's tag"
+        built_by = next(name for name, tag in built_tags().items() if tag == source)
+        assert f"docker build -f docker/{built_by} -t {source} ." in text
+        # Its environment points at the venv that Dockerfile installs into.
+        venv = re.search(r"VENV=(\S+)", (DOCKER / built_by).read_text())[1]
+        assert f"export PATH={venv}/bin:$PATH" in text
+    else:
+        # Built without Docker: from the GPU Dockerfile's own base, installing the same way.
+        assert bootstrap == "docker"
+        assert source == re.search(r"^ARG BASE_IMAGE=(\S+)$", gpu, re.M)[1]
+        assert "VARIANT=gpu" in text and "WHEELHOUSE=" in text
 
 
 def pip_tool(tmp_path_factory, package: str, binary: str):

@@ -1,0 +1,159 @@
+"""docker/Dockerfile.cpu built and run for real, on a Docker engine this module starts itself.
+
+No image registry is reachable from the test machines, and pip inside a container cannot reach
+PyPI (its TLS verification fails there), so the module makes what the build needs itself, once:
+the wheelhouse (`tools/wheelhouse.sh`, as `make wheelhouse`), a Debian bookworm base image
+(`debootstrap` from Debian's packages, `docker import`), passed as --build-arg BASE_IMAGE, and a
+Docker engine of its own (tools/local_docker.sh). Everything lives in this session's temporary
+directory and is removed at the end. Skipped, saying why, without root, dockerd, debootstrap or a
+python3.11 to make the wheelhouse for (bookworm's Python). About 15 minutes on 2 cores.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from common.compliance import check_log
+from offline.submission import code_files
+from tests import helpers
+
+pytestmark = pytest.mark.slow
+
+LOCAL_DOCKER = helpers.REPO / "tools" / "local_docker.sh"
+BOOKWORM_MIRROR = "http://deb.debian.org/debian"
+IMAGE = "mlperf-hpc-tf:cpu"        # the tag docker/Dockerfile.cpu's header builds
+BASE = "mlperf-test/bookworm:debootstrap"
+
+
+def sh(cmd, environ, timeout, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], env=environ, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def must(proc: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"{what} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """The environment of a running Docker engine of this module's own (stopped and removed at the end)."""
+    missing = [tool for tool in ("dockerd", "docker", "debootstrap") if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        pytest.skip("the Docker engine and debootstrap need root")
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not found (Debian: apt-get install docker.io debootstrap; .ci/run does)")
+    state = tmp_path_factory.mktemp("docker")
+    proc = subprocess.run(["bash", str(LOCAL_DOCKER), "start", str(state)], capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode != 0:
+        pytest.skip(f"dockerd does not start here: {proc.stderr.strip()[-300:]}")
+    try:
+        yield dict(os.environ, DOCKER_HOST=f"unix://{state}/docker.sock")
+    finally:
+        subprocess.run(["bash", str(LOCAL_DOCKER), "stop", str(state)], capture_output=True, timeout=120)
+        shutil.rmtree(state / "root", ignore_errors=True)   # the images: GBs
+
+
+@pytest.fixture(scope="module")
+def context(tmp_path_factory):
+    """A build context: the repository's files and a wheelhouse made by tools/wheelhouse.sh for Python 3.11."""
+    python311 = shutil.which("python3.11")
+    if python311 is None:
+        pytest.skip("no python3.11 to make the wheelhouse for the image's Python (Debian bookworm: 3.11)")
+    ctx = tmp_path_factory.mktemp("context")
+    for f in code_files(helpers.REPO):
+        dest = ctx / f.relative_to(helpers.REPO)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dest)
+    start = time.monotonic()
+    proc = sh(["bash", helpers.REPO / "tools" / "wheelhouse.sh"],
+              dict(os.environ, PYTHON=python311, WHEELHOUSE=str(ctx / "wheelhouse")), timeout=1200)
+    if proc.returncode != 0:
+        pytest.skip(f"the wheelhouse cannot be made here (PyPI unreachable?): {proc.stderr.strip()[-300:]}")
+    print(f"\n[images] wheelhouse: {time.monotonic() - start:.0f} s; {proc.stdout.strip().splitlines()[-1]}")
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def base_image(engine, tmp_path_factory):
+    """Debian bookworm with Python 3.11, venv and headers, from Debian's packages, imported as an image."""
+    rootfs = tmp_path_factory.mktemp("rootfs")
+    start = time.monotonic()
+    proc = sh(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,python3-dev", "bookworm", rootfs,
+               BOOKWORM_MIRROR], engine, timeout=1200)
+    if proc.returncode != 0:
+        pytest.skip(f"debootstrap of bookworm failed (no Debian mirror?): {proc.stderr.strip()[-300:]}")
+    shutil.rmtree(rootfs / "var" / "cache" / "apt" / "archives", ignore_errors=True)   # the .debs, not needed
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    imported = subprocess.run(["docker", "import", "-", BASE], stdin=tar.stdout, env=engine, capture_output=True,
+                              text=True, timeout=600)
+    tar.wait()
+    must(imported, "docker import")
+    print(f"\n[images] base image {BASE} (debootstrap + import): {time.monotonic() - start:.0f} s")
+    shutil.rmtree(rootfs, ignore_errors=True)
+    return BASE
+
+
+@pytest.fixture(scope="module")
+def image(engine, context, base_image):
+    """docker/Dockerfile.cpu built on the debootstrap base: (tag, build output, seconds, bytes)."""
+    start = time.monotonic()
+    proc = must(sh(["docker", "build", "--build-arg", f"BASE_IMAGE={base_image}", "-f",
+                    context / "docker" / "Dockerfile.cpu", "-t", IMAGE, context], engine, timeout=2400),
+                "docker build")
+    seconds = time.monotonic() - start
+    size = int(must(sh(["docker", "image", "inspect", "-f", "{{.Size}}", IMAGE], engine, 60), "inspect").stdout)
+    print(f"\n[images] docker build -f docker/Dockerfile.cpu: {seconds:.0f} s, image {size / 1e9:.2f} GB "
+          f"({os.cpu_count()} CPUs)")
+    return IMAGE, proc.stdout, seconds, size
+
+
+def run_in(image_tag, engine, *cmd, volume=None, timeout=900) -> subprocess.CompletedProcess:
+    # OpenMPI's shared-memory transport needs more than Docker's 64 MB /dev/shm for 2 ranks.
+    mount = ["-v", f"{volume}:/out"] if volume else []
+    return sh(["docker", "run", "--rm", "--shm-size=1g", *mount, image_tag, *cmd], engine, timeout=timeout)
+
+
+def test_the_image_installs_from_the_wheelhouse_alone_and_leaves_it_out(image, engine):
+    tag, output, _, size = image
+    assert "[install] installing from the wheelhouse /tmp/wheelhouse only (no index)" in output
+    assert "Available Controllers" in output and "[X] MPI" in output and "[X] Gloo" in output
+    probe = run_in(tag, engine, "bash", "-c", "ls /tmp/wheelhouse /opt/mlperf-hpc/wheelhouse 2>&1; command -v g++")
+    assert probe.stdout.count("No such file or directory") == 2, probe.stdout
+    assert "g++" not in probe.stdout                  # the compilers stayed in the build stage
+    assert size < 3e9
+
+
+def test_a_tiny_cosmoflow_run_in_the_image_passes_the_checker(image, engine, tmp_path):
+    from tests.conftest import TINY
+    proc = run_in(image[0], engine, "bash", "-c",
+                  f"python -m cosmoflow.synthetic --output-dir /out/data --size {TINY['size']} "
+                  f"--n-train {TINY['n_train']} --n-valid {TINY['n_valid']} --seed {TINY['seed']} && "
+                  "python cosmoflow/train.py tests/configs/cosmoflow_tiny.yaml --data-dir /out/data --output-dir /out/run",
+                  volume=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    passed, output = check_log(tmp_path / "run" / "mlperf.log")   # the host's official checker
+    assert passed, output
+    assert '"status": "success"' in (tmp_path / "run" / "mlperf.log").read_text()
+
+
+def test_two_ranks_under_mpirun_allreduce_in_the_image(image, engine):
+    script = ("import horovod.tensorflow as hvd, tensorflow as tf; hvd.init(); "
+              "total = hvd.allreduce(tf.constant([hvd.rank() + 1.0]), op=hvd.Sum); "
+              "print(f'rank {hvd.rank()} of {hvd.size()} mpi {hvd.mpi_enabled()} sum {float(total[0])}')")
+    proc = run_in(image[0], engine, "mpirun", "--oversubscribe", "-np", "2", "python", "-c", script, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0 of 2 mpi True sum 3.0", "rank 1 of 2 mpi True sum 3.0"], proc.stdout
+
+
+def test_make_test_imports_every_test_module_in_the_image(image, engine):
+    proc = run_in(image[0], engine, "make", "test", "PYTEST_ARGS=--collect-only -q", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[install]" not in proc.stdout     # `make install` found the image's stack as built: nothing redone
+    collected = re.search(r"(\d+)(?:/\d+)? tests collected", proc.stdout)   # "407/424 tests collected (17 deselected)"
+    assert collected and int(collected[1]) > 100, proc.stdout[-2000:]
