@@ -87,8 +87,8 @@ class DeepCAMTask(Task):
     config_class = DeepCAMConfig
     flags = FLAGS
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, mesh=None):
+        super().__init__(cfg, mesh)   # mesh: always None (DeepCAMConfig refuses parallel.spatial_ranks > 1)
         self._normalization = None   # (shift, scale) per channel, read from stats.h5 when first traced
 
     @classmethod
