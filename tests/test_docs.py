@@ -1,0 +1,104 @@
+"""The documentation's promises that can be checked without TensorFlow: every relative link of
+README.md and docs/*.md resolves to a file, every `make TARGET` they name is a Makefile target
+(the Makefile's own and those `python -m common.benchmarks make` generates), and README.md stays
+under 200 lines."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+
+# [text](target) and ![alt](target); the target ends at whitespace or ')' (an optional "title" follows).
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+# `make [VAR=value ...] target`: the target is the first word after make that is not an assignment.
+MAKE = re.compile(r"(?:^|[\s;&|(])make((?:\s+[A-Za-z_][A-Za-z0-9_]*=\S*)*)\s+([a-z][A-Za-z0-9_.-]*)")
+RULE = re.compile(r"^([A-Za-z0-9_.%-][A-Za-z0-9_.%\- ]*?)\s*:(?![=:])")
+
+
+def relative_links(text):
+    """(line number, target) of every link that is neither a URL nor a bare #anchor."""
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)  # links in code blocks are code
+    for m in LINK.finditer(prose):
+        target = m.group(1)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
+            continue  # http(s), mailto, ... and anchors within the page
+        yield prose.count("\n", 0, m.start()) + 1, target.split("#", 1)[0]
+
+
+def make_targets_named(text):
+    """Every target of a `make ...` command in code: fenced blocks and inline code spans."""
+    code = [m.group(0) for m in FENCE.finditer(text)]
+    code += [m.group(1) for m in CODE_SPAN.finditer(FENCE.sub("", text))]
+    found = set()
+    for chunk in code:
+        for line in chunk.splitlines():
+            line = line.split(" #", 1)[0]  # a shell comment after the command
+            found.update(m.group(2) for m in MAKE.finditer(line))
+    return found
+
+
+def rule_targets(lines):
+    targets = set()
+    for line in lines:
+        if line.startswith(("\t", "#", " ")) or "=" in line.split(":", 1)[0]:
+            continue
+        m = RULE.match(line)
+        if m:
+            targets.update(t for t in m.group(1).split() if not t.startswith("."))
+    return targets
+
+
+def makefile_targets():
+    """The Makefile's rules plus the per-benchmark rules it evals from the benchmark table."""
+    targets = rule_targets((ROOT / "Makefile").read_text().splitlines())
+    generated = subprocess.run([sys.executable, "-m", "common.benchmarks", "make"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout
+    assert generated.strip(), "python -m common.benchmarks make printed nothing"
+    targets |= rule_targets(part.strip() for part in generated.split(" ;; "))
+    return targets
+
+
+def test_readme_is_short():
+    n = len((ROOT / "README.md").read_text().splitlines())
+    assert n < 200, f"README.md has {n} lines; the manual belongs in docs/"
+
+
+def test_pages_exist():
+    assert len(PAGES) > 1 and all(p.is_file() for p in PAGES)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    broken = [f"{page.relative_to(ROOT)}:{line}: {target}"
+              for line, target in relative_links(page.read_text())
+              if target and not (page.parent / target).exists()]
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
+
+
+def test_makefile_targets_parsed():
+    targets = makefile_targets()
+    # the Makefile's own and the generated ones (from common/benchmarks.py)
+    assert {"install", "test", "test-all", "bench", "run", "data", "run-deepcam", "bench-deepcam"} <= targets
+
+
+def test_make_targets_named_exist():
+    targets = makefile_targets()
+    missing = sorted(f"{page.relative_to(ROOT)}: make {name}"
+                     for page in PAGES for name in make_targets_named(page.read_text())
+                     if name not in targets)
+    assert not missing, "make targets the docs name but the Makefile lacks:\n" + "\n".join(missing)
+
+
+def test_checks_can_fail():
+    """The checkers see a broken link and an unknown target."""
+    text = "see [x](no/such/file.md) and ![img](gone.png), [ok](https://x.org) [a](#b)\n```\nmake frobnicate\n```\n"
+    assert [t for _, t in relative_links(text)] == ["no/such/file.md", "gone.png"]
+    assert make_targets_named(text) == {"frobnicate"}
+    assert make_targets_named("`VARIANT=gpu make install` and `make run NP=2`") == {"install", "run"}
+    assert "frobnicate" not in makefile_targets()
