@@ -40,7 +40,7 @@ from common.files import write_text_atomic
 
 OUT_DIR = Path(__file__).resolve().parent / "model_costs"
 # The closed config each model is built from: the architecture is the same in every closed
-# config of a benchmark (only hyperparameters differ); these are the ones the README names.
+# config of a benchmark (only hyperparameters differ); these are the ones docs/scaling.md names.
 CLOSED_CONFIGS = {"cosmoflow": "cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
                   "deepcam": "deepcam/configs/deepcam_closed_gbs1024.yaml"}
 INPUT_SAMPLES = {"cosmoflow": 8, "deepcam": 4}   # timed after one untimed sample

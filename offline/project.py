@@ -3,7 +3,7 @@
   python -m offline.project --benchmark cosmoflow --machine machines/perlmutter-a100.yaml --nodes 16,32,64,128,256
   python -m offline.project --benchmark deepcam --machine machines/eos-h100.yaml --nodes 64,128,256 \\
          --global-batch 2048 --staging untimed
-  python -m offline.project --validate            # the README's table: projection vs published results
+  python -m offline.project --validate            # docs/scaling.md's table: projection vs published results
   python -m offline.project --calibrate perlmutter-cosmoflow-128   # the efficiency a published point implies
 
 For each node count it prints the global and local batch, the epochs to converge from
@@ -398,7 +398,7 @@ def check_point(name: str, points: dict, ruleset: str = "3.0.0") -> Check:
 
 
 def validation_table(checks: list) -> str:
-    """The markdown table of the README's "Scaling projection" section."""
+    """The markdown table of docs/scaling.md's "Scaling projection" section."""
     rows = ["| point | nodes x devices | global batch | published | projected (RCP epochs) | error | "
             "projected (logged epochs) | error | efficiency | error parts: epochs / staging / training |",
             "|---|---|---|---|---|---|---|---|---|---|"]
