@@ -21,7 +21,7 @@ from common.compliance import check_log
 from offline.submission import code_files
 from tests import helpers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.images]
 
 LOCAL_DOCKER = helpers.REPO / "tools" / "local_docker.sh"
 BOOKWORM_MIRROR = "http://deb.debian.org/debian"
