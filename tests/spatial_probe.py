@@ -118,7 +118,7 @@ def model(mesh, dist) -> dict:
     step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,
                      gradient_scales=gradient_scales(net))
     pred = net(task.preprocess_batch(x, y)[0], training=False).numpy()
-    loss, grads = step._loss_and_grads(x, y)
+    loss, _, grads = step._loss_and_grads(x, y)   # (loss, inputs finite, gradients)
     reduced = step.reduce_gradients(grads)
     step(iter([(x, y)]))
     out = dict(pred=pred, loss=loss.numpy(), group=mesh.group, groups=mesh.groups,
