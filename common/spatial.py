@@ -73,9 +73,7 @@ def gradient_scales(model) -> list:
     groups: the gradient of the unsplit model on the global batch. Replicated
     layers (the same gradient on every rank of a group) keep 1.
     """
-    split = set()
-    for layer in model.submodules:
-        if getattr(layer, "holds_slab", False):
-            split.update(id(v) for v in layer.trainable_variables)
-    k = max([layer.mesh.size for layer in model.submodules if getattr(layer, "holds_slab", False)], default=1)
-    return [float(k) if id(v) in split else 1.0 for v in model.trainable_variables]
+    split = [layer for layer in model.submodules if getattr(layer, "holds_slab", False)]
+    partial = {id(v) for layer in split for v in layer.trainable_variables}
+    k = max((layer.mesh.size for layer in split), default=1)
+    return [float(k) if id(v) in partial else 1.0 for v in model.trainable_variables]

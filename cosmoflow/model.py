@@ -71,12 +71,3 @@ def from_config(cfg, mesh=None) -> tf.keras.Model:
     return build_model(cfg.data.sample_shape, 4, m.conv_size, m.kernel_size, m.n_conv_layers,
                        m.fc1_size, m.fc2_size, m.dropout, cfg.optimizer.weight_decay, m.max_channels, mesh)
 
-
-def split_plan(sample_shape, n_conv_layers: int, spatial_ranks: int) -> str:
-    """Where the slabs are gathered for a split of `spatial_ranks`: 'before poolN' or 'before flatten'."""
-    planes = sample_shape[0] // spatial_ranks
-    for i in range(n_conv_layers):
-        if not pool_stays_local(planes):
-            return f"before pool{i + 1} (slabs of {planes} plane(s))"
-        planes //= 2
-    return f"before flatten (slabs of {planes} plane(s))"

@@ -56,6 +56,18 @@ def spoil_deepcam_stats(path, value: float, key: str = "climate/maxval", channel
         f[key][channel] = value
 
 
+def copy_deepcam_subset(src, dst, n_train: int, n_valid: int) -> list:
+    """The first n_train / n_valid HDF5 samples of a DeepCAM data set and its stats.h5, copied into
+    dst (a tree a test may damage); returns the copied training files."""
+    import shutil
+    for split, n in (("train", n_train), ("validation", n_valid)):
+        (Path(dst) / split).mkdir(parents=True)
+        for f in sorted((Path(src) / split).glob("*.h5"))[:n]:
+            shutil.copy(f, Path(dst) / split / f.name)
+    shutil.copy(Path(src) / "stats.h5", Path(dst) / "stats.h5")
+    return sorted((Path(dst) / "train").glob("*.h5"))
+
+
 def env() -> dict:
     e = dict(os.environ)
     e["TF_CPP_MIN_LOG_LEVEL"] = "2"

@@ -2,7 +2,6 @@
 
 import json
 import re
-import shutil
 
 import h5py
 import numpy as np
@@ -62,13 +61,8 @@ def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp
     assert len(shards[0]) == len(shards[1]) == 128 and not set(shards[0]) & set(shards[1])
 
 
-def _copy_data(src, dst, n_train=16, n_valid=4):
-    for split, n in (("train", n_train), ("validation", n_valid)):
-        (dst / split).mkdir(parents=True)
-        for f in sorted((src / split).glob("*.h5"))[:n]:
-            shutil.copy(f, dst / split / f.name)
-    shutil.copy(src / "stats.h5", dst / "stats.h5")
-    return sorted((dst / "train").glob("*.h5"))
+def _copy_data(src, dst):
+    return helpers.copy_deepcam_subset(src, dst, n_train=16, n_valid=4)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong_shape", "missing_stats"])

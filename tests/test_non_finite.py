@@ -54,12 +54,8 @@ def test_an_update_with_non_finite_gradients_is_skipped_and_still_counted():
     assert not all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))
 
 
-def _copy_deepcam(src, dst, n_train=8, n_valid=4):
-    for split, n in (("train", n_train), ("validation", n_valid)):
-        (dst / split).mkdir(parents=True)
-        for f in sorted((src / split).glob("*.h5"))[:n]:
-            shutil.copy(f, dst / split / f.name)
-    shutil.copy(src / "stats.h5", dst / "stats.h5")
+def _copy_deepcam(src, dst):
+    helpers.copy_deepcam_subset(src, dst, n_train=8, n_valid=4)
     return dst
 
 
