@@ -16,6 +16,7 @@ returns; a background thread writes them and renames the folder
 """
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import re
@@ -26,7 +27,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from common.files import write_text_atomic
+from common import epochs
+from common.errors import InputError
+from common.files import replace_folder, write_text_atomic
+from common.model_weights import holds_training_state, restore_model_weights
 
 _NAME = re.compile(r"^step-(\d{10})$")
 STATE_FILE = "state.json"
@@ -138,7 +142,7 @@ class Checkpointer:
             finally:
                 os.close(fd)
         write_text_atomic(tmp / STATE_FILE, json.dumps(state, indent=1))
-        _replace_folder(tmp, folder)
+        replace_folder(tmp, folder)
         for old in self.all()[:-self.keep] if self.keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         self.last_save = {"path": str(folder), "blocked_s": blocked, "seconds": time.perf_counter() - start,
@@ -186,62 +190,68 @@ def read_rank_state(folder, rank: int):
         return {k: f[k] for k in f.files}
 
 
-# ------------------------------------------------------------ model-only folders
-# Written by the import tools (a reference-trained model) and read by predict,
-# evaluation and fine-tuning: `FOLDER/ckpt.*` holds the model's variables under
-# the same object path as a training checkpoint ("model"), so a training
-# checkpoint folder (checkpoints/step-NNNNNNNNNN) is read by the same function.
-CONFIG_NAME = "config.yaml"
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a run starts: from scratch (the default), a training checkpoint or model-only weights.
 
-
-def save_model_weights(model, folder) -> Path:
-    """Writes `model`'s variables to FOLDER/ckpt (temporary folder, then rename)."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tf.train.Checkpoint(model=model).write(str(tmp / "ckpt"))
-    _replace_folder(tmp, folder)
-    return folder
-
-
-def _replace_folder(tmp: Path, folder: Path) -> None:
-    """Publishes a complete folder under its final name, replacing one already there."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
-
-
-def holds_training_state(folder) -> bool:
-    """Whether a checkpoint folder has an optimizer and epoch (training) or only a model (import)."""
-    names = {name for name, _ in tf.train.list_variables(str(Path(folder) / "ckpt"))}
-    return any(n.startswith("optimizer/") for n in names)
-
-
-def restore_model_weights(model, folder) -> None:
-    """Loads the model's variables from a training or model-only checkpoint folder.
-
-    Every variable of `model` must be in the checkpoint with its shape; extra
-    objects (optimizer, epoch) are ignored. Raises InputError naming the folder.
+    Attributes:
+      position: the next local batch this rank reads.
+      global_step: optimizer steps done, over the whole run (resumes included).
+      start_epoch: the epoch the checkpoint was written in (0 from scratch or from weights).
+      epoch_losses: this rank's losses of the epoch in progress (a mid-epoch checkpoint).
+      rank_state: this rank's arrays of a mid-epoch checkpoint ("bn_<i>": its batch-norm
+        statistics), None otherwise.
+      resumed_from: {"checkpoint", "epoch", "step", "global_step"} of a training checkpoint,
+        {"checkpoint", "epoch": 0, "weights_only": True} of model-only weights; None from scratch.
+      source: the folder as it was named (what rank 0's console says).
+      steps_per_epoch: of the checkpoint's run (the same as this run's).
     """
-    from common.errors import InputError
-    folder = Path(folder)
-    if not (folder / "ckpt.index").is_file():
-        raise InputError(f"{folder}: not a checkpoint folder (no ckpt.index)")
-    try:
-        status = tf.train.Checkpoint(model=model).read(str(folder / "ckpt"))
-        status.expect_partial()
-        status.assert_existing_objects_matched()
-    except (AssertionError, ValueError) as e:   # a missing variable; a shape that differs
-        first = str(e).splitlines()[0][:200]
-        raise InputError(f"{folder}: checkpoint does not match the model ({first})") from None
+    position: epochs.Position = epochs.Position()
+    global_step: int = 0
+    start_epoch: int = 0
+    epoch_losses: tuple = ()
+    rank_state: dict | None = None
+    resumed_from: dict | None = None
+    source: str | None = None
+    steps_per_epoch: int = 0
 
 
-def find_run_config(folder):
-    """The config.yaml that describes a checkpoint folder: in it (import tools), or in
-    the run directory two levels up (run/checkpoints/step-NNNNNNNNNN). None if absent."""
-    folder = Path(folder)
-    for candidate in (folder, folder.parent, folder.parent.parent):
-        if (candidate / CONFIG_NAME).is_file():
-            return candidate / CONFIG_NAME
-    return None
+def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks: int, steps_per_epoch: int,
+                 accumulation: int) -> ResumePoint:
+    """Loads `source` (a checkpoint folder, or None: the newest is wanted but there is none)
+    into the model (and the optimizer); returns where the run goes on. InputError naming the
+    folder when it cannot be resumed by this run."""
+    if source is None:
+        raise InputError(f"--resume: no checkpoint in {checkpointer.directory}")
+    if not Path(source).is_dir():
+        raise InputError(f"checkpoint not found: {source}")
+    if not (Path(source) / "ckpt.index").is_file():
+        raise InputError(f"{source}: not a checkpoint folder (no ckpt.index)")
+    resolved = str(Path(source).resolve())
+    if not holds_training_state(source):
+        # A model without optimizer state or epoch (an imported reference model):
+        # fine-tuning or evaluating it is a new run, from epoch 0.
+        restore_model_weights(model, source)
+        return ResumePoint(resumed_from={"checkpoint": resolved, "epoch": 0, "weights_only": True},
+                           source=str(source))
+    state = checkpointer.restore(source)
+    epoch, done, per_epoch = state["epoch"], state["steps_done"], state["steps_per_epoch"]
+    if per_epoch != steps_per_epoch:
+        raise InputError(f"{source}: written with {per_epoch} steps per epoch, this run has "
+                         f"{steps_per_epoch} (other samples, ranks or batch size)")
+    rank_state, losses = None, ()
+    if done >= per_epoch:   # written after the epoch's end (statistics averaged, evaluated)
+        position = epochs.Position(epoch + 1, 0)
+    else:
+        if state["ranks"] != ranks:
+            raise InputError(f"{source}: a mid-epoch checkpoint of {state['ranks']} ranks; resume it with "
+                             f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end")
+        rank_state = read_rank_state(source, rank)
+        if rank_state is None:
+            raise InputError(f"{source}: rank {rank}'s state is missing ({rank_file(rank)})")
+        losses = tuple(rank_state["losses"])
+        position = epochs.Position(epoch, done * accumulation)
+    return ResumePoint(position=position, global_step=state["global_step"], start_epoch=epoch,
+                       epoch_losses=losses, rank_state=rank_state, source=str(source), steps_per_epoch=per_epoch,
+                       resumed_from={"checkpoint": resolved, "epoch": epoch, "step": done,
+                                     "global_step": state["global_step"]})

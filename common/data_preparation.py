@@ -17,7 +17,7 @@ from common.staging import Conversion, stage_files
 from common.task import Shards
 
 
-def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None,
+def prepare_data(cfg, dist, shards: Shards, events, run_dir,
                  conversion: Optional[Conversion] = None) -> tuple[Shards, dict]:
     """Every rank: stage (when staging.stage_dir is set) and record its shard; returns readable paths.
 
@@ -25,9 +25,8 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None,
       cfg: the run's config (staging, runtime sections).
       dist: the Distribution (collectives: every rank calls this).
       shards: this rank's shard as `Task.shard` chose it (source paths).
-      events: the trainer's Events (staging_start / staging_stop).
+      events: the trainer's Events (staging_start, staging_progress, staging_stop).
       run_dir: the run's folder (shards/ goes there with runtime.record_shards).
-      progress: a `(done, total, nbytes)` callback for staging progress (rank 0 prints).
       conversion: the layout staged files are written in (Task.staged_layout), used
         when staging.convert is on.
 
@@ -37,7 +36,8 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir, progress=None,
     stats = {}
     if cfg.staging.stage_dir:
         events.on_staging_start()
-        shards, stats = stage(cfg, dist, shards, progress, conversion if cfg.staging.convert else None)
+        conversion = conversion if cfg.staging.convert else None
+        shards, stats = stage(cfg, dist, shards, events.on_staging_progress, conversion)
         events.on_staging_stop(stats)
     if cfg.runtime.record_shards:
         record(dist, shards, run_dir)   # the paths actually read, staged or not

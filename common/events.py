@@ -39,6 +39,18 @@ class RunInfo:
     n_epochs: int = 0
     # {"checkpoint": path, "epoch": n} when the run continues a checkpointed one.
     resumed_from: dict | None = None
+    # What rank 0's console says of init (common.console):
+    job: str = ""                     # ranks, nodes, controller (and the spatial mesh, if split)
+    runtime: dict | None = None       # common.runtime.configure's figures (device, threads, CPU, precision)
+    model_name: str = ""
+    num_params: int = 0               # trainable
+    spatial_ranks: int = 1            # ranks that split each sample
+    gathered_at: tuple = ()           # split runs: the layers where the slabs are gathered
+    batchnorm_layers: int = 0         # their running statistics are averaged over the ranks every epoch
+    samples_per_epoch: int = 0        # all ranks, in whole steps
+    shard_samples: int = 0            # the training samples of the shards (n_train)
+    resumed_source: str | None = None  # the checkpoint folder as named
+    resumed_steps_per_epoch: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +88,8 @@ class Listener:
     def on_init_start(self, site: CallSite): ...
     def on_init_stop(self, info: RunInfo, site: CallSite): ...
     def on_staging_start(self, site: CallSite): ...
+    # Rank 0's count of files staged so far, of one split's `total` (train, then validation).
+    def on_staging_progress(self, done: int, total: int, nbytes: int, site: CallSite): ...
     def on_staging_stop(self, stats: dict, site: CallSite): ...
     def on_caches_cleared(self, cleared: bool, files: int, site: CallSite): ...
     def on_run_start(self, site: CallSite): ...
@@ -86,9 +100,11 @@ class Listener:
     def on_eval_start(self, epoch: int, site: CallSite): ...
     # loss: the per-sample mean validation loss (eval_loss), None where not computed.
     def on_eval_stop(self, epoch: int, value: float, loss: float | None, site: CallSite): ...
-    # failure: why a run that could not go on stopped (non-finite input or loss: common.trainer), else None.
+    # failure: why a run that could not go on stopped (non-finite input or loss: common.run_failures), else None.
     def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: dict | None,
                     site: CallSite): ...
+    # After run_stop, when runtime.characterize is on: the measurements start.
+    def on_characterization_start(self, site: CallSite): ...
     def close(self): ...
 
 
@@ -140,6 +156,11 @@ class Events:
         for listener in self.listeners:
             listener.on_staging_start(site)
 
+    def on_staging_progress(self, done: int, total: int, nbytes: int):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_staging_progress(done, total, nbytes, site)
+
     def on_staging_stop(self, stats: dict):
         site = _caller()
         for listener in self.listeners:
@@ -189,6 +210,11 @@ class Events:
         site = _caller()
         for listener in self.listeners:
             listener.on_run_stop(status, epoch, checkpoint, failure, site)
+
+    def on_characterization_start(self):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_characterization_start(site)
 
     def close(self):
         for listener in self.listeners:

@@ -1,6 +1,7 @@
 """Writing files so that a reader never sees half of one, even after a crash of the machine."""
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -24,3 +25,10 @@ def write_text_atomic(path, text: str) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def replace_folder(tmp: Path, folder: Path) -> None:
+    """Publishes a complete folder under its final name, replacing one already there."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)

@@ -18,18 +18,17 @@ import sys
 import traceback
 from pathlib import Path
 
-from common.compliance import check_log
 from common import benchmarks
 from common.config_loading import dump_config, load_config, replace, yaml_text
 from common.distribution import Distribution, launcher_env
 from common.errors import EXIT_INPUT_ERROR, ConfigError, InputError
+from common.console import Console
 from common.events import Events
-from common.progress import ProgressPrinter, StepProgress
 from common.tensorboard import TensorBoardListener
-from common.mlperf_logger import LOG_NAME, MLPerfLogger
-from common.plots import plot_training_curve
-from common import termination
-from common.trainer import Trainer, write_summary
+from common.mlperf_logger import MLPerfLogger
+from common import run_report, termination
+from common.run_result import write_summary
+from common.trainer import Trainer
 
 # 2 (EXIT_INPUT_ERROR): bad input, a NaN or Inf in a sample included; 4 (EXIT_NON_FINITE_LOSS):
 # the loss became NaN or Inf with every input finite, checkpoint of the last finite state kept.
@@ -150,24 +149,26 @@ def main(task, argv=None) -> int:
         mesh = dist.spatial_mesh(cfg.parallel.spatial_ranks)
         bound = task(cfg, mesh if mesh.is_split else None)
         run_dir = Path(cfg.run_dir)
-        listeners = []
+        listeners, console = [], None
         if dist.is_root:
+            console = Console()   # rank 0's console: every line a person reads, in order
             if note:
-                print(f"[init] {note}", flush=True)
+                console.note(note)
             run_dir.mkdir(parents=True, exist_ok=True)
             dump_config(cfg, run_dir / "config.yaml")
-            listeners = _listeners(bound, cfg, run_dir)
+            listeners = _listeners(bound, cfg, run_dir, console)
         events = Events(listeners)
         trainer = Trainer(bound, dist, events, run_dir)
         result = trainer.run()
         events.close()
         if dist.is_root:
-            verdict = _report(bound, result, run_dir)
+            report = run_report.finish(bound, result, run_dir, EXIT_PREEMPTED)
+            console.report(report)
             write_summary(result, run_dir / "summary.json",
                           {"benchmark": task.name, "ranks": dist.size, "nodes": dist.num_nodes,
                            "controller": dist.controller(), "launcher": launcher_env(),
-                           "metric_name": trainer.metric.name, "target": bound.target,
-                           "log_check": verdict})
+                           "metric_name": bound.metric_name, "target": bound.target,
+                           "log_check": report.log_check})
         # Every rank waits for rank 0's report: a rank that exits first with a
         # non-zero status would make the launcher kill rank 0 mid-write.
         dist.barrier()
@@ -196,68 +197,23 @@ def _abort(events, trainer) -> None:
     if events is None:
         return
     try:
-        if trainer is not None and trainer.run_started:
-            events.on_run_stop("aborted", trainer.epoch)
+        if trainer is not None and trainer.state.started:
+            events.on_run_stop("aborted", trainer.state.epoch)
         events.close()
     except Exception:  # the original error matters more than a failure to log it
         pass
 
 
-def _listeners(task, cfg, run_dir) -> list:
-    """Rank 0's listeners: the MLPerf log (a benchmark run only), progress, TensorBoard."""
-    listeners = [ProgressPrinter(), StepProgress()]
+def _listeners(task, cfg, run_dir, console) -> list:
+    """Rank 0's listeners: the MLPerf log (a benchmark run only), the console, TensorBoard."""
+    listeners = [console]
     if not (cfg.train.evaluate_only or cfg.train.benchmark_steps):   # no benchmark run: no MLPerf log
         submission = {"benchmark": task.name, "org": cfg.mlperf.org, "division": cfg.mlperf.division,
                       "status": cfg.mlperf.status, "platform": cfg.mlperf.platform}
         instance = {k: getattr(cfg.mlperf, k) for k in ("instance_id", "number_of_instances")
                     if getattr(cfg.mlperf, k) is not None}
-        listeners.insert(0, MLPerfLogger(run_dir, submission, metric_key=task.build_metrics().name,
+        listeners.insert(0, MLPerfLogger(run_dir, submission, metric_key=task.metric_name,
                                          instance=instance))
     if cfg.runtime.tensorboard:
         listeners.append(TensorBoardListener(run_dir / "tensorboard", yaml_text(cfg)))
     return listeners
-
-
-def _report(task, result, output_dir) -> str:
-    cfg = task.cfg
-    log = (output_dir / LOG_NAME).resolve()
-    metric_name = task.build_metrics().name
-    if result.status == "benchmarked":
-        b = result.throughput
-        print(f"[benchmark] {task.name}: {b['steps']} steps after {b['warmup_steps']} warm-up, {b['ranks']} rank(s), "
-              f"global batch {b['global_batch_size']}, {b['precision']}: {b['samples_per_s_per_rank']:.2f} "
-              f"samples/s per rank, {b['samples_per_s']:.2f} samples/s in total; input pipeline alone "
-              f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank")
-        print(f"[done] run directory: {output_dir.resolve()}")
-        return "no log (benchmark mode)"
-    if result.status == "evaluated":
-        print(f"[done] {task.name}: evaluated the model of epoch {result.epochs}: {metric_name} "
-              f"{result.metric:.4f} (target {task.target})")
-        print(f"[done] run directory: {output_dir.resolve()}")
-        return "no log (evaluation only)"
-    if result.failure:
-        f = result.failure
-        print(f"[done] {task.name}: aborted ({f['reason']} at step {f['step_num']}), exit code {f['exit_code']}"
-              + (f"; checkpoint of the last finite state {f['checkpoint']}" if f.get("checkpoint") else ""))
-        print(f"[done] run directory: {output_dir.resolve()}")
-        return "not checked (the run could not go on)"
-    print(f"[done] {task.name}: {result.status}, {result.epochs} epoch(s), "
-          f"{metric_name} {result.metric:.4f}, time to train {result.time_to_train_s / 60:.3f} min")
-    print(f"[done] run directory: {output_dir.resolve()}")
-    if result.history:
-        plot_training_curve(result.history, metric_name, task.target,
-                            f"{task.name}: {result.status} after {result.epochs} epoch(s), "
-                            f"{result.time_to_train_s / 60:.2f} min", output_dir / "training_curve.png")
-    if result.status == "preempted":
-        print(f"[done] stopped on request (SIGUSR1 or SIGTERM on a rank): checkpoint {result.checkpoint}; "
-              f"go on with --resume (exit code {EXIT_PREEMPTED}); the log says aborted")
-        return "not checked (stopped on request)"
-    if not cfg.runtime.check_log:
-        return "not checked"
-    passed, output = check_log(log, cfg.mlperf.ruleset)
-    if passed:
-        print(f"[done] MLPerf log {log} PASSED the compliance checker (hpc {cfg.mlperf.ruleset})")
-        return "passed"
-    print(f"[done] MLPerf log {log} FAILED the compliance checker (hpc {cfg.mlperf.ruleset}):")
-    print("\n".join("    " + line for line in output.splitlines()[-15:]))
-    return "failed"

@@ -66,6 +66,7 @@ class Task:
     A subclass sets the class attributes and implements the `build_*` methods.
     """
     name: ClassVar[str]                   # MLPerf benchmark name ('cosmoflow')
+    metric_name: ClassVar[str]            # the MLPerf key of its quality metric ('eval_error'): build_metrics().name
     # Root config dataclass (a common.base_config.BaseConfig with a `data` section).
     config_class: ClassVar[type]
     flags: ClassVar[tuple[Flag, ...]] = ()   # command-line flags mapped onto config keys

@@ -1,7 +1,7 @@
-"""Stop requests (SIGUSR1, SIGTERM) and closing the books when the end is near.
+"""Stop requests (SIGUSR1, SIGTERM), the ranks' agreement to stop, and closing the books in time.
 
 SIGUSR1 is the preemption notice (SLURM's `--signal=USR1@<grace>`): the ranks
-agree at the next check (`stop_requested` in a collective, common.trainer),
+agree at the next check (`agree`, a collective of the training loop),
 write a checkpoint, close the MLPerf log as aborted with that checkpoint and
 exit with EXIT_PREEMPTED; nothing hurries them.
 
@@ -19,9 +19,12 @@ thread `grace_s` seconds to reach it and write the checkpoint; then it ends the
 process with EXIT_TERMINATED (143 = 128 + SIGTERM).
 """
 
+import dataclasses
 import os
 import signal
 import threading
+
+import numpy as np
 
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
 # sysexits.h EX_TEMPFAIL: stopped on request after writing a checkpoint; run it
@@ -78,3 +81,49 @@ def stop_requested() -> str | None:
 def stopped() -> None:
     """The main thread has stopped in order (checkpoint written): the SIGTERM deadline is off."""
     _stopped.set()
+
+
+# "No bad step" in the agreement's allreduce_max of negated steps.
+_NO_STEP = 2.0 ** 62
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """What every rank learnt from one `agree`: the same on every rank but `bad_input_step`."""
+    stop: bool                      # some rank got SIGUSR1 or SIGTERM
+    bad_input_rank: int | None      # the highest rank that read a non-finite batch
+    bad_input_step: int | None      # this rank's first global step with a non-finite batch
+    bad_loss_step: int | None       # the first global step whose loss was not finite on some rank
+
+
+def agree(dist, first_step: int, losses: np.ndarray, inputs_finite: np.ndarray) -> Agreement:
+    """A collective of every rank, every `train.stop_check_steps` steps: the stop request and the
+    checks of the steps since the last call share one allreduce.
+
+    Args:
+      first_step: the global step of losses[0] and inputs_finite[0].
+      losses: this rank's losses of those steps.
+      inputs_finite: for each of those steps, whether this rank's batch was finite.
+    """
+    bad_batch = _first(~np.asarray(inputs_finite, bool))
+    bad_loss = _first(~np.isfinite(np.asarray(losses, np.float64)))
+    # [stop, 1 + the rank of a non-finite batch, minus the first global step with a non-finite loss]
+    stop, culprit, loss_step = dist.allreduce_max([
+        1.0 if stop_requested() else 0.0,
+        0.0 if bad_batch is None else dist.rank + 1.0,
+        -_NO_STEP if bad_loss is None else -float(first_step + bad_loss)])
+    return Agreement(stop=bool(stop > 0), bad_input_rank=int(culprit) - 1 if culprit else None,
+                     bad_input_step=None if bad_batch is None else first_step + bad_batch,
+                     bad_loss_step=int(-loss_step) if loss_step > -_NO_STEP else None)
+
+
+def agree_to_stop(dist) -> bool:
+    """A collective: True on every rank once any rank got SIGUSR1 or SIGTERM."""
+    flag = 1.0 if stop_requested() else 0.0
+    return bool(dist.allreduce_max([flag])[0] > 0)
+
+
+def _first(flags) -> int | None:
+    """The index of the first True of a bool vector, or None."""
+    hits = np.flatnonzero(flags)
+    return int(hits[0]) if hits.size else None

@@ -43,9 +43,14 @@ FLAGS = (
 )
 
 
+# The quality metric, under its MLPerf key: validation MAE.
+METRIC_NAME = "eval_error"
+
+
 class CosmoFlowTask(Task):
     """CosmoFlow: 3D CNN regressing 4 cosmological parameters, MSE loss, validation MAE."""
     name = "cosmoflow"
+    metric_name = METRIC_NAME
     config_class = CosmoFlowConfig
     flags = FLAGS
 
@@ -197,7 +202,7 @@ def mean_squared_error(y, pred):
 def mean_absolute_error() -> EvalMetric:
     """Mean absolute error over all samples and the 4 parameters (lower is better)."""
     return EvalMetric(
-        name="eval_error",
+        name=METRIC_NAME,
         update=lambda y, pred: tf.stack([tf.reduce_sum(tf.abs(tf.cast(pred, tf.float32) - y)),
                                          tf.cast(tf.size(y), tf.float32)]),
         finalize=lambda sums: float(sums[0] / sums[1]),

@@ -81,9 +81,14 @@ FLAGS = (
 )
 
 
+# The quality metric, under its MLPerf key: validation IoU.
+METRIC_NAME = "eval_accuracy"
+
+
 class DeepCAMTask(Task):
     """DeepCAM: DeepLabv3+ segmentation of climate fields, weighted cross-entropy, validation IoU."""
     name = "deepcam"
+    metric_name = METRIC_NAME
     config_class = DeepCAMConfig
     flags = FLAGS
 
@@ -260,7 +265,7 @@ def _iou_sums(labels, logits):
 def mean_iou() -> EvalMetric:
     """Validation IoU averaged over samples of all ranks (higher is better)."""
     return EvalMetric(
-        name="eval_accuracy",
+        name=METRIC_NAME,
         update=_iou_sums,
         finalize=lambda sums: float(sums[0] / sums[1]),
         lower_is_better=False)

@@ -8,7 +8,8 @@ import io
 import pytest
 
 from common.events import CallSite, Events, RunInfo, StepInfo
-from common.progress import LineSink, Progress, StepProgress, format_duration, progress_stream
+from common.console import StepProgress
+from common.progress import LineSink, Progress, format_duration, progress_stream
 
 SITE = CallSite("common/trainer.py", 1)
 
