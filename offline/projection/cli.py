@@ -112,8 +112,9 @@ def main(argv=None) -> int:
                 or (args.local_batch is not None and args.local_batch < 1):
             raise InputError("--instances, --global-batch and --local-batch must be at least 1")
         if args.spatial_ranks != 1 or args.sample_edge != spatial.MEASURED_EDGE:
-            if args.benchmark != "cosmoflow":
-                raise InputError(f"--spatial-ranks and --sample-edge are for cosmoflow only, not {args.benchmark}")
+            if args.benchmark != spatial.BENCHMARK:
+                raise InputError(f"--spatial-ranks and --sample-edge are for {spatial.BENCHMARK} only, "
+                                 f"not {args.benchmark}")
             return spatial_report.run_spatial_projection(args)
         return run_projection(args)
     except (InputError, KeyError, ValueError) as e:

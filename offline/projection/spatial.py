@@ -41,6 +41,7 @@ import math
 
 from offline.projection.model import ELEMENT_BYTES, Machine, ModelCosts
 
+BENCHMARK = "cosmoflow"         # the network rebuilt here; no other benchmark splits its samples
 MEASURED_EDGE = 128            # offline/model_costs/cosmoflow.json is the 128^3 closed model
 EDGES = (128, 256, 512)
 IN_CHANNELS = 4

@@ -23,7 +23,7 @@ def spatial_requests(args, machine: Machine, precision: str, means: dict, measur
     epoch is one of a hypothetical data set with the 128^3 one's sample counts, its bytes scaled.
     """
     edge, k = args.sample_edge, args.spatial_ranks
-    dataset = inputs.DATASETS["cosmoflow"]
+    dataset = inputs.DATASETS[spatial.BENCHMARK]
     if edge != spatial.MEASURED_EDGE:
         means = {}
         dataset = dataclasses.replace(dataset, bytes=dataset.bytes * (edge / spatial.MEASURED_EDGE) ** 3)
@@ -32,8 +32,8 @@ def spatial_requests(args, machine: Machine, precision: str, means: dict, measur
     def request(ranks):
         exchange = (lambda b: spatial.exchange_seconds(machine, edge, ranks, precision, b, cycle_s)
                     ) if ranks > 1 else None
-        return (Request("cosmoflow", machine, inputs.parse_nodes(args.nodes), args.global_batch,
-                        args.local_batch or inputs.default_local_batch("cosmoflow"), precision, args.instances,
+        return (Request(spatial.BENCHMARK, machine, inputs.parse_nodes(args.nodes), args.global_batch,
+                        args.local_batch or inputs.default_local_batch(spatial.BENCHMARK), precision, args.instances,
                         args.staging == "timed", means, ranks, exchange, dataset,
                         spatial.memory_per_device(edge, ranks, precision)),
                 spatial.device_costs(measured, edge, ranks))
@@ -83,14 +83,15 @@ def memory_table(machine: Machine, k: int, precision: str) -> list[str]:
     return lines
 
 
-def spatial_verdicts(args, precision: str, base, split, split_rows: list) -> list[str]:
+def spatial_verdicts(args, precision: str, base: tuple, split_rows: list) -> list[str]:
     """Where splitting loses, where it wins, and where it is the only way.
 
     A split run on N nodes is set against the K=1 run on N / K nodes: the same number of groups
     (data-parallel replicas) at the same local batch, so the split's gain is its device time / K
     and its cost the collectives. At equal node counts the devices would do the same work.
+    `base`: (the K=1 request, its costs).
     """
-    (base_request, base_costs), (split_request, _) = base, split
+    base_request, base_costs = base
     k, machine, out = args.spatial_ranks, base_request.machine, []
     device = machine.device_memory_bytes
     for e in spatial.EDGES if device else ():
@@ -115,7 +116,7 @@ def spatial_verdicts(args, precision: str, base, split, split_rows: list) -> lis
                    f"+{p.exchange_s * 1e3:.1f} ms), {_span(p)} vs {_span(b)}")
     beyond = [p for p in split_rows if not isinstance(p, str) and p.global_batch < p.devices]
     if beyond:
-        out.append(f"past the data-parallel limit (fewer samples than devices) only the split runs: "
+        out.append("past the data-parallel limit (fewer samples than devices) only the split runs: "
                    + ", ".join(f"{p.nodes} nodes {_span(p)}" for p in beyond))
     fastest = [min((p for p in rows if not isinstance(p, str)), key=lambda p: p.time_to_train_s or p.epoch_s,
                    default=None) for rows in (base_request.rows(base_costs), split_rows)]
@@ -142,10 +143,11 @@ def run_spatial_projection(args) -> int:
     edge, k = args.sample_edge, args.spatial_ranks
     spatial.check_split(machine, edge, k)
     if args.characterization:
-        raise InputError("--characterization projects the unsplit 128^3 model only (drop --spatial-ranks/--sample-edge)")
-    measured, measured_line = inputs.load_costs("cosmoflow")
+        raise InputError("--characterization projects the unsplit 128^3 model only "
+                         "(drop --spatial-ranks/--sample-edge)")
+    measured, measured_line = inputs.load_costs(spatial.BENCHMARK)
     costs_line = f"{edge}^3, scaled analytically by the layer shapes from the {measured_line}"
-    means = rcp.rcp_means("cosmoflow", args.ruleset, args.rcp_pass)
+    means = rcp.rcp_means(spatial.BENCHMARK, args.ruleset, args.rcp_pass)
     (base, base_costs), (split, split_costs) = spatial_requests(args, machine, precision, means, measured)
     if split.staging_timed:
         inputs.check_staging_rates(args.machine, machine, split.dataset)
@@ -177,7 +179,7 @@ def run_spatial_projection(args) -> int:
         epochs_line = report.rcp_line(args, request.means) if request.means else "none (no RCP at this size)"
         print(report.format_projections(request, costs, costs_line, rows[request.spatial_ranks], epochs_line))
     print()
-    print("\n".join(spatial_verdicts(args, precision, (base, base_costs), (split, split_costs), rows.get(k, []))))
+    print("\n".join(spatial_verdicts(args, precision, (base, base_costs), rows.get(k, []))))
     machine_stem = inputs.machine_path(args.machine).stem
     png = args.png or inputs.REPO / "runs" / "projection" / f"cosmoflow_{edge}_k{k}_{machine_stem}.png"
     plots.plot_spatial(machine, args, precision, rows, costs_line, png)
