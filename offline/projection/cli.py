@@ -75,7 +75,7 @@ def run_projection(args) -> int:
 
 def main(argv=None) -> int:
     """Returns 0, or EXIT_INPUT_ERROR after one `error: ...` line on stderr."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m offline.projection", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmark", choices=benchmarks.names())
     parser.add_argument("--machine", help="machines/*.yaml (a path or a name of machines/)")
