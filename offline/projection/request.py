@@ -20,7 +20,7 @@ class Request:
     means: dict
     spatial_ranks: int = 1          # K > 1: the costs are a device's share (spatial.py)
     exchange_s_for: object = None   # local batch -> seconds of the split layers' collectives per step
-    dataset: Dataset | None = None  # None: the benchmark's (DATASETS)
+    dataset: Dataset | None = None  # None: the benchmark's (inputs.DATASETS)
     memory: object = None           # a spatial.Memory: node counts whose batch does not fit fail
 
     def global_batch_for(self, nodes: int) -> int:
