@@ -44,6 +44,10 @@ class Benchmark:
       make_suffix: suffix of the Makefile's targets data<suffix>, run<suffix> (and bench-<name>).
       make_run_dir_var: the Makefile variable naming the run directory of run<suffix>.
       throughput_bench: the script `make bench-<name>` runs; '' when there is none.
+      published_train_samples: training samples of the full data set as published (offline.projection's
+        epoch); 0 when unknown.
+      published_eval_samples: its validation samples (offline.projection's evaluation pass).
+      published_dataset_bytes: its size as published, the bytes offline.projection stages.
     """
     name: str
     submission_name: str
@@ -63,6 +67,9 @@ class Benchmark:
     make_suffix: str
     make_run_dir_var: str
     throughput_bench: str = ""
+    published_train_samples: int = 0
+    published_eval_samples: int = 0
+    published_dataset_bytes: float = 0.0
 
 
 BENCHMARKS = (
@@ -85,6 +92,12 @@ BENCHMARKS = (
         make_suffix="",
         make_run_dir_var="RUN_DIR",
         throughput_bench="bench/cosmoflow_throughput.py",
+        # Sample counts: train_samples / eval_samples of every published v3.0 log read. 1.7 TB: the gzip
+        # TFRecord tarball cosmoUniverse_2019_05_4parE_tf_v2.tar with its train, validation and test
+        # folders (mlcommons/hpc, cosmoflow/README.md); the runs do not stage the test split.
+        published_train_samples=524_288,
+        published_eval_samples=65_536,
+        published_dataset_bytes=1.7e12,
     ),
     Benchmark(
         name="deepcam",
@@ -106,6 +119,11 @@ BENCHMARKS = (
         make_suffix="-deepcam",
         make_run_dir_var="DEEPCAM_RUN_DIR",
         throughput_bench="bench/deepcam_throughput.py",
+        # Sample counts: as cosmoflow's. 8.8 TB: MLCommons' MLPerf HPC v0.7 announcement
+        # (mlcommons.org/en/news/mlperf-hpc-v07), a test split included.
+        published_train_samples=121_266,
+        published_eval_samples=15_158,
+        published_dataset_bytes=8.8e12,
     ),
 )
 FIELDS = tuple(f.name for f in dataclasses.fields(Benchmark))

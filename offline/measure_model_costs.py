@@ -1,4 +1,4 @@
-"""Measures the closed models' cost per sample on this CPU, for the scaling projection (offline.project).
+"""Measures the closed models' cost per sample on this CPU, for the scaling projection (offline.projection).
 
   python -m offline.measure_model_costs                       # both benchmarks, input pipeline included
   python -m offline.measure_model_costs --bench deepcam --no-input-pipeline

@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 
-from offline import datagen
+from common import synthetic_files
 from cosmoflow import data, synthetic
 
 
@@ -38,7 +38,7 @@ def test_writes_public_layout_and_skips_a_second_time(tmp_path):
     ys = np.concatenate([y.numpy() for _, y in data.make_dataset([str(p) for p in train], (8, 8, 8, 4), 6,
                                                                  "GZIP", training=False)])
     assert ys.shape == (6, 4) and np.all(np.abs(ys) <= 1) and len(np.unique(ys[:, 0])) == 6
-    assert json.loads((tmp_path / datagen.MARKER).read_text())["n_train"] == 6
+    assert json.loads((tmp_path / synthetic_files.MARKER).read_text())["n_train"] == 6
     messages.clear()
     synthetic.generate(tmp_path, size=8, n_train=6, n_valid=2, seed=1, workers=1, progress=messages.append)
     assert messages == [f"[synthetic] {tmp_path} already holds this data set; nothing to do"]

@@ -1,4 +1,4 @@
-"""The scaling projection (offline/projection.py, offline/project.py): each term against
+"""The scaling projection (offline/projection/): each term against
 hand-computed cases on a made-up machine, the RCP epochs against mlperf_logging's own RCP
 checker, the shipped machine files and stored model costs, and the validation against published
 MLPerf HPC results (offline/published_points.yaml, the v3.0 logs of tests/fixtures).
@@ -13,8 +13,9 @@ import tarfile
 
 import pytest
 
-from offline import project, projection, spatial_projection
-from offline.projection import Dataset, Machine, ModelCosts
+from common.errors import InputError
+from offline.projection import cli, inputs, model, published_points, questions, rcp, spatial
+from offline.projection.model import Dataset, Machine, ModelCosts
 from tests import helpers
 
 FIXTURES = helpers.REPO / "tests" / "fixtures" / "hpc_results_v3.0.tar.gz"
@@ -34,52 +35,52 @@ DATA = Dataset(train_samples=1000, eval_samples=100, bytes=1e11)
 # ------------------------------------------------------------------ each term, by hand
 def test_compute_and_memory_terms():
     # compute: 4 samples x 3e9 FLOP / 4e12 FLOP/s (fp16)
-    assert projection.compute_seconds(TOY, COSTS, 4, "fp16") == pytest.approx(3e-3)
-    assert projection.compute_seconds(TOY, COSTS, 4, "fp32") == pytest.approx(12e-3)
+    assert model.compute_seconds(TOY, COSTS, 4, "fp16") == pytest.approx(3e-3)
+    assert model.compute_seconds(TOY, COSTS, 4, "fp32") == pytest.approx(12e-3)
     # memory: (4 x 6e8 x 2/4 + 3e8) B / 1e11 B/s: activations halve in fp16, weights do not
-    assert projection.memory_seconds(TOY, COSTS, 4, "fp16") == pytest.approx(0.015)
-    assert projection.memory_seconds(TOY, COSTS, 4, "fp32") == pytest.approx(0.027)
+    assert model.memory_seconds(TOY, COSTS, 4, "fp16") == pytest.approx(0.015)
+    assert model.memory_seconds(TOY, COSTS, 4, "fp32") == pytest.approx(0.027)
 
 
 def test_ring_allreduce():
     # 2 nodes x 2 devices, p = 4: 2 (3/4) x 1e8 B / (10e9 / 2 B/s per device) + 2 x 3 x 1 us
-    assert projection.allreduce_seconds(TOY, 1e8, 2) == pytest.approx(0.03 + 6e-6)
+    assert model.allreduce_seconds(TOY, 1e8, 2) == pytest.approx(0.03 + 6e-6)
     # one node: the intra-node link, p = 2: 2 (1/2) x 1e8 / 50e9 + 2 x 1 x 1 us
-    assert projection.allreduce_seconds(TOY, 1e8, 1) == pytest.approx(0.002 + 2e-6)
+    assert model.allreduce_seconds(TOY, 1e8, 1) == pytest.approx(0.002 + 2e-6)
     # one device: nothing to reduce
     single = dataclasses.replace(TOY, devices_per_node=1)
-    assert projection.allreduce_seconds(single, 1e8, 1) == 0.0
+    assert model.allreduce_seconds(single, 1e8, 1) == 0.0
 
 
 def test_staging_term():
     # 2 nodes write 2 GB/s, below the file system's 10 GB/s: 1e11 / 2e9
-    assert projection.staging_seconds(TOY, DATA, 2) == pytest.approx(50.0)
+    assert model.staging_seconds(TOY, DATA, 2) == pytest.approx(50.0)
     # 20 nodes could write 20 GB/s: the file system limits it, 1e11 / 1e10
-    assert projection.staging_seconds(TOY, DATA, 20) == pytest.approx(10.0)
+    assert model.staging_seconds(TOY, DATA, 20) == pytest.approx(10.0)
     # 4 jobs at once share the file system: 1e11 / 2.5e9
-    assert projection.staging_seconds(TOY, DATA, 20, instances=4) == pytest.approx(40.0)
-    assert projection.staging_saturation_nodes(TOY) == pytest.approx(10.0)
-    assert projection.staging_saturation_nodes(TOY, instances=4) == pytest.approx(2.5)
+    assert model.staging_seconds(TOY, DATA, 20, instances=4) == pytest.approx(40.0)
+    assert model.staging_saturation_nodes(TOY) == pytest.approx(10.0)
+    assert model.staging_saturation_nodes(TOY, instances=4) == pytest.approx(2.5)
     # an unknown file system limits nothing; with both rates unknown staging cannot be projected
     no_fs = dataclasses.replace(TOY, filesystem_bytes_per_s=None)
-    assert projection.staging_seconds(no_fs, DATA, 20) == pytest.approx(5.0)
-    assert projection.staging_saturation_nodes(no_fs) is None
+    assert model.staging_seconds(no_fs, DATA, 20) == pytest.approx(5.0)
+    assert model.staging_saturation_nodes(no_fs) is None
     unknown = dataclasses.replace(no_fs, node_local_write_bytes_per_s=None)
-    assert projection.staging_seconds(unknown, DATA, 20) is None
+    assert model.staging_seconds(unknown, DATA, 20) is None
     with pytest.raises(ValueError, match="staging cannot be projected"):
-        projection.project(unknown, COSTS, DATA, "bench", 2, 16, 3.0)
-    assert projection.project(unknown, COSTS, DATA, "bench", 2, 16, 3.0, staging_timed=False).staging_s is None
+        model.project(unknown, COSTS, DATA, "bench", 2, 16, 3.0)
+    assert model.project(unknown, COSTS, DATA, "bench", 2, 16, 3.0, staging_timed=False).staging_s is None
 
 
 def test_eval_term():
     # 4 devices: ceil(100 / 4) = 25 samples each, memory-bound: 2e8 x 2/4 B / 1e11 B/s = 1 ms, / 0.5
-    assert projection.eval_seconds(TOY, COSTS, DATA, 4, "fp16", 0.5) == pytest.approx(0.05)
+    assert model.eval_seconds(TOY, COSTS, DATA, 4, "fp16", 0.5) == pytest.approx(0.05)
     # 3 devices: ceil(100 / 3) = 34
-    assert projection.eval_seconds(TOY, COSTS, DATA, 3, "fp16", 0.5) == pytest.approx(34 * 2e-3)
+    assert model.eval_seconds(TOY, COSTS, DATA, 3, "fp16", 0.5) == pytest.approx(34 * 2e-3)
 
 
 def test_total_time_to_train():
-    p = projection.project(TOY, COSTS, DATA, "bench", nodes=2, global_batch=16, epochs=3.0)
+    p = model.project(TOY, COSTS, DATA, "bench", nodes=2, global_batch=16, epochs=3.0)
     assert (p.devices, p.local_batch, p.steps_per_epoch) == (4, 4, 62)        # 1000 // 16
     assert p.bound == "memory"
     assert p.device_step_s == pytest.approx(0.015 / 0.5)
@@ -96,40 +97,41 @@ def test_total_time_to_train():
     # 8 cores x 10 samples/s against 2 devices x 4 samples per 0.060006 s
     assert p.input_headroom == pytest.approx(80 / (8 / 0.060006))
     # staging outside the timed region, half of the allreduce hidden, no RCP
-    untimed = projection.project(TOY, COSTS, DATA, "bench", 2, 16, 3.0, staging_timed=False)
+    untimed = model.project(TOY, COSTS, DATA, "bench", 2, 16, 3.0, staging_timed=False)
     assert untimed.time_to_train_s == pytest.approx(3 * (62 * 0.060006 + 0.05))
     overlapped = dataclasses.replace(TOY, allreduce_overlap=0.5)
-    assert projection.project(overlapped, COSTS, DATA, "bench", 2, 16, 3.0).step_s == pytest.approx(0.03 + 0.015003)
-    assert projection.project(TOY, COSTS, DATA, "bench", 2, 16, None).time_to_train_s is None
+    assert model.project(overlapped, COSTS, DATA, "bench", 2, 16, 3.0).step_s == pytest.approx(0.03 + 0.015003)
+    assert model.project(TOY, COSTS, DATA, "bench", 2, 16, None).time_to_train_s is None
     with pytest.raises(ValueError, match="smaller than the 4 devices"):
-        projection.project(TOY, COSTS, DATA, "bench", 2, 2, 3.0)
+        model.project(TOY, COSTS, DATA, "bench", 2, 2, 3.0)
 
 
 def test_calibration_inverts_the_projection():
-    published = projection.project(TOY, COSTS, DATA, "bench", 2, 16, 3.0).time_to_train_s
+    published = model.project(TOY, COSTS, DATA, "bench", 2, 16, 3.0).time_to_train_s
     untouched = TOY.with_efficiency("bench", 0.9)   # calibration ignores the stated efficiency
-    assert projection.calibrate_efficiency(untouched, COSTS, DATA, "bench", 2, 16, 3.0, published) == pytest.approx(0.5)
+    assert published_points.calibrate_efficiency(untouched, COSTS, DATA, "bench", 2, 16, 3.0,
+                                                 published) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="exceed the published"):
         # staging (50 s) and the allreduce (3 x 62 x 30.006 ms = 5.58 s) alone take longer than 55 s
-        projection.calibrate_efficiency(TOY, COSTS, DATA, "bench", 2, 16, 3.0, 55.0)
+        published_points.calibrate_efficiency(TOY, COSTS, DATA, "bench", 2, 16, 3.0, 55.0)
 
 
 def test_questions_users_ask():
     # memory-bound at every batch: 3e9/4e12 = 0.75 ms of compute < 3 ms of traffic per sample
-    assert projection.smallest_compute_bound_local_batch(TOY, COSTS) is None
+    assert questions.smallest_compute_bound_local_batch(TOY, COSTS) is None
     # 10x the FLOPs and weights: b x 7.5 ms >= (b x 3 ms + 30 ms) from b = 30 / 4.5 -> 7
     heavy = dataclasses.replace(COSTS, flops_train=3e10, weight_bytes_train=3e9)
-    assert projection.smallest_compute_bound_local_batch(TOY, heavy) == 7
+    assert questions.smallest_compute_bound_local_batch(TOY, heavy) == 7
     # busy 90%: device 6 ms x (b + 1) >= 9 x 30.006 ms of allreduce -> b = 45 at 2 nodes
-    assert projection.smallest_busy_local_batch(TOY, COSTS, "bench", nodes=2, busy=0.9) == 45
+    assert questions.smallest_busy_local_batch(TOY, COSTS, "bench", nodes=2, busy=0.9) == 45
     # staging 10 s whatever the nodes (a 1 GB/s file system); 6 epochs of batch 64 shrink with the
     # nodes: 18.6 s on 1 node (35% staging), 12.2 s on 2 (45%), 8.2 s on 4 (55%): dominant from 4
     slow_fs = dataclasses.replace(TOY, filesystem_bytes_per_s=1e9)
     small = Dataset(train_samples=1000, eval_samples=100, bytes=1e10)
-    assert projection.staging_dominates_from(slow_fs, COSTS, small, "bench", lambda n: 64, lambda b: 6.0,
+    assert questions.staging_dominates_from(slow_fs, COSTS, small, "bench", lambda n: 64, lambda b: 6.0,
                                              max_nodes=32) == (4, 4)
     # no RCP anywhere: nothing checked
-    assert projection.staging_dominates_from(slow_fs, COSTS, small, "bench", lambda n: 64, lambda b: None,
+    assert questions.staging_dominates_from(slow_fs, COSTS, small, "bench", lambda n: 64, lambda b: None,
                                              max_nodes=32) == (None, None)
 
 
@@ -137,12 +139,12 @@ def test_questions_users_ask():
 def test_rcp_olympic_mean_and_interpolation():
     records = {"r32": {"BS": 32, "Epochs to converge": [8, 5, 7, 6]},      # olympic mean (6 + 7) / 2
                "r128": {"BS": 128, "Epochs to converge": [10, 11, 12]}}   # 11
-    means = projection.rcp_means(records)
+    means = rcp.olympic_means(records)
     assert means == {32: 6.5, 128: 11.0}
-    assert projection.rcp_epochs(means, 32) == 6.5
-    assert projection.rcp_epochs(means, 64) == pytest.approx(6.5 + 4.5 * 32 / 96)
-    assert projection.rcp_epochs(means, 16) is None
-    assert projection.rcp_epochs(means, 256) is None
+    assert rcp.rcp_epochs(means, 32) == 6.5
+    assert rcp.rcp_epochs(means, 64) == pytest.approx(6.5 + 4.5 * 32 / 96)
+    assert rcp.rcp_epochs(means, 16) is None
+    assert rcp.rcp_epochs(means, 256) is None
 
 
 @pytest.mark.parametrize("benchmark", ["cosmoflow", "deepcam"])
@@ -150,19 +152,19 @@ def test_rcp_epochs_match_the_rcp_checker(benchmark):
     """Our means, pruning and interpolation against mlperf_logging's RCP_Checker on the real tables."""
     from mlperf_logging.rcp_checker.rcp_checker import RCP_Checker
     checker = RCP_Checker("hpc", "3.0.0", benchmark, False)
-    means = project.rcp_means(benchmark)
+    means = rcp.rcp_means(benchmark)
     assert means == pytest.approx({r["BS"]: r["RCP Mean"] for r in checker.rcp_data.values()})
-    pruned = project.rcp_means(benchmark, rcp_pass="pruned")
+    pruned = rcp.rcp_means(benchmark, rcp_pass="pruned")
     assert sorted(pruned) == sorted(r["BS"] for r in checker.pruned_rcp_data.values())
     for bs in range(min(pruned) + 16, max(pruned), 48):
         low, high = checker._find_top_min_rcp(bs, "pruned_rcps"), checker._find_bottom_max_rcp(bs, "pruned_rcps")
         expected = checker._find_rcp(bs, "pruned_rcps") or checker._create_interp_rcp(bs, low, high)[1]
-        assert projection.rcp_epochs(pruned, bs) == pytest.approx(expected["RCP Mean"])
+        assert rcp.rcp_epochs(pruned, bs) == pytest.approx(expected["RCP Mean"])
 
 
 # ------------------------------------------------------------------ shipped data
 def test_stored_model_costs_are_the_closed_models():
-    cosmo, deepcam = project.stored_costs("cosmoflow"), project.stored_costs("deepcam")
+    cosmo, deepcam = inputs.stored_costs("cosmoflow"), inputs.stored_costs("deepcam")
     assert (cosmo["parameters"], deepcam["parameters"]) == (8_907_556, 56_454_720)
     # the five Conv3D layers, 2 x outputs x 27 x input channels each, are all but 0.5% of the forward
     convs = sum(2 * (128 >> i) ** 3 * (32 << i) * 27 * (4 if i == 0 else 32 << (i - 1)) for i in range(5))
@@ -175,7 +177,7 @@ def test_stored_model_costs_are_the_closed_models():
 
 @pytest.mark.parametrize("path", sorted((helpers.REPO / "machines").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_machine_file_loads(path):
-    machine = project.load_machine(path)
+    machine = inputs.load_machine(path)
     assert machine.peak(machine.precision) > 0
     assert path.read_text().startswith("#")   # the command and the sources come first
 
@@ -183,30 +185,31 @@ def test_every_machine_file_loads(path):
 def test_machine_file_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((helpers.REPO / "machines" / "perlmutter-a100.yaml").read_text() + "gpus: 4\n")
-    with pytest.raises(project.InputError, match="unknown keys gpus"):
-        project.load_machine(bad)
+    with pytest.raises(InputError, match="unknown keys gpus"):
+        inputs.load_machine(bad)
     bad.write_text("name: x\n")
-    with pytest.raises(project.InputError, match="missing keys"):
-        project.load_machine(bad)
+    with pytest.raises(InputError, match="missing keys"):
+        inputs.load_machine(bad)
 
 
 # ------------------------------------------------------------------ validation against published results
 @pytest.fixture(scope="module")
 def points():
-    return project.load_points()
+    return inputs.load_points()
 
 
 def test_each_machine_states_its_calibrated_efficiency(points):
     calibration = {name: p for name, p in points.items() if p["role"] == "calibration"}
-    devices = [project.load_machine(p["machine"]).device for p in calibration.values()]
+    devices = [inputs.load_machine(p["machine"]).device for p in calibration.values()]
     assert len(devices) == len(set(devices)), "one calibration point per device type"
     for name, point in calibration.items():
-        machine = project.load_machine(point["machine"])
-        assert machine.efficiency_for(point["benchmark"]) == pytest.approx(project.calibrate(name, points), abs=1e-4)
+        machine = inputs.load_machine(point["machine"])
+        assert machine.efficiency_for(point["benchmark"]) == pytest.approx(published_points.calibrate(name, points),
+                                                                           abs=1e-4)
     # a validation-only machine of a calibrated device type states that device's efficiency
-    clemson = project.load_machine("clemson-a100-pcie")
-    assert clemson.efficiency_for("deepcam") == pytest.approx(project.calibrate("perlmutter-cosmoflow-128", points),
-                                                              abs=1e-4)
+    clemson = inputs.load_machine("clemson-a100-pcie")
+    assert clemson.efficiency_for("deepcam") == pytest.approx(
+        published_points.calibrate("perlmutter-cosmoflow-128", points), abs=1e-4)
 
 
 def test_validation_points_within_25_percent_or_explained(points):
@@ -215,7 +218,7 @@ def test_validation_points_within_25_percent_or_explained(points):
     for name in validation:
         point = points[name]
         assert point["calibrated_by"] != name and points[point["calibrated_by"]]["role"] == "calibration"
-        check = project.check_point(name, points)
+        check = published_points.check_point(name, points)
         assert check.error is not None, f"{name}: no RCP for its global batch"
         if not check.within:
             reason = point.get("outside_because", "")
@@ -275,7 +278,7 @@ def test_fixture_points_match_their_logs(points, fixture_logs):
 @pytest.mark.parametrize("benchmark", ["cosmoflow", "deepcam"])
 def test_command_prints_every_term_and_writes_the_figure(benchmark, tmp_path, capsys):
     png = tmp_path / "curves.png"
-    rc = project.main(["--benchmark", benchmark, "--machine", "machines/perlmutter-a100.yaml",
+    rc = cli.main(["--benchmark", benchmark, "--machine", "machines/perlmutter-a100.yaml",
                        "--nodes", "16,32,64,128,256", "--png", str(png)])
     out = capsys.readouterr().out
     assert rc == 0
@@ -289,10 +292,10 @@ def test_command_prints_every_term_and_writes_the_figure(benchmark, tmp_path, ca
 
 def test_command_refuses_what_it_cannot_project(tmp_path, capsys):
     args = ["--benchmark", "deepcam", "--machine", "clemson-a100-pcie", "--nodes", "18", "--png", str(tmp_path / "c.png")]
-    assert project.main(args) == 2
+    assert cli.main(args) == 2
     assert "--staging untimed" in capsys.readouterr().err
-    assert project.main(args + ["--staging", "untimed"]) == 0
-    assert project.main(["--benchmark", "deepcam", "--machine", "perlmutter-a100", "--nodes", "a,b"]) == 2
+    assert cli.main(args + ["--staging", "untimed"]) == 0
+    assert cli.main(["--benchmark", "deepcam", "--machine", "perlmutter-a100", "--nodes", "a,b"]) == 2
 
 
 def test_command_takes_a_runs_characterization(tmp_path, capsys):
@@ -302,28 +305,28 @@ def test_command_takes_a_runs_characterization(tmp_path, capsys):
     (run / "characterization.json").write_text(json.dumps({
         "flops_per_sample_train": 3e9, "memory_bytes_per_sample_train": 6e8, "gradient_bytes_per_step": 4e6,
         "input_samples_per_s": 40.0, "parameters": 1_000_000, "machine": {"cpus": 2}}))
-    costs, line = project.load_costs("cosmoflow", run)
+    costs, line = inputs.load_costs("cosmoflow", run)
     assert (costs.flops_train, costs.flops_forward, costs.gradient_bytes) == (3e9, 1e9, 4e6)
     assert costs.input_samples_per_s_per_core == 20.0
     assert "1,000,000 parameters" in line
-    assert project.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "4",
+    assert cli.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "4",
                          "--characterization", str(run), "--png", str(tmp_path / "p.png")]) == 0
     assert "3.0 GFLOP" in capsys.readouterr().out
-    assert project.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "4",
+    assert cli.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "4",
                          "--characterization", str(tmp_path)]) == 2
 
 
-# ------------------------------------------------------------------ spatial parallelism (offline/spatial_projection.py)
+# ------------------------------------------------------------------ spatial parallelism (offline/projection/spatial.py)
 def test_layer_rebuild_is_the_measured_closed_model():
     """The 128^3 network rebuilt from its shapes has the stored model's parameters and ~its FLOPs."""
-    record = project.stored_costs("cosmoflow")
-    layers = spatial_projection.cosmoflow_layers(128)
-    assert spatial_projection.parameters(layers) == record["parameters"]
+    record = inputs.stored_costs("cosmoflow")
+    layers = spatial.cosmoflow_layers(128)
+    assert spatial.parameters(layers) == record["parameters"]
     analytic = sum(layer.forward_flops for layer in layers)
     assert analytic == pytest.approx(record["flops_per_sample_forward"], rel=0.01)
     # 128^3 at K=1 through the spatial path gives back the measured costs
-    measured, _ = project.load_costs("cosmoflow")
-    costs = spatial_projection.device_costs(measured, 128, 1)
+    measured, _ = inputs.load_costs("cosmoflow")
+    costs = spatial.device_costs(measured, 128, 1)
     for field in ("flops_train", "flops_forward", "activation_bytes_train", "weight_bytes_train", "gradient_bytes"):
         assert getattr(costs, field) == pytest.approx(getattr(measured, field), rel=1e-12)
 
@@ -333,11 +336,11 @@ def test_halo_bytes_against_the_slabs_a_rank_sends():
     built here from the layer shapes with numpy; one alltoall forward and one backward."""
     np = pytest.importorskip("numpy")
     for edge, k, precision in ((128, 4, "fp16"), (256, 2, "fp32"), (512, 4, "bf16")):
-        channels = [spatial_projection.IN_CHANNELS] + [min(32 << i, 512 if edge == 128 else 256)
-                                                       for i in range(spatial_projection.conv_layer_count(edge))]
-        dtype = np.float16 if projection.ELEMENT_BYTES[precision] == 2 else np.float32
-        halos = [c for c in spatial_projection.collectives(edge, k, precision) if c.what == "halo"]
-        assert len(halos) == spatial_projection.conv_layer_count(edge)   # every conv split (gather before flatten)
+        channels = [spatial.IN_CHANNELS] + [min(32 << i, 512 if edge == 128 else 256)
+                                                       for i in range(spatial.conv_layer_count(edge))]
+        dtype = np.float16 if model.ELEMENT_BYTES[precision] == 2 else np.float32
+        halos = [c for c in spatial.collectives(edge, k, precision) if c.what == "halo"]
+        assert len(halos) == spatial.conv_layer_count(edge)   # every conv split (gather before flatten)
         for i, c in enumerate(halos):
             y = edge >> i
             slab = np.zeros((edge // k >> i, y, y, channels[i]), dtype)
@@ -348,22 +351,22 @@ def test_halo_bytes_against_the_slabs_a_rank_sends():
 
 def test_exchange_seconds_by_hand():
     """K=2 at 128^3, fp32, one sample per group: bytes over the NVLink share plus a cycle per collective."""
-    machine = project.load_machine("perlmutter-a100")
+    machine = inputs.load_machine("perlmutter-a100")
     link = machine.intra_node_bytes_per_s
     halo = sum(2 * 2 * (128 >> i) ** 2 * c * 4 for i, c in enumerate((4, 32, 64, 128, 256)))  # fwd + bwd
     gathered = 4 * 4 * 4 * 512 * 4          # the 4^3 x 512 tensor before Flatten
     gather = (0.5 + 2 * 0.5) * gathered      # allgather (K-1)/K forward, ring allreduce 2 (K-1)/K backward
     expected = (halo + gather) / link + (2 * 5 + 3) * 1e-3
-    assert spatial_projection.exchange_seconds(machine, 128, 2, "fp32", 1) == pytest.approx(expected)
-    assert spatial_projection.exchange_seconds(machine, 128, 1, "fp32", 1) == 0.0
+    assert spatial.exchange_seconds(machine, 128, 2, "fp32", 1) == pytest.approx(expected)
+    assert spatial.exchange_seconds(machine, 128, 1, "fp32", 1) == 0.0
 
 
-@pytest.mark.parametrize("edge", spatial_projection.EDGES)
+@pytest.mark.parametrize("edge", spatial.EDGES)
 def test_split_memory_scales_as_one_over_k(edge):
-    one = spatial_projection.memory_per_device(edge, 1, "fp32")
+    one = spatial.memory_per_device(edge, 1, "fp32")
     split_parts = []
     for k in (2, 4, 8):
-        m = spatial_projection.memory_per_device(edge, k, "fp32")
+        m = spatial.memory_per_device(edge, k, "fp32")
         split_parts.append(m.split_activations * k)
         assert m.state == one.state                       # weights are whole on every device
         # the activations: 1/K of K=1's, plus the halo copies and the small replicated head
@@ -376,45 +379,45 @@ def test_split_memory_scales_as_one_over_k(edge):
 
 def test_512_cubed_fits_only_split():
     """One 512^3 sample at K=1 does not fit an 80 GB device in fp32 (nor a 40 GB one in fp16); K=4 fits both."""
-    eos, perlmutter = project.load_machine("eos-h100"), project.load_machine("perlmutter-a100")
-    assert not spatial_projection.memory_per_device(512, 1, "fp32").fits(eos.device_memory_bytes)
-    assert spatial_projection.memory_per_device(512, 4, "fp32").fits(eos.device_memory_bytes)
-    assert not spatial_projection.memory_per_device(512, 1, "fp16").fits(perlmutter.device_memory_bytes)
-    assert spatial_projection.memory_per_device(512, 4, "fp16").fits(perlmutter.device_memory_bytes)
-    assert spatial_projection.memory_per_device(128, 1, "fp32").fits(perlmutter.device_memory_bytes)
+    eos, perlmutter = inputs.load_machine("eos-h100"), inputs.load_machine("perlmutter-a100")
+    assert not spatial.memory_per_device(512, 1, "fp32").fits(eos.device_memory_bytes)
+    assert spatial.memory_per_device(512, 4, "fp32").fits(eos.device_memory_bytes)
+    assert not spatial.memory_per_device(512, 1, "fp16").fits(perlmutter.device_memory_bytes)
+    assert spatial.memory_per_device(512, 4, "fp16").fits(perlmutter.device_memory_bytes)
+    assert spatial.memory_per_device(128, 1, "fp32").fits(perlmutter.device_memory_bytes)
 
 
 def test_split_projects_past_the_batch_limit():
     """Global batch 512 on 512 nodes x 4 devices: K=1 cannot (fewer samples than devices); K=4 can,
     with the RCP epochs of batch 512."""
-    machine = project.load_machine("perlmutter-a100")
-    measured, _ = project.load_costs("cosmoflow")
-    means = project.rcp_means("cosmoflow")
+    machine = inputs.load_machine("perlmutter-a100")
+    measured, _ = inputs.load_costs("cosmoflow")
+    means = rcp.rcp_means("cosmoflow")
     with pytest.raises(ValueError, match="smaller than the 2048 devices"):
-        projection.project(machine, measured, project.DATASETS["cosmoflow"], "cosmoflow", 512, 512, means[512])
-    p = projection.project(machine, spatial_projection.device_costs(measured, 128, 4), project.DATASETS["cosmoflow"],
+        model.project(machine, measured, inputs.DATASETS["cosmoflow"], "cosmoflow", 512, 512, means[512])
+    p = model.project(machine, spatial.device_costs(measured, 128, 4), inputs.DATASETS["cosmoflow"],
                            "cosmoflow", 512, 512, means[512], spatial_ranks=4,
-                           exchange_s_for=lambda b: spatial_projection.exchange_seconds(machine, 128, 4, "fp16", b))
+                           exchange_s_for=lambda b: spatial.exchange_seconds(machine, 128, 4, "fp16", b))
     assert (p.devices, p.groups, p.local_batch, p.epochs) == (2048, 512, 1, means[512])
     assert p.step_s == pytest.approx(p.device_step_s + p.exchange_s + p.allreduce_s)
-    assert set(p.shares()) == set(projection.COMPONENTS) | {"exchange"}
+    assert set(p.shares()) == set(model.COMPONENTS) | {"exchange"}
 
 
 def test_k1_output_unchanged(tmp_path, capsys):
     """--spatial-ranks 1 is today's projection, line for line; the new Projection fields default to it."""
     args = ["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--nodes", "16,128"]
-    assert project.main(args + ["--png", str(tmp_path / "a.png")]) == 0
+    assert cli.main(args + ["--png", str(tmp_path / "a.png")]) == 0
     plain = capsys.readouterr().out
-    assert project.main(args + ["--spatial-ranks", "1", "--png", str(tmp_path / "a.png")]) == 0
+    assert cli.main(args + ["--spatial-ranks", "1", "--png", str(tmp_path / "a.png")]) == 0
     assert capsys.readouterr().out == plain
     assert "exchange" not in plain and "step: device + allreduce" in plain
-    p = projection.project(TOY, COSTS, DATA, "toy", 2, 8, 10.0)
-    assert (p.spatial_ranks, p.exchange_s, p.groups) == (1, 0.0, 4) and set(p.shares()) == set(projection.COMPONENTS)
+    p = model.project(TOY, COSTS, DATA, "toy", 2, 8, 10.0)
+    assert (p.spatial_ranks, p.exchange_s, p.groups) == (1, 0.0, 4) and set(p.shares()) == set(model.COMPONENTS)
 
 
 def test_split_command_prints_collectives_memory_and_verdicts(tmp_path, capsys):
     png = tmp_path / "split.png"
-    rc = project.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--spatial-ranks", "4",
+    rc = cli.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--spatial-ranks", "4",
                        "--global-batch", "512", "--nodes", "32,128,512", "--png", str(png)])
     out = capsys.readouterr().out
     assert rc == 0
@@ -431,7 +434,7 @@ def test_split_command_prints_collectives_memory_and_verdicts(tmp_path, capsys):
                                    ["--benchmark", "cosmoflow", "--spatial-ranks", "256", "--machine", "eos-h100"]])
 def test_bad_split_is_a_one_line_error(flags, capsys):
     machine = [] if "--machine" in flags else ["--machine", "perlmutter-a100"]
-    assert project.main(flags + machine + ["--nodes", "4"]) == 2
+    assert cli.main(flags + machine + ["--nodes", "4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
 
@@ -441,5 +444,5 @@ def test_the_projected_large_models_are_the_shipped_spatial_configs(edge):
     import yaml
     cfg = yaml.safe_load((helpers.REPO / "cosmoflow" / "configs" / f"cosmoflow_spatial_{edge}.yaml").read_text())
     assert cfg["data"]["sample_shape"][0] == edge
-    assert spatial_projection.conv_layer_count(edge) == cfg["model"]["n_conv_layers"]
-    assert spatial_projection.MAX_CHANNELS[edge] == cfg["model"]["max_channels"]
+    assert spatial.conv_layer_count(edge) == cfg["model"]["n_conv_layers"]
+    assert spatial.MAX_CHANNELS[edge] == cfg["model"]["max_channels"]

@@ -1,8 +1,9 @@
-"""The scaling model behind `python -m offline.project`: time to train at N nodes, term by term.
+"""The scaling model behind `python -m offline.projection`: time to train at N nodes, term by term.
 
-Pure arithmetic on plain numbers: no TensorFlow, no files (offline/project.py reads the machine
-YAML, the measured model costs and the RCP table, and prints). One data-parallel job of `nodes`
-nodes with `devices_per_node` devices each, p = nodes x devices_per_node, global batch B:
+Pure arithmetic on plain numbers: no TensorFlow, no files (inputs.py reads the machine YAML and
+the measured model costs, rcp.py the epochs of the RCP table, cli.py prints). One data-parallel
+job of `nodes` nodes with `devices_per_node` devices each, p = nodes x devices_per_node, global
+batch B:
 
   local batch  b = B / p
   compute      = b x FLOPs_train / peak[precision]                     (per device)
@@ -17,7 +18,7 @@ nodes with `devices_per_node` devices each, p = nodes x devices_per_node, global
   staging      = data set bytes / min(file system / instances, nodes x node-local write)
   time to train = staging + epochs x epoch
 
-Split K ways (CosmoFlow, offline/spatial_projection.py), p / K groups share the global batch,
+Split K ways (CosmoFlow, spatial.py), p / K groups share the global batch,
 b = B / (p / K), the costs are one device's share of a sample, and the step adds the split
 layers' halo exchanges and gather.
 
@@ -31,14 +32,13 @@ such a run, project with staging_timed=False.
 Activation bytes are measured in float32 and scaled to the precision projected (2 bytes for fp16
 and bf16); weights and gradients stay float32 (master weights). A ring allreduce moves
 2 (p-1)/p of the gradient through every device's link and takes 2 (p-1) latency-bound steps; it
-is not hierarchical beyond using the intra-node link when the job fits one node. Epochs come from mlperf_logging's reference convergence points (RCPs) for the global
-batch, as its RCP checker reads them: the olympic mean of each RCP's epochs, linear
-interpolation between the two nearest batch sizes, nothing outside the table's range.
+is not hierarchical beyond using the intra-node link when the job fits one node. The epochs
+are given: mlperf_logging's reference convergence points for the global batch (rcp.py).
 
 The efficiency is the one fitted number: the fraction of the roofline a real implementation
 reaches on a device (optionally per benchmark), stated in the machine file and calibrated on one
-published result (`calibrate_efficiency`) so that the projection, given the epochs that run
-logged, reproduces its time.
+published result (published_points.calibrate_efficiency) so that the projection, given the epochs
+that run logged, reproduces its time.
 """
 
 import dataclasses
@@ -142,7 +142,7 @@ class Projection:
     staging_s: float | None         # computed whether or not it is timed; None: no rate known
     staging_timed: bool             # whether it counts in the time to train
     input_headroom: float | None    # samples/s the host cores can feed / samples/s the devices take
-    spatial_ranks: int = 1          # K devices split each sample (offline/spatial_projection.py)
+    spatial_ranks: int = 1          # K devices split each sample (spatial.py)
     exchange_s: float = 0.0         # per step: the split layers' collectives (halos, gather)
 
     @property
@@ -185,49 +185,6 @@ class Projection:
             return None
         total = sum(parts.values())
         return {k: v / total for k, v in parts.items()}
-
-
-# ------------------------------------------------------------------ RCP epochs
-def rcp_means(records) -> dict:
-    """{global batch: RCP mean epochs} from an rcps_<benchmark>.json mapping, as the RCP checker
-    computes them: the olympic mean (fastest and slowest run dropped) of 'Epochs to converge'."""
-    means = {}
-    for record in records.values():
-        epochs = sorted(record["Epochs to converge"])
-        means[int(record["BS"])] = sum(epochs[1:-1]) / (len(epochs) - 2)
-    return dict(sorted(means.items()))
-
-
-def pruned_rcp_means(means: dict) -> dict:
-    """The RCP checker's pruned set: batch sizes below the fastest-converging one dropped, then
-    every point that converges slower than the interpolation of its neighbours, left to right."""
-    fastest = min(means, key=lambda bs: (means[bs], bs))
-    kept = [bs for bs in sorted(means) if bs >= fastest]
-    i = 1
-    while i < len(kept) - 1:
-        low, high = kept[i - 1], kept[i + 1]
-        if means[kept[i]] > _interpolate(kept[i], low, means[low], high, means[high]):
-            del kept[i]
-            i -= 1
-        i += 1
-    return {bs: means[bs] for bs in kept}
-
-
-def rcp_epochs(means: dict, global_batch: int) -> float | None:
-    """Mean epochs to converge at `global_batch`: the RCP's own mean, or the linear interpolation
-    between the nearest smaller and larger RCP batch sizes; None outside the table's range."""
-    if global_batch in means:
-        return means[global_batch]
-    below = [bs for bs in means if bs < global_batch]
-    above = [bs for bs in means if bs > global_batch]
-    if not below or not above:
-        return None
-    low, high = max(below), min(above)
-    return _interpolate(global_batch, low, means[low], high, means[high])
-
-
-def _interpolate(x, x0, y0, x1, y1) -> float:
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 # ------------------------------------------------------------------ the terms
@@ -300,7 +257,7 @@ def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: st
             exchange_s_for=None) -> Projection:
     """Every term at `nodes` nodes and global batch `global_batch` (see the module docstring).
 
-    With `spatial_ranks` K > 1 (offline/spatial_projection.py) the devices form devices / K groups
+    With `spatial_ranks` K > 1 (spatial.py) the devices form devices / K groups
     that share the global batch, each group splitting its samples K ways: `costs` are then one
     device's share of a sample, and `exchange_s_for(local batch of a group)` the seconds per step
     of the split layers' collectives, added to the step (they sit in its critical path).
@@ -339,77 +296,3 @@ def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: st
         staging_timed=staging_timed,
         input_headroom=input_headroom(machine, costs, local_batch, step),
         spatial_ranks=spatial_ranks, exchange_s=exchange)
-
-
-def calibrate_efficiency(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: str, nodes: int,
-                         global_batch: int, epochs: float, published_s: float, precision: str | None = None,
-                         instances: int = 1, staging_timed: bool = True) -> float:
-    """The efficiency with which `project` gives `published_s` at this point, `epochs` epochs.
-
-    Device time (steps and evaluation) scales as 1/efficiency; staging and the allreduce do not,
-    so efficiency = epochs x device time at efficiency 1 / (published - staging - allreduce).
-
-    Raises:
-      ValueError: staging and allreduce alone already take longer than `published_s`.
-    """
-    ideal = project(machine.with_efficiency(benchmark, 1.0), costs, dataset, benchmark, nodes, global_batch,
-                    epochs, precision, instances, staging_timed)
-    device_s = epochs * (ideal.steps_per_epoch * ideal.device_step_s + ideal.eval_epoch_s)
-    rest_s = ideal.timed_staging_s + epochs * ideal.steps_per_epoch * ideal.visible_allreduce_s
-    if published_s <= rest_s:
-        raise ValueError(f"staging and allreduce ({rest_s:.1f} s) exceed the published {published_s:.1f} s")
-    return device_s / (published_s - rest_s)
-
-
-# ------------------------------------------------------------------ the questions users ask
-def staging_dominates_from(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: str,
-                           global_batch_for, epochs_for, precision: str | None = None, instances: int = 1,
-                           max_nodes: int = 1 << 16) -> tuple[int | None, int | None]:
-    """(the smallest power-of-two node count at which staging takes more than half the time to
-    train, the largest node count that could be checked), each None when there is none.
-
-    Args:
-      global_batch_for: nodes -> global batch (a fixed one, or devices x local batch).
-      epochs_for: global batch -> epochs (None without an RCP: that node count cannot be checked).
-    """
-    nodes, checked = 1, None
-    while nodes <= max_nodes:
-        batch = global_batch_for(nodes)
-        epochs = epochs_for(batch)
-        if epochs is not None and batch >= nodes * machine.devices_per_node:
-            checked = nodes
-            p = project(machine, costs, dataset, benchmark, nodes, batch, epochs, precision, instances)
-            if p.shares()["staging"] > 0.5:
-                return nodes, checked
-        nodes *= 2
-    return None, checked
-
-
-def smallest_busy_local_batch(machine: Machine, costs: ModelCosts, benchmark: str, nodes: int,
-                              busy: float = 0.9, precision: str | None = None, max_batch: int = 4096) -> int | None:
-    """The smallest local batch whose step is at least `busy` device time (the rest: visible allreduce)."""
-    precision = precision or machine.precision
-    efficiency = machine.efficiency_for(benchmark)
-    visible = (1 - machine.allreduce_overlap) * allreduce_seconds(machine, costs.gradient_bytes, nodes)
-    for b in range(1, max_batch + 1):
-        device = max(compute_seconds(machine, costs, b, precision), memory_seconds(machine, costs, b, precision))
-        device /= efficiency
-        if device / (device + visible) >= busy:
-            return b
-    return None
-
-
-def smallest_compute_bound_local_batch(machine: Machine, costs: ModelCosts, precision: str | None = None
-                                       ) -> int | None:
-    """The smallest local batch at which compute, not memory traffic, bounds a device's step.
-
-    None when the model's arithmetic intensity is below the device's ridge point: then every batch
-    is memory-bound (the per-step weight traffic only makes small batches more so).
-    """
-    precision = precision or machine.precision
-    per_sample_compute = costs.flops_train / machine.peak(precision)
-    per_sample_memory = costs.activation_bytes_train * ELEMENT_BYTES[precision] / 4 / machine.memory_bytes_per_s
-    if per_sample_compute <= per_sample_memory:
-        return None
-    weights = costs.weight_bytes_train / machine.memory_bytes_per_s
-    return max(1, math.ceil(weights / (per_sample_compute - per_sample_memory)))

@@ -3,7 +3,9 @@
 Each benchmark's generator makes a list of jobs (one file each) and a
 function that writes one job; this runs them in a spawn pool, prints
 progress, and leaves a marker so that asking again for the same data set
-returns at once.
+returns at once. It sits in common/ because the benchmark packages'
+generators (cosmoflow.synthetic, deepcam.synthetic) import it, and nothing a
+benchmark package imports may live in offline/.
 """
 
 import json

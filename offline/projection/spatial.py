@@ -1,6 +1,6 @@
 """Spatial parallelism in the projection: CosmoFlow samples split along depth across K devices.
 
-Pure arithmetic, as offline/projection.py (no TensorFlow). The network is rebuilt here from its
+Pure arithmetic, as model.py (no TensorFlow). The network is rebuilt here from its
 layer shapes, as cosmoflow/model.py builds it, so that the terms can be computed at sample edges
 that were never measured (256^3, 512^3) and split K ways:
 
@@ -25,7 +25,7 @@ that were never measured (256^3, 512^3) and split K ways:
                 Horovod 0.21.0, its changelog: "Changed default cycle time from 5ms to 1ms"),
                 so the split layers add (2 x split convs + 3 with a gather) cycles per step. The
                 data-parallel gradient allreduce, which K = 1 runs as well, is left as
-                offline/projection.py counts it.
+                model.py counts it.
   memory        per device, local batch 1: the saved activations of one sample (the volume, conv
                 outputs, activations, pool outputs; the split layers' / K, plus each split conv's
                 padded slab with its halo, which it keeps for its backward), the replicated head,
@@ -39,8 +39,9 @@ node's devices.
 import dataclasses
 import math
 
-from offline.projection import ELEMENT_BYTES, Machine, ModelCosts
+from offline.projection.model import ELEMENT_BYTES, Machine, ModelCosts
 
+BENCHMARK = "cosmoflow"         # the network rebuilt here; no other benchmark splits its samples
 MEASURED_EDGE = 128            # offline/model_costs/cosmoflow.json is the 128^3 closed model
 EDGES = (128, 256, 512)
 IN_CHANNELS = 4
