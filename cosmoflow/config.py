@@ -46,7 +46,7 @@ class OptimizerConfig:
     after warmup scales by `scaling` while the warmup still starts from the
     unscaled LR, as the reference does, and the log reports the scaled values.
     """
-    name: str = "SGD"                     # an optimizer taking OPTIMIZER_HYPERPARAMETERS (SGD)
+    name: str = "SGD"                     # any optimizer taking OPTIMIZER_HYPERPARAMETERS
     momentum: float = 0.9
     base_learning_rate: float = 0.001     # opt_base_learning_rate: the LR after warmup
     scaling: Literal["linear", "sqrt", "none"] = "linear"

@@ -50,7 +50,7 @@ class LRScheduleConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    name: str = "LAMB"                    # an optimizer taking OPTIMIZER_HYPERPARAMETERS (Adam, AdamW, LAMB)
+    name: str = "LAMB"                    # any optimizer taking OPTIMIZER_HYPERPARAMETERS
     start_lr: float = 0.0055
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
