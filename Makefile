@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 VARIANT ?= cpu
 
 NP ?= 1
-# How NP ranks are started on this machine (Gloo needs no MPI).
-LAUNCH = $(if $(filter 1,$(NP)),,$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo)
+# How NP ranks are started on this machine: one runs alone, more under horovodrun over Gloo (no MPI
+# needed), as common/launchers.py builds it. Expanded when a recipe runs, after `install` made $(PY).
+LAUNCH = $(if $(filter 1,$(NP)),,$(shell $(PY) -m common.launchers horovodrun $(NP)))
 
 .PHONY: install wheelhouse result-set weak-scaling test test-all bench bench-budgets clean
 

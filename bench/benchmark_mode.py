@@ -2,7 +2,7 @@
 
 The throughput scripts (bench/cosmoflow_throughput.py, bench/deepcam_throughput.py) only
 write data and choose a size: the figures come from the real trainer (`train.py CONFIG
---benchmark N`, common/trainer.py Trainer._benchmark), which writes them to summary.json's
+--benchmark N`, common/benchmark_mode.py), which writes them to summary.json's
 "throughput" dict, read back here. So a figure counts what a training run pays per step:
 the input pipeline feeding the step, and the Horovod allreduce when there are several ranks.
 """
@@ -14,10 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import benchmarks
+from common import benchmarks, launchers
 
 REPO = Path(__file__).resolve().parents[1]
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 
 # --modes: the precision overrides of each mode. 'amp' is what --amp picks on this
 # machine (fp32 on a CPU without native bf16, common.runtime.choose_precision);
@@ -70,8 +69,7 @@ def run_benchmark_mode(name: str, config: str, overrides: dict, steps: int, warm
            entry.output_flag, str(run_dir), "--set", f"train.benchmark_warmup_steps={warmup_steps}"]
     for key, value in overrides.items():
         cmd += ["--set", f"{key}={value}"]
-    if ranks > 1:
-        cmd = [str(HOROVODRUN), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *cmd]
+    cmd = launchers.on_this_host(cmd, ranks)
     print(f"[bench] {' '.join(cmd)}", flush=True)
     # train.py's output goes straight through: its [init] lines name the CPU and the precision
     # it chose, and a long run shows its progress.

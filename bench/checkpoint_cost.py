@@ -39,16 +39,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
+from common import benchmarks  # noqa: E402
 
-BENCHMARKS = {"cosmoflow": "cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
-              "deepcam": "deepcam/configs/deepcam_closed_gbs512.yaml"}
+# Those whose table entry names a full-size config to build the model and optimizer from.
+MEASURABLE = benchmarks.names_with("full_model_config")
 
 
 def build(name: str, config_path: str, device: str):
     """(model, optimizer, precision) as common.trainer builds them, without data or Horovod."""
     import tensorflow as tf
 
-    from common import benchmarks, runtime
+    from common import runtime
     from common.config_loading import load_model_config
     from common.distribution import RankGroup
 
@@ -138,13 +139,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--saves", type=int, default=5, help="saves per benchmark (>= 3)")
     p.add_argument("--dir", default=None, help="where to write the checkpoints (default: a temporary dir)")
-    p.add_argument("--benchmarks", default="cosmoflow,deepcam")
-    p.add_argument("--cosmoflow-step-s", type=float, default=None, help="seconds of one CosmoFlow training step")
-    p.add_argument("--deepcam-step-s", type=float, default=None, help="seconds of one DeepCAM training step")
+    p.add_argument("--benchmarks", default=",".join(MEASURABLE), help="comma-separated, of " + ", ".join(MEASURABLE))
+    for name in MEASURABLE:
+        p.add_argument(f"--{name}-step-s", type=float, default=None, help=f"seconds of one {name} training step")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.saves < 3:
         p.error("--saves must be >= 3: the 1st and 2nd saves are one-offs")
+    unknown = sorted(set(args.benchmarks.split(",")) - set(MEASURABLE))
+    if unknown:
+        p.error(f"--benchmarks: {', '.join(unknown)} not among {', '.join(MEASURABLE)}")
 
     import tensorflow as tf
 
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
     Path(args.dir or tempfile.gettempdir()).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="checkpoint_cost.") as tmp:   # removed at the end
         for name in args.benchmarks.split(","):
-            rows.append(measure(name, BENCHMARKS[name], device, args.saves, Path(tmp) / name,
+            rows.append(measure(name, benchmarks.get(name).full_model_config, device, args.saves, Path(tmp) / name,
                                 getattr(args, f"{name}_step_s")))
     print_table(f"Checkpoint cost on {machine['cpu']}, {os.cpu_count()} core(s), device {device}, "
                 f"{args.saves} saves into {args.dir or 'a temporary dir'}, TensorFlow {tf.__version__}", rows)

@@ -46,7 +46,7 @@ from common import cpu  # noqa: E402  (sets the oneDNN default before TensorFlow
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common import epochs  # noqa: E402
+from common import benchmarks, epochs  # noqa: E402
 from common.staging import GUNZIP, stage_files  # noqa: E402
 
 
@@ -215,7 +215,7 @@ def print_rows(rows) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--benchmark", choices=("cosmoflow", "deepcam", "all"), default="all")
+    p.add_argument("--benchmark", choices=(*benchmarks.names_with("input_bench"), "all"), default="all")
     p.add_argument("--data-dir", default="data/bench_input")
     p.add_argument("--n-samples", type=int, default=32, help="training files written and read per pass")
     p.add_argument("--passes", type=int, default=2, help="passes over the files per timing")
@@ -230,10 +230,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_input.") as stage_root:
-        if args.benchmark in ("cosmoflow", "all"):
-            rows += cosmoflow_variants(args, Path(stage_root))
-        if args.benchmark in ("deepcam", "all"):
-            rows += deepcam_variants(args, Path(stage_root))
+        for name in benchmarks.names_with("input_bench"):
+            if args.benchmark in (name, "all"):
+                rows += benchmarks.load(benchmarks.get(name).input_bench)(args, Path(stage_root))
     facts = cpu.describe()
     print(f"\nInput pipelines alone, {cpu.cores()} core(s): CPU {facts['cpu']} ({facts['isa']}), "
           f"TensorFlow {tf.__version__}, files in page cache, cache off")

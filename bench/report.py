@@ -30,18 +30,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from common import cpu  # noqa: E402
+from common import benchmarks, cpu  # noqa: E402
 from common.files import write_text_atomic  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 
 
 def compute_runs(quick: bool) -> list[tuple[str, list[str]]]:
-    """(benchmark, throughput script command) of the compute measurements."""
+    """(benchmark, throughput script command) of the compute measurements: each table entry's
+    throughput_bench with its throughput_args."""
     steps = ["--steps", "2", "--warmup-steps", "1"] if quick else ["--steps", "4", "--warmup-steps", "2"]
-    return [("cosmoflow", ["bench/cosmoflow_throughput.py", "--batch-size", "2", "--n-samples", "16", *steps]),
-            ("deepcam", ["bench/deepcam_throughput.py", "--height", "192", "--width", "288", "--n-samples", "8",
-                         *steps])]
+    return [(name, [benchmarks.get(name).throughput_bench, *benchmarks.get(name).throughput_args, *steps])
+            for name in benchmarks.names_with("throughput_bench")]
 
 
 def run_json(cmd: list[str], env: dict) -> dict:

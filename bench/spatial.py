@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from common import launchers  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 DEFAULT_PLAN = [(128, 1), (128, 2), (128, 4), (256, 1), (256, 2)]
 
@@ -123,9 +124,7 @@ def measure(size: int, k: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_spatial.") as tmp:
         cmd = [sys.executable, __file__, "--worker", "--sizes", str(size), "--ks", str(k), "--steps", str(steps),
                "--out", tmp]
-        if k > 1:
-            cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(k), "-H", f"localhost:{k}",
-                   "--gloo", *cmd]
+        cmd = launchers.on_this_host(cmd, k)
         print(f"[bench] {size}^3, K={k}: {' '.join(cmd)}", flush=True)
         env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
         code = subprocess.run(cmd, cwd=REPO, env=env).returncode

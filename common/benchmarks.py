@@ -10,7 +10,7 @@ A benchmark is its folder (`<name>/train.py`, `<name>/configs/`, its task, confi
 data generator) plus one entry here; the Makefile, slurm/*.sbatch, offline/ and the tests take
 everything else they need from this table. This module imports neither TensorFlow nor the
 benchmark packages: classes are named by "module:Class" strings and imported only when asked
-for (`task_class`, `config_class`), so make and shell can read the table cheaply.
+for (`task_class`, `config_class`, `load`), so make and shell can read the table cheaply.
 """
 
 import dataclasses
@@ -48,6 +48,16 @@ class Benchmark:
         epoch); 0 when unknown.
       published_eval_samples: its validation samples (offline.projection's evaluation pass).
       published_dataset_bytes: its size as published, the bytes offline.projection stages.
+      throughput_args: that script's arguments for the compute rows of `make bench` (bench/report.py).
+      full_model_config: a closed config to build the full-size model and optimizer from
+        (offline/measure_model_costs.py, bench/checkpoint_cost.py); the architecture is the same in
+        every closed config of a benchmark. '' leaves the benchmark out of both.
+      one_core_reader: "module:function" (cfg, workdir, n) -> tf.data.Dataset: the benchmark's reader,
+        one tf.data thread, on n synthetic full-size samples it writes into workdir (the input figure of
+        offline/measure_model_costs.py); '' measures no input figure.
+      one_core_reader_samples: samples that figure times, after one untimed.
+      input_bench: "module:function" (args, stage_root) -> rows: the benchmark's variants in
+        bench/input_pipeline.py; '' leaves it out of that bench.
     """
     name: str
     submission_name: str
@@ -70,6 +80,11 @@ class Benchmark:
     published_train_samples: int = 0
     published_eval_samples: int = 0
     published_dataset_bytes: float = 0.0
+    throughput_args: tuple[str, ...] = ()
+    full_model_config: str = ""
+    one_core_reader: str = ""
+    one_core_reader_samples: int = 4
+    input_bench: str = ""
 
 
 BENCHMARKS = (
@@ -98,6 +113,11 @@ BENCHMARKS = (
         published_train_samples=524_288,
         published_eval_samples=65_536,
         published_dataset_bytes=1.7e12,
+        throughput_args=("--batch-size", "2", "--n-samples", "16"),   # the closed model, 128^3 x 4
+        full_model_config="cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
+        one_core_reader="offline.measure_model_costs:cosmoflow_reader",
+        one_core_reader_samples=8,
+        input_bench="bench.input_pipeline:cosmoflow_variants",
     ),
     Benchmark(
         name="deepcam",
@@ -124,6 +144,12 @@ BENCHMARKS = (
         published_train_samples=121_266,
         published_eval_samples=15_158,
         published_dataset_bytes=8.8e12,
+        # The full 56,454,720-parameter model at 192x288.
+        throughput_args=("--height", "192", "--width", "288", "--n-samples", "8"),
+        full_model_config="deepcam/configs/deepcam_closed_gbs1024.yaml",
+        one_core_reader="offline.measure_model_costs:deepcam_reader",
+        one_core_reader_samples=4,
+        input_bench="bench.input_pipeline:deepcam_variants",
     ),
 )
 FIELDS = tuple(f.name for f in dataclasses.fields(Benchmark))
@@ -132,6 +158,11 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Benchmark))
 def names() -> tuple[str, ...]:
     """Every benchmark's name, in table order."""
     return tuple(b.name for b in BENCHMARKS)
+
+
+def names_with(field: str) -> tuple[str, ...]:
+    """The names of the benchmarks whose entry sets `field` (not '' or empty), in table order."""
+    return tuple(b.name for b in BENCHMARKS if getattr(b, field))
 
 
 def get(name: str) -> Benchmark:
@@ -151,19 +182,20 @@ def closed_configs(name: str) -> list[Path]:
     return sorted(REPO.glob(get(name).closed_configs))
 
 
-def _import(spec: str):
+def load(spec: str):
+    """What a "module:attribute" string of the table names, imported now."""
     module, _, attribute = spec.partition(":")
     return getattr(importlib.import_module(module), attribute)
 
 
 def task_class(name: str):
     """The benchmark's Task class (imports the benchmark package, and so TensorFlow)."""
-    return _import(get(name).task_class)
+    return load(get(name).task_class)
 
 
 def config_class(name: str):
     """The benchmark's config dataclass."""
-    return _import(get(name).config_class)
+    return load(get(name).config_class)
 
 
 def closed_config_for_ranks(name: str, ranks: int, local_batch: int | None = None,

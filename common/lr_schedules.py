@@ -4,12 +4,17 @@ Each schedule has a Python form (`at_step`), used for tests and logging, and a
 TensorFlow form (`__call__`), used by the optimizer inside the compiled step.
 Both compute the same numbers; a test checks it, and another checks both
 against a step-by-step simulation of the reference's schedulers.
+
+A task names its schedule; SCHEDULES maps the name to the class and `build_schedule` builds
+it. A new schedule is its class here, its entry in SCHEDULES and its test.
 """
 
 import math
 from typing import Sequence
 
 import tensorflow as tf
+
+from common.errors import ConfigError
 
 
 def scale_lr(base_lr: float, global_batch_size: int, base_batch_size: int, scaling: str) -> float:
@@ -149,3 +154,20 @@ class StepWarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
         return dict(kind=self.kind, start_lr=self.start_lr, warmup_steps=self.warmup_steps,
                     warmup_factor=self.warmup_factor, milestones=self.milestones,
                     decay_rate=self.decay_rate, t_max=self.t_max, eta_min=self.eta_min)
+
+
+SCHEDULES = {
+    "epoch_warmup_step_decay": EpochWarmupStepDecay,   # CosmoFlow's
+    "step_warmup": StepWarmupSchedule,                 # DeepCAM's multistep and cosine annealing
+}
+
+
+def build_schedule(name: str, **kwargs) -> tf.keras.optimizers.schedules.LearningRateSchedule:
+    """The schedule of SCHEDULES called `name`, built with these arguments.
+
+    Raises:
+      ConfigError: no schedule has that name (the message lists those that do).
+    """
+    if name not in SCHEDULES:
+        raise ConfigError(f"unknown LR schedule {name!r}; known: {', '.join(SCHEDULES)}")
+    return SCHEDULES[name](**kwargs)

@@ -1,4 +1,4 @@
-"""Optimizers with the semantics of the PyTorch references (Adam, AdamW, LAMB).
+"""Optimizers with the semantics of the PyTorch references (Adam, AdamW, LAMB), chosen by name.
 
 Keras' Adam(weight_decay=...) decays weights decoupled from the gradient, like
 AdamW; PyTorch's Adam adds weight_decay * w to the gradient (an L2 term).
@@ -7,9 +7,18 @@ LAMB follows NVIDIA apex FusedLAMB, the reference's: bias-corrected Adam moments
 with gradient averaging, decoupled weight decay, a per-tensor trust ratio
 ||w|| / ||update|| (applied when weight decay is on, as apex does), and the
 global gradient norm clipped to `max_grad_norm` before anything else.
+
+A config names its optimizer; OPTIMIZERS maps that name to the class (TF Model Garden's
+OPTIMIZERS_CLS), and `build_optimizer` passes it the config's hyperparameters. A config
+accepts the optimizers that take every hyperparameter it sets (`names_taking`). A new
+optimizer is its class here, its entry in OPTIMIZERS and its test.
 """
 
+import dataclasses
+
 import tensorflow as tf
+
+from common.errors import ConfigError
 
 
 class AdamL2(tf.keras.optimizers.Adam):
@@ -82,3 +91,65 @@ class LAMB(tf.keras.optimizers.Optimizer):
         return config | {"learning_rate": self._serialize_hyperparameter(self._learning_rate),
                          "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
                          "weight_decay_rate": self.weight_decay_rate, "max_grad_norm": self.max_grad_norm}
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerEntry:
+    """An optimizer class and the hyperparameters it takes.
+
+    Hyperparameters go by Keras' names (learning_rate, momentum, beta_1, beta_2, epsilon,
+    weight_decay) and max_grad_norm, whatever the class calls them.
+
+    Attributes:
+      cls: the optimizer class.
+      takes: the hyperparameters it uses; others given to `build` are not passed to it.
+      renamed: (hyperparameter, the class's keyword for it) pairs, where the two differ.
+    """
+    cls: type
+    takes: tuple[str, ...]
+    renamed: tuple[tuple[str, str], ...] = ()
+
+    def build(self, **hyperparameters) -> tf.keras.optimizers.Optimizer:
+        keywords = dict(self.renamed)
+        return self.cls(**{keywords.get(key, key): value for key, value in hyperparameters.items()
+                           if key in self.takes})
+
+
+_ADAM = ("learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay")
+# Named as the configs and the MLPerf log's opt_name spell them.
+OPTIMIZERS = {
+    "SGD": OptimizerEntry(tf.keras.optimizers.SGD, takes=("learning_rate", "momentum")),
+    # PyTorch's Adam: weight decay as an L2 term of the gradient.
+    "Adam": OptimizerEntry(AdamL2, takes=_ADAM, renamed=(("weight_decay", "l2"),)),
+    "AdamW": OptimizerEntry(tf.keras.optimizers.AdamW, takes=_ADAM),
+    "LAMB": OptimizerEntry(LAMB, takes=(*_ADAM, "max_grad_norm"), renamed=(("weight_decay", "weight_decay_rate"),)),
+}
+
+
+def names_taking(*hyperparameters: str) -> tuple[str, ...]:
+    """The optimizers of OPTIMIZERS that take every one of these hyperparameters."""
+    return tuple(name for name, entry in OPTIMIZERS.items() if set(hyperparameters) <= set(entry.takes))
+
+
+def check_name(name: str, hyperparameters) -> None:
+    """A config's check of its optimizer.name: an optimizer of OPTIMIZERS taking every one of
+    `hyperparameters` (those the config sets for every run).
+
+    Raises:
+      ConfigError: it names another (the message lists those that would do).
+    """
+    usable = names_taking(*hyperparameters)
+    if name not in usable:
+        raise ConfigError(f"config key 'optimizer.name'={name!r}: choose one of {', '.join(usable)} (the "
+                          f"optimizers of common/optimizers.py taking {', '.join(hyperparameters)})")
+
+
+def build_optimizer(name: str, **hyperparameters) -> tf.keras.optimizers.Optimizer:
+    """The optimizer of OPTIMIZERS called `name`, built with the hyperparameters it takes.
+
+    Raises:
+      ConfigError: no optimizer has that name (the message lists those that do).
+    """
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name].build(**hyperparameters)

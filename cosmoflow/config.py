@@ -6,6 +6,9 @@ from typing import Literal, Optional
 from common.errors import ConfigError
 from common.base_config import BaseConfig, TrainLoopConfig
 
+# What the optimizer section sets for every run (cosmoflow/task.py passes them): optimizer.name
+# may be any optimizer of common/optimizers.py taking them all.
+OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "momentum")
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -43,7 +46,7 @@ class OptimizerConfig:
     after warmup scales by `scaling` while the warmup still starts from the
     unscaled LR, as the reference does, and the log reports the scaled values.
     """
-    name: Literal["SGD"] = "SGD"
+    name: str = "SGD"                     # any optimizer taking OPTIMIZER_HYPERPARAMETERS
     momentum: float = 0.9
     base_learning_rate: float = 0.001     # opt_base_learning_rate: the LR after warmup
     scaling: Literal["linear", "sqrt", "none"] = "linear"
@@ -81,6 +84,8 @@ class CosmoFlowConfig(BaseConfig):
         if not 0.0 <= m.dropout < 1.0:
             raise ConfigError(f"config key 'model.dropout' must be in [0, 1), got {m.dropout}")
         o = self.optimizer
+        from common import optimizers   # here, not at the top: the optimizer table imports TensorFlow
+        optimizers.check_name(o.name, OPTIMIZER_HYPERPARAMETERS)
         if len(o.decay_boundary_epochs) != len(o.decay_factors):
             raise ConfigError(f"config keys 'optimizer.decay_boundary_epochs' ({len(o.decay_boundary_epochs)} "
                               f"values) and 'optimizer.decay_factors' ({len(o.decay_factors)}) differ in length")

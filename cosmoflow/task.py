@@ -3,8 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
-from common import epochs
-from common.lr_schedules import EpochWarmupStepDecay, scale_lr
+from common import epochs, lr_schedules, optimizers
+from common.lr_schedules import scale_lr
 from common.memory import fits_in_memory
 from common.base_config import check_global_batch
 from common.staging import GUNZIP
@@ -150,10 +150,10 @@ class CosmoFlowTask(Task):
     def build_optimizer(self, global_batch_size: int, steps_per_epoch: int):
         o = self.cfg.optimizer
         peak, start = learning_rates(self.cfg, global_batch_size)
-        schedule = EpochWarmupStepDecay(peak_lr=peak, init_lr=start, warmup_epochs=o.warmup_epochs,
-                                        boundaries=o.decay_boundary_epochs, factors=o.decay_factors,
-                                        steps_per_epoch=steps_per_epoch)
-        return tf.keras.optimizers.SGD(learning_rate=schedule, momentum=o.momentum), schedule
+        schedule = lr_schedules.build_schedule("epoch_warmup_step_decay", peak_lr=peak, init_lr=start,
+                                               warmup_epochs=o.warmup_epochs, boundaries=o.decay_boundary_epochs,
+                                               factors=o.decay_factors, steps_per_epoch=steps_per_epoch)
+        return optimizers.build_optimizer(o.name, learning_rate=schedule, momentum=o.momentum), schedule
 
     @property
     def target(self) -> float:

@@ -8,6 +8,9 @@ from common.base_config import BaseConfig, TrainLoopConfig
 
 N_CHANNELS = 16          # fields per sample in the public data set
 N_CLASSES = 3            # background, tropical cyclone, atmospheric river
+# What the optimizer section sets for every run (deepcam/task.py passes them): optimizer.name may
+# be any optimizer of common/optimizers.py taking them all. max_grad_norm is LAMB's alone.
+OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +50,7 @@ class LRScheduleConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    name: Literal["Adam", "AdamW", "LAMB"] = "LAMB"
+    name: str = "LAMB"                    # any optimizer taking OPTIMIZER_HYPERPARAMETERS
     start_lr: float = 0.0055
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
@@ -73,6 +76,8 @@ class DeepCAMConfig(BaseConfig):
             raise ConfigError(f"config key 'parallel.spatial_ranks'={self.parallel.spatial_ranks}: DeepCAM is "
                               f"data-parallel only (spatial splits exist for CosmoFlow); use 1")
         d, m, o = self.data, self.model, self.optimizer
+        from common import optimizers   # here, not at the top: the optimizer table imports TensorFlow
+        optimizers.check_name(o.name, OPTIMIZER_HYPERPARAMETERS)
         if not d.data_dir:
             raise ConfigError("config key 'data.data_dir' is not set (use --data_dir_prefix)")
         bad = [c for c in d.channels if not 0 <= c < N_CHANNELS]

@@ -2,11 +2,10 @@
 
 import tensorflow as tf
 
-from common import epochs
+from common import epochs, lr_schedules, optimizers
 from common.errors import InputError
 from common.lr_schedules import StepWarmupSchedule
 from common.memory import fits_in_memory
-from common.optimizers import LAMB, AdamL2
 from common.base_config import check_global_batch
 from common.sharding import list_files, select_and_shard
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
@@ -194,12 +193,10 @@ class DeepCAMTask(Task):
         del global_batch_size, steps_per_epoch   # DeepCAM's schedule counts steps; no LR scaling rule
         o = self.cfg.optimizer
         schedule = build_schedule(self.cfg)
-        common = dict(learning_rate=schedule, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
-        if o.name == "Adam":
-            return AdamL2(l2=o.weight_decay, **common), schedule
-        if o.name == "AdamW":
-            return tf.keras.optimizers.AdamW(weight_decay=o.weight_decay, **common), schedule
-        return LAMB(weight_decay_rate=o.weight_decay, max_grad_norm=o.max_grad_norm, **common), schedule
+        optimizer = optimizers.build_optimizer(o.name, learning_rate=schedule, beta_1=o.betas[0], beta_2=o.betas[1],
+                                               epsilon=o.eps, weight_decay=o.weight_decay,
+                                               max_grad_norm=o.max_grad_norm)
+        return optimizer, schedule
 
     @property
     def target(self) -> float:
@@ -234,8 +231,10 @@ class DeepCAMTask(Task):
 
 def build_schedule(cfg: DeepCAMConfig) -> StepWarmupSchedule:
     o, s = cfg.optimizer, cfg.optimizer.lr_schedule
-    return StepWarmupSchedule(s.type, o.start_lr, o.lr_warmup_steps, o.lr_warmup_factor,
-                              milestones=s.milestones, decay_rate=s.decay_rate, t_max=s.t_max, eta_min=s.eta_min)
+    return lr_schedules.build_schedule("step_warmup", kind=s.type, start_lr=o.start_lr,
+                                       warmup_steps=o.lr_warmup_steps, warmup_factor=o.lr_warmup_factor,
+                                       milestones=s.milestones, decay_rate=s.decay_rate, t_max=s.t_max,
+                                       eta_min=s.eta_min)
 
 
 def weighted_cross_entropy(labels, logits):

@@ -39,18 +39,13 @@ from common.config_loading import load_config
 from common.files import write_text_atomic
 
 OUT_DIR = Path(__file__).resolve().parent / "model_costs"
-# The closed config each model is built from: the architecture is the same in every closed
-# config of a benchmark (only hyperparameters differ); these are the ones docs/scaling.md names.
-CLOSED_CONFIGS = {"cosmoflow": "cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
-                  "deepcam": "deepcam/configs/deepcam_closed_gbs1024.yaml"}
-INPUT_SAMPLES = {"cosmoflow": 8, "deepcam": 4}   # timed after one untimed sample
 TRAIN_FLOPS_FACTOR = 3
 
 
 def build_closed_model(bench: str):
-    """The closed config and its full-size Keras model (float32)."""
+    """The closed config (the table's full_model_config) and its full-size Keras model (float32)."""
     # No data is read: the data directory only has to be set for the config to validate.
-    cfg = load_config(benchmarks.config_class(bench), benchmarks.REPO / CLOSED_CONFIGS[bench],
+    cfg = load_config(benchmarks.config_class(bench), benchmarks.REPO / benchmarks.get(bench).full_model_config,
                       {"runtime.amp": "false", "data.data_dir": "unused"})
     task = benchmarks.task_class(bench)(cfg)
     return cfg, task, task.build_model(None)
@@ -103,23 +98,31 @@ def traffic_per_sample(model) -> tuple[int, int]:
     return activations, weights
 
 
+def cosmoflow_reader(cfg, workdir: Path, n: int):
+    """CosmoFlow's reader, batch 1, one reader, on n synthetic gzip TFRecords of the config's size."""
+    from cosmoflow import data, synthetic
+    synthetic.generate(workdir, cfg.data.sample_shape[0], n, 1, workers=1, progress=lambda line: None)
+    files = sorted(str(p) for p in (workdir / "train").glob("*.tfrecord"))
+    return data.make_dataset(files, cfg.data.sample_shape, 1, compression="GZIP", training=False, parallelism=1,
+                             prefetch=1)
+
+
+def deepcam_reader(cfg, workdir: Path, n: int):
+    """DeepCAM's reader, batch 1, one reader, on n synthetic HDF5 samples of the config's size."""
+    from deepcam import data, synthetic
+    d = cfg.data
+    synthetic.generate(workdir, d.height, d.width, n, 1, workers=1, progress=lambda line: None)
+    files = sorted(str(p) for p in (workdir / "train").glob("*.h5"))
+    return data.make_dataset(files, channels=d.channels, height=d.height, width=d.width,
+                             batch_size=1, training=False, readers=1, prefetch=1)
+
+
 def input_samples_per_s_one_core(bench: str, cfg, workdir: Path) -> float:
-    """Samples/s this project's reader delivers with one tf.data thread, on synthetic full-size files."""
+    """Samples/s the benchmark's reader (the table's one_core_reader) delivers with one tf.data thread."""
     import tensorflow as tf
-    n = INPUT_SAMPLES[bench] + 1
-    if bench == "cosmoflow":
-        from cosmoflow import data, synthetic
-        synthetic.generate(workdir, cfg.data.sample_shape[0], n, 1, workers=1, progress=lambda line: None)
-        files = sorted(str(p) for p in (workdir / "train").glob("*.tfrecord"))
-        ds = data.make_dataset(files, cfg.data.sample_shape, 1, compression="GZIP", training=False, parallelism=1,
-                               prefetch=1)
-    else:
-        from deepcam import data, synthetic
-        d = cfg.data
-        synthetic.generate(workdir, d.height, d.width, n, 1, workers=1, progress=lambda line: None)
-        files = sorted(str(p) for p in (workdir / "train").glob("*.h5"))
-        ds = data.make_dataset(files, channels=d.channels, height=d.height, width=d.width,
-                               batch_size=1, training=False, readers=1, prefetch=1)
+    entry = benchmarks.get(bench)
+    n = entry.one_core_reader_samples + 1
+    ds = benchmarks.load(entry.one_core_reader)(cfg, workdir, n)
     options = tf.data.Options()
     options.threading.private_threadpool_size = 1
     options.threading.max_intra_op_parallelism = 1
@@ -135,6 +138,7 @@ def measure(bench: str, with_input_pipeline: bool) -> dict:
     import numpy as np
     import tensorflow as tf
     from common.run_measurements import forward_flops_per_sample
+    entry = benchmarks.get(bench)
     cfg, task, model = build_closed_model(bench)
     shape = tuple(model.input_shape[1:])
     forward = forward_flops_per_sample(model, shape)
@@ -146,7 +150,7 @@ def measure(bench: str, with_input_pipeline: bool) -> dict:
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     out = {
         "benchmark": bench,
-        "config": CLOSED_CONFIGS[bench],
+        "config": entry.full_model_config,
         "sample_shape": list(shape),
         "parameters": params,
         "flops_per_sample_forward": forward,
@@ -163,11 +167,11 @@ def measure(bench: str, with_input_pipeline: bool) -> dict:
                           "float32; training = 3x forward (lower bound)",
         "gradient_bytes_fp32": 4 * params,
     }
-    if with_input_pipeline:
+    if with_input_pipeline and entry.one_core_reader:
         with tempfile.TemporaryDirectory(prefix=f"model_costs_{bench}_") as tmp:
             out["input_samples_per_s_per_core"] = input_samples_per_s_one_core(bench, cfg, Path(tmp))
         out["input_method"] = (f"{bench}.data.make_dataset, one tf.data thread, batch 1, "
-                               f"{INPUT_SAMPLES[bench]} synthetic full-size samples timed after 1")
+                               f"{entry.one_core_reader_samples} synthetic full-size samples timed after 1")
     return out
 
 
@@ -183,14 +187,15 @@ def machine_record(argv) -> dict:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench", choices=benchmarks.names(), action="append",
-                        help="benchmark to measure (repeat for several; default: all)")
+    measurable = benchmarks.names_with("full_model_config")
+    parser.add_argument("--bench", choices=measurable, action="append",
+                        help="benchmark to measure (repeat for several; default: all with a full_model_config)")
     parser.add_argument("--no-input-pipeline", action="store_true", help="skip the input-pipeline figure")
     parser.add_argument("--out-dir", default=str(OUT_DIR))
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for bench in args.bench or benchmarks.names():
+    for bench in args.bench or measurable:
         start = time.perf_counter()
         costs = measure(bench, not args.no_input_pipeline)
         costs["measured_on"] = machine_record(argv)

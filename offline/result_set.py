@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import benchmarks
+from common import benchmarks, launchers
 from offline import run_logs, scoring
 from offline.run_logs import submission_folder
 
@@ -32,10 +32,7 @@ def run_command(bench: str, config: Path, run_dir: Path, seed: int, data_dir, ra
     if data_dir:
         cmd += ["--set", f"data.data_dir={data_dir}"]
     cmd += list(extra)
-    if ranks > 1:
-        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-        cmd = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"] + cmd
-    return cmd
+    return launchers.on_this_host(cmd, ranks)
 
 
 def fresh_run_dir(run_dir: Path, tag: str) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common import launchers
+
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 
 
 def write_tfrecord(path, x: np.ndarray, y, gzip: bool = True) -> None:
@@ -85,13 +86,11 @@ def train_cmd(bench: str, config, *args) -> list:
 
 
 def horovodrun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
-    return run([HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *cmd], timeout=timeout)
+    return run([*launchers.horovodrun(np_), *cmd], timeout=timeout)
 
 
 def mpirun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
-    # CI runs as root; OpenMPI refuses that unless told it is deliberate.
-    return run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "-x", "PYTHONPATH",
-                "-x", "TF_CPP_MIN_LOG_LEVEL", *cmd], timeout=timeout)
+    return run([*launchers.mpirun(np_), *cmd], timeout=timeout)
 
 
 def horovod_has_mpi() -> bool:

@@ -29,11 +29,11 @@ def cli(*args) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def _defines_class(spec: str) -> bool:
-    """Whether the module file of a "module:Class" spec defines that class (read, not imported)."""
+def _defines(spec: str, kind=ast.ClassDef) -> bool:
+    """Whether the module file of a "module:name" spec defines that class or function (read, not imported)."""
     module, _, name = spec.partition(":")
     path = REPO / (module.replace(".", "/") + ".py")
-    return path.is_file() and any(isinstance(node, ast.ClassDef) and node.name == name
+    return path.is_file() and any(isinstance(node, kind) and node.name == name
                                   for node in ast.parse(path.read_text()).body)
 
 
@@ -61,7 +61,11 @@ def test_every_file_an_entry_names_exists(name):
     assert (REPO / (b.generator.replace(".", "/") + ".py")).is_file(), b.generator
     assert not b.throughput_bench or (REPO / b.throughput_bench).is_file()
     # The task class is named, not imported (importing it imports TensorFlow).
-    assert _defines_class(b.task_class), b.task_class
+    assert _defines(b.task_class), b.task_class
+    for spec in (b.one_core_reader, b.input_bench):   # functions the measurement tools call
+        assert not spec or _defines(spec, ast.FunctionDef), spec
+    assert not b.full_model_config or REPO / b.full_model_config in closed, b.full_model_config
+    assert bool(b.throughput_args) == bool(b.throughput_bench)
     assert dataclasses.is_dataclass(benchmarks.config_class(name))
     # The train script takes the flags the table gives it (make and sbatch pass them).
     assert b.data_flag.startswith("--") and b.output_flag.startswith("--") and b.stage_flag.startswith("--")
@@ -80,6 +84,13 @@ def test_closed_configs_give_their_global_batch_and_the_cli_finds_them(name):
         assert proc.returncode == 0 and proc.stdout.strip() == str(path.relative_to(REPO)), proc.stderr
     proc = cli("closed-config", name, "7")   # no RCP global batch is 7 x a local batch of 2 or 4
     assert proc.returncode == 1 and proc.stdout == "" and "set CONFIG" in proc.stderr
+
+
+def test_names_with_a_field_skip_the_entries_that_leave_it_empty(monkeypatch):
+    first, second = benchmarks.BENCHMARKS[:2]
+    monkeypatch.setattr(benchmarks, "BENCHMARKS", (first, dataclasses.replace(second, throughput_bench="")))
+    assert benchmarks.names_with("throughput_bench") == (first.name,)
+    assert benchmarks.names_with("name") == (first.name, second.name)
 
 
 def test_cli_prints_what_the_table_holds():

@@ -4,6 +4,7 @@ closes its MLPerf log as aborted (common/termination.py) before the launcher kil
 
 import pytest
 
+from common import launchers
 from tests import helpers
 
 pytestmark = pytest.mark.slow   # two 2-rank jobs
@@ -23,11 +24,7 @@ def test_killing_one_rank_ends_every_rank_and_closes_the_log(cosmo_data, tiny_co
         pytest.skip("Horovod without MPI or no mpirun")
     out = tmp_path / "run"
     train = long_run(cosmo_data, tiny_config, out)
-    if launcher == "gloo":
-        cmd = [helpers.HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", *train]
-    else:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH",
-               "-x", "TF_CPP_MIN_LOG_LEVEL", *train]
+    cmd = launchers.prefix({"gloo": "horovodrun", "mpi": "mpirun"}[launcher], 2) + train
     code, seconds, output = helpers.kill_a_rank_mid_epoch(cmd, out)
     print(f"{launcher}: every rank gone {seconds:.1f} s after rank 1 was killed (exit {code})")
     assert code != 0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from common import launchers
 from tests import helpers
 
 pytestmark = pytest.mark.slow   # three short trainings per case
@@ -38,9 +39,7 @@ def _deepcam(data, config, out, *extra):
 
 
 def _launch(ranks: int, cmd) -> list:
-    if ranks == 1:
-        return [str(c) for c in cmd]
-    return [helpers.HOROVODRUN, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *map(str, cmd)]
+    return launchers.on_this_host(cmd, ranks)
 
 
 def _published_steps(out: Path) -> list:
@@ -76,7 +75,7 @@ def _kill_at_random(cmd, out: Path, total_steps: int, rng: random.Random, timeou
     s1 = seen[-1][0]
     delay = rng.uniform(0.0, save_interval)
     time.sleep(delay)
-    victim = proc.pid if cmd[0] != helpers.HOROVODRUN else helpers._rank_pid(rng.randrange(2), b"/train.py")
+    victim = proc.pid if cmd[0] != launchers.HOROVODRUN else helpers._rank_pid(rng.randrange(2), b"/train.py")
     if victim is not None and proc.poll() is None:
         os.kill(victim, signal.SIGKILL)
     output = proc.communicate(timeout=timeout)[0]

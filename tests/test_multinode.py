@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from common import launchers
 from common.staging import MANIFEST_DIR
 from tests import helpers
 
@@ -19,7 +20,7 @@ N_TRAIN, N_VALID = 512, 128
 def test_each_node_stages_only_its_ranks_shard(cosmo_data, tiny_config, tmp_path):
     out, stage = tmp_path / "run", tmp_path / "stage"
     # 'localhost' and '127.0.0.1' are two hosts to Horovod (two nodes) but both run here.
-    cmd = [helpers.HOROVODRUN, "-np", "4", "-H", "localhost:2,127.0.0.1:2", "--gloo",
+    cmd = [*launchers.horovodrun(4, hosts="localhost:2,127.0.0.1:2"),
            *helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out,
                               "--n-train", str(N_TRAIN), "--n-valid", str(N_VALID), "--n-epochs", "1",
                               "--stage-dir", f"{stage}/node{{node}}", "--set", "runtime.record_shards=true",

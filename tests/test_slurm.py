@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from common import launchers
 from tests import helpers
 
 # A whole cluster: `make test-all` runs it, `make test` skips it.
@@ -87,8 +88,7 @@ def test_killing_one_srun_rank_ends_the_job(slurm_cluster, cosmo_data, tiny_conf
     if not helpers.horovod_has_mpi():
         pytest.fail("Horovod was built without MPI: srun ranks could not be wired (install libopenmpi-dev)")
     out = tmp_path / "run"
-    cmd = ["srun", "--mpi=pmix", "-N", "1", "-n", "2", "--kill-on-bad-exit=1",
-           *long_run(cosmo_data, tiny_config, out)]
+    cmd = launchers.srun(2) + long_run(cosmo_data, tiny_config, out)
     code, seconds, output = helpers.kill_a_rank_mid_epoch(cmd, out, environ=helpers.env() | {
         "SLURM_CONF": str(slurm_cluster)})
     print(f"srun: every rank gone {seconds:.1f} s after rank 1 was killed (exit {code})")
