@@ -47,7 +47,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from common import benchmarks, epochs  # noqa: E402
-from common.staging import GUNZIP, stage_files  # noqa: E402
+from common.staging import stage_files  # noqa: E402
+from common.staging_layouts import GUNZIP  # noqa: E402
 
 
 def samples_per_s(ds, batch_size: int, n_batches: int, repeats: int, warmup_batches: int = 2) -> float:

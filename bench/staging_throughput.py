@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.staging import GUNZIP, stage_files  # noqa: E402
+from common.staging import stage_files  # noqa: E402
+from common.staging_layouts import GUNZIP  # noqa: E402
 
 THREAD_COUNTS = (1, 2, 4)
 

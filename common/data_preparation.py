@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from common.files import write_text_atomic
-from common.staging import Conversion, stage_files
+from common.staging import stage_files
+from common.staging_layouts import Conversion
 from common.task import Shards
 
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from common.errors import EXIT_INPUT_ERROR, EXIT_NON_FINITE_LOSS, InputError
 from common.run_result import RunFailed
-from common.staging import source_of
+from common.staging_manifest import source_of
 
 
 @contextlib.contextmanager

@@ -20,14 +20,7 @@ CRC-32 of a gzip file of stored blocks is the same for every payload of one
 length). SHA-256 hashes 1.5 GB/s per core on AMD EPYC, whose SHA extensions
 recent Intel and Arm server cores share, against 0.7 GB/s for blake2b.
 
-The manifest is one small JSON entry per staged file, in a hidden tree beside
-the data (STAGE/.manifest/train/NAME.json for STAGE/train/NAME), rather than
-one file per stage dir or per rank: a staged file has exactly one writer (the
-rank whose shard holds it), so its entry needs no lock and no merge; the entry
-holds whatever the rank count or sharding of the run that made it; and it is
-small enough to replace atomically (temporary name, then os.replace) after
-every file, so a killed job loses at most the files in flight. Kept out of the
-data folders, so that listing or globbing them finds only samples.
+The manifest (common.staging_manifest) records what each staged file was made from.
 
 No partial file is ever trusted or left behind: every file is written under a
 temporary name in its final directory and renamed when complete; the old
@@ -42,42 +35,17 @@ import concurrent.futures
 import dataclasses
 import functools
 import gzip
-import hashlib
-import json
 import os
 import shutil
 import time
 import zlib
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
+from common import staging_layouts
+from common import staging_manifest as manifest
 from common.errors import ConfigError, InputError
-
-_CHUNK = 16 << 20            # copy buffer: large reads suit parallel file systems
-_GZIP_READ_BUFFER = 1 << 20  # GzipFile reads 8 KiB at a time; buffer the file below it
-_GZIP_MAGIC = b"\x1f\x8b"
-_MANIFEST_VERSION = 2        # bump when the entry's meaning changes: old entries then never match
-MANIFEST_DIR = ".manifest"   # in the stage dir: one entry per staged file, STAGE/.manifest/SPLIT/NAME.json
-
-
-@dataclasses.dataclass(frozen=True)
-class Conversion:
-    """A change of layout on a file's way into the stage dir.
-
-    name: recorded in each staged file's manifest entry; a run asking for another
-      name stages the file again, so a name spells every parameter of the layout.
-    staged_name: the staged file's name from the source's name.
-    write(src, tmp, verify): writes the staged file at tmp; with verify returns the
-      SHA-256 of the source's bytes, else None. A source it cannot read raises
-      InputError naming src, or zlib.error / EOFError / gzip.BadGzipFile, which
-      stage_files turns into one.
-    size_hint(src, size): bytes the staged file will take (the free-space check).
-    """
-    name: str
-    write: Callable[[Path, Path, bool], Optional[str]]
-    size_hint: Callable[[Path, int], int]
-    staged_name: Callable[[str], str] = lambda name: name
-
+from common.staging_layouts import Conversion
 
 @dataclasses.dataclass
 class StageStats:
@@ -90,19 +58,6 @@ class StageStats:
     def gb_per_s(self) -> float:
         """Bytes written per second over the whole call (freshness checks included)."""
         return self.bytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-    """What a staged file was made from, and what it looked like when made."""
-    version: int
-    source: str
-    source_size: int
-    source_mtime_ns: int
-    conversion: str                # Conversion.name, '' for a plain copy
-    source_sha256: Optional[str]  # only when staged with verify on
-    staged_size: int
-    staged_mtime_ns: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +100,7 @@ def stage_files(files, stage_dir, conversion: Optional[Conversion] = None, progr
     try:
         for folder in dict.fromkeys(t.parent for t in targets):
             folder.mkdir(parents=True, exist_ok=True)
-            (stage_dir / MANIFEST_DIR / folder.name).mkdir(parents=True, exist_ok=True)
+            (stage_dir / manifest.MANIFEST_DIR / folder.name).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create the stage dir {stage_dir}: {_one_line(e)}") from None
 
@@ -230,7 +185,7 @@ def _run_all(pool, fn, jobs, on_error, on_done=None) -> list:
 def _plan(pair: tuple[Path, Path], conversion: Optional[Conversion], verify: bool) -> _Job:
     src, dst = pair
     source = src.stat()
-    entry = _read_entry(dst)
+    entry = manifest.read_entry(dst)
     try:
         staged = dst.stat()
     except FileNotFoundError:
@@ -238,11 +193,11 @@ def _plan(pair: tuple[Path, Path], conversion: Optional[Conversion], verify: boo
     name = conversion.name if conversion else ""
     fresh = (entry is not None and staged is not None
              and (entry.version, entry.source, entry.source_size, entry.source_mtime_ns, entry.conversion)
-             == (_MANIFEST_VERSION, os.path.abspath(src), source.st_size, source.st_mtime_ns, name)
+             == (manifest.MANIFEST_VERSION, os.path.abspath(src), source.st_size, source.st_mtime_ns, name)
              and (entry.staged_size, entry.staged_mtime_ns) == (staged.st_size, staged.st_mtime_ns))
     if fresh and verify:
         # Last, as it reads the whole source; an entry made without verify cannot vouch.
-        fresh = entry.source_sha256 is not None and sha256_of(src) == entry.source_sha256
+        fresh = entry.source_sha256 is not None and staging_layouts.sha256_of(src) == entry.source_sha256
     if fresh:
         return _Job(src, dst, source, fresh=True)
     hint = conversion.size_hint(src, source.st_size) if conversion else source.st_size
@@ -252,10 +207,10 @@ def _plan(pair: tuple[Path, Path], conversion: Optional[Conversion], verify: boo
 def _stage_one(job: _Job, conversion: Optional[Conversion], verify: bool) -> int:
     """Writes job.dst from job.src (and then its manifest entry); returns the bytes written."""
     # The old entry must not vouch for whatever is at dst until the new copy is complete.
-    _manifest_path(job.dst).unlink(missing_ok=True)
-    tmp = _partial_path(job.dst)
+    manifest.manifest_path(job.dst).unlink(missing_ok=True)
+    tmp = manifest.partial_path(job.dst)
     try:
-        write = conversion.write if conversion else _copy
+        write = conversion.write if conversion else staging_layouts.copy_file
         digest = write(job.src, tmp, verify)
         os.replace(tmp, job.dst)
     except BaseException:
@@ -263,119 +218,10 @@ def _stage_one(job: _Job, conversion: Optional[Conversion], verify: bool) -> int
         raise
     staged = job.dst.stat()
     # The source's stat from before the copy: if it changed meanwhile, the next run sees a mismatch.
-    _write_entry(job.dst, _Entry(_MANIFEST_VERSION, os.path.abspath(job.src), job.source.st_size,
+    manifest.write_entry(job.dst, manifest.Entry(manifest.MANIFEST_VERSION, os.path.abspath(job.src), job.source.st_size,
                                  job.source.st_mtime_ns, conversion.name if conversion else "", digest,
                                  staged.st_size, staged.st_mtime_ns))
     return staged.st_size
-
-
-def _copy(src: Path, tmp: Path, verify: bool) -> Optional[str]:
-    """Copies src to tmp; with verify, returns the SHA-256 of the bytes copied (one read)."""
-    if not verify:
-        shutil.copyfile(src, tmp)  # in-kernel copy (sendfile) on Linux
-        return None
-    digest, buf = hashlib.sha256(), bytearray(_CHUNK)
-    view = memoryview(buf)
-    # A buffered writer: a raw write may write less than asked and say so only in its result.
-    with open(src, "rb", buffering=0) as fin, open(tmp, "wb") as fout:
-        while n := fin.readinto(buf):
-            digest.update(view[:n])
-            fout.write(view[:n])
-    return digest.hexdigest()
-
-
-def _gunzip(src: Path, tmp: Path, verify: bool) -> Optional[str]:
-    """Decompresses src into tmp (copies it when not gzip); with verify, returns the SHA-256 of src."""
-    if not _is_gzip(src):
-        return _copy(src, tmp, verify)
-    with open(src, "rb", buffering=_GZIP_READ_BUFFER) as raw, open(tmp, "wb") as fout:
-        reader = _HashingReader(raw) if verify else raw
-        with gzip.GzipFile(fileobj=reader, mode="rb") as fin:
-            shutil.copyfileobj(fin, fout, _CHUNK)
-        if verify:
-            while reader.read(_CHUNK):  # bytes past the last member, so the digest covers the whole file
-                pass
-            return reader.digest.hexdigest()
-    return None
-
-
-class _HashingReader:
-    """A read-only file object that hashes every byte read through it."""
-
-    def __init__(self, f):
-        self._f = f
-        self.digest = hashlib.sha256()
-
-    def read(self, size=-1) -> bytes:
-        data = self._f.read(size)
-        self.digest.update(data)
-        return data
-
-
-def sha256_of(path) -> str:
-    """The SHA-256 of a file's bytes (a Conversion's `verify` reads its source with it)."""
-    with open(path, "rb", buffering=0) as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == _GZIP_MAGIC
-
-
-def _gunzip_size_hint(src: Path, size: int) -> int:
-    """Bytes the staged file will take: for gzip, the ISIZE trailer of its (last) member.
-
-    ISIZE is the uncompressed size modulo 2**32 and covers only the last member,
-    so this is an estimate for files over 4 GiB or of several members; the
-    up-front check is then approximate, and a full disk is still caught while writing.
-    """
-    if size < 18:  # 18: the smallest gzip file (header + trailer)
-        return size
-    with open(src, "rb") as f:
-        if f.read(2) != _GZIP_MAGIC:
-            return size
-        f.seek(-4, os.SEEK_END)
-        return int.from_bytes(f.read(4), "little")
-
-
-# GZIP TFRecords inflated, other files copied: a staged TFRecord is read without
-# zlib on every epoch (the name is kept: readers tell gzip by its magic bytes).
-GUNZIP = Conversion("gunzip", write=_gunzip, size_hint=_gunzip_size_hint)
-
-
-def _manifest_path(dst: Path) -> Path:
-    # dst is STAGE/SPLIT/NAME (see _targets).
-    return dst.parent.parent / MANIFEST_DIR / dst.parent.name / f"{dst.name}.json"
-
-
-def _partial_path(path: Path) -> Path:
-    # Hidden, and never matched by a data file's glob (*.tfrecord, *.npy...).
-    return path.with_name(f".{path.name.lstrip('.')}.partial")
-
-
-def _read_entry(dst: Path) -> Optional[_Entry]:
-    try:
-        return _Entry(**json.loads(_manifest_path(dst).read_text()))
-    except (FileNotFoundError, ValueError, TypeError):  # none, torn by hand, or of another version
-        return None
-
-
-def source_of(staged) -> Optional[str]:
-    """The source a staged file was made from (its manifest entry), or None for a file not staged here."""
-    entry = _read_entry(Path(staged))
-    return entry.source if entry else None
-
-
-def _write_entry(dst: Path, entry: _Entry) -> None:
-    path = _manifest_path(dst)
-    tmp = _partial_path(path)
-    try:
-        tmp.write_text(json.dumps(dataclasses.asdict(entry)))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _source_error(job: tuple, error: Exception) -> Exception:

@@ -117,7 +117,7 @@ class Task:
         return x, y
 
     def staged_layout(self):
-        """The common.staging.Conversion staged files are written in (staging.convert); None copies."""
+        """The common.staging_layouts.Conversion staged files are written in (staging.convert); None copies."""
         return None
 
     def find_bad_file(self, files) -> Optional[str]:

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from common import epochs
 from common.errors import InputError
-from common.staging import Conversion, sha256_of
+from common.staging_layouts import Conversion, sha256_of
 from cosmoflow.records import encode_example
 
 SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz")

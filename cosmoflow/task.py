@@ -7,7 +7,7 @@ from common import epochs, lr_schedules, optimizers
 from common.lr_schedules import scale_lr
 from common.memory import fits_in_memory
 from common.base_config import check_global_batch
-from common.staging import GUNZIP
+from common.staging_layouts import GUNZIP
 from common.sharding import check_divisible, list_files, select_and_shard
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from cosmoflow import data, model

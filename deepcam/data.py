@@ -31,7 +31,7 @@ import tensorflow as tf
 from common import epochs
 from common.batch_buffers import BatchBuffers, aligned_empty
 from common.errors import InputError
-from common.staging import Conversion, sha256_of
+from common.staging_layouts import Conversion, sha256_of
 from deepcam.config import N_CLASSES
 from deepcam.layout import DATA_KEY, LABEL_KEY, RAW_SUFFIX, STATS_FILE
 

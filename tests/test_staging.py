@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from common import staging
+from common import staging, staging_layouts, staging_manifest
 from common.errors import InputError
-from common.staging import GUNZIP, stage_files
+from common.staging import stage_files
+from common.staging_layouts import GUNZIP
 
 
 def make(tmp_path, n=3, size=1000):
@@ -37,7 +38,7 @@ def read(path):
 
 
 EXPECTED_IN_STAGE = re.compile(r"[^/]+/[^/.][^/]*\.tfrecord"                                # SPLIT/NAME
-                               rf"|{re.escape(staging.MANIFEST_DIR)}/[^/]+/[^/]+\.tfrecord\.json")  # its entry
+                               rf"|{re.escape(staging_manifest.MANIFEST_DIR)}/[^/]+/[^/]+\.tfrecord\.json")  # its entry
 
 
 def leftovers(stage):
@@ -59,7 +60,7 @@ def test_copies_then_skips_what_is_staged(tmp_path):
     assert calls and calls[-1] == (3, 3, 3003)
     assert leftovers(tmp_path / "stage") == []
     assert sorted(os.listdir(tmp_path / "stage" / "train")) == ["f0.tfrecord", "f1.tfrecord", "f2.tfrecord"]
-    assert len(os.listdir(tmp_path / "stage" / staging.MANIFEST_DIR / "train")) == 3
+    assert len(os.listdir(tmp_path / "stage" / staging_manifest.MANIFEST_DIR / "train")) == 3
     mtimes = [os.stat(p).st_mtime_ns for p in staged]
     calls.clear()
     _, again = stage_files(files, tmp_path / "stage", progress=lambda *a: calls.append(a))
@@ -132,7 +133,7 @@ def test_a_staged_file_changed_after_staging_is_replaced(tmp_path):
 def test_disk_full_while_copying_leaves_no_partial_file(tmp_path, monkeypatch):
     files = make(tmp_path, n=4)
     stage = tmp_path / "stage"
-    real_copy = staging._copy
+    real_copy = staging_layouts.copy_file
 
     def copy_until_disk_full(src, tmp, verify):
         if src.name != "f2.tfrecord":
@@ -141,7 +142,7 @@ def test_disk_full_while_copying_leaves_no_partial_file(tmp_path, monkeypatch):
             f.write(b"x" * 100)  # some bytes made it before the disk filled up
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
 
-    monkeypatch.setattr(staging, "_copy", copy_until_disk_full)
+    monkeypatch.setattr(staging_layouts, "copy_file", copy_until_disk_full)
     for threads in (1, 4):
         with pytest.raises(InputError) as e:
             stage_files(files, stage, threads=threads)
@@ -153,7 +154,7 @@ def test_disk_full_while_copying_leaves_no_partial_file(tmp_path, monkeypatch):
             assert f"({1002 + 1003:,} bytes needed" in message
         assert leftovers(stage) == []
         assert not (stage / "train" / "f2.tfrecord").exists()
-        assert not (stage / staging.MANIFEST_DIR / "train" / "f2.tfrecord.json").exists()
+        assert not (stage / staging_manifest.MANIFEST_DIR / "train" / "f2.tfrecord.json").exists()
 
 
 def test_too_little_free_space_fails_before_copying(tmp_path, monkeypatch):
@@ -171,14 +172,14 @@ def test_one_and_four_threads_stage_the_same_bytes(tmp_path, monkeypatch):
     one, stats_one = stage_files(files, tmp_path / "one", threads=1)
     # Two copies must be in flight at once with 4 threads, else the barrier breaks.
     both_running = threading.Barrier(2, timeout=10)
-    real_copy = staging._copy
+    real_copy = staging_layouts.copy_file
 
     def copy(src, tmp, verify):
         if src.name in ("f0.tfrecord", "f1.tfrecord"):
             both_running.wait()
         return real_copy(src, tmp, verify)
 
-    monkeypatch.setattr(staging, "_copy", copy)
+    monkeypatch.setattr(staging_layouts, "copy_file", copy)
     calls = []
     four, stats_four = stage_files(files, tmp_path / "four", threads=4, progress=lambda *a: calls.append(a))
     assert [read(p) for p in one] == [read(p) for p in four] == [read(p) for p in files]
