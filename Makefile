@@ -8,7 +8,7 @@ VARIANT ?= cpu
 NP ?= 1
 # How NP ranks are started on this machine: one runs alone, more under horovodrun over Gloo (no MPI
 # needed), as common/launchers.py builds it. Expanded when a recipe runs, after `install` made $(PY).
-LAUNCH = $(if $(filter 1,$(NP)),,$(shell $(PY) -m common.launchers horovodrun $(NP)))
+LAUNCH = $(if $(filter 1,$(NP)),,$(or $(shell $(PY) -m common.launchers horovodrun $(NP)),$(error cannot build the launch command: $(PY) -m common.launchers horovodrun $(NP) failed)))
 
 .PHONY: install wheelhouse result-set weak-scaling test test-all bench bench-budgets clean
 

@@ -204,7 +204,6 @@ class ResumePoint:
       resumed_from: {"checkpoint", "epoch", "step", "global_step"} of a training checkpoint,
         {"checkpoint", "epoch": 0, "weights_only": True} of model-only weights; None from scratch.
       source: the folder as it was named (what rank 0's console says).
-      steps_per_epoch: of the checkpoint's run (the same as this run's).
     """
     position: epochs.Position = epochs.Position()
     global_step: int = 0
@@ -213,7 +212,6 @@ class ResumePoint:
     rank_state: dict | None = None
     resumed_from: dict | None = None
     source: str | None = None
-    steps_per_epoch: int = 0
 
 
 def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks: int, steps_per_epoch: int,
@@ -252,6 +250,6 @@ def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks:
         losses = tuple(rank_state["losses"])
         position = epochs.Position(epoch, done * accumulation)
     return ResumePoint(position=position, global_step=state["global_step"], start_epoch=epoch,
-                       epoch_losses=losses, rank_state=rank_state, source=str(source), steps_per_epoch=per_epoch,
+                       epoch_losses=losses, rank_state=rank_state, source=str(source),
                        resumed_from={"checkpoint": resolved, "epoch": epoch, "step": done,
                                      "global_step": state["global_step"]})

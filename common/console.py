@@ -40,6 +40,10 @@ class Console(Listener):
         self.print(f"[init] {text}")
 
     # ------------------------------------------------------------ events
+    def on_runtime_configured(self, job, runtime, site):
+        for line in runtime_lines(job, runtime):
+            self.print(f"[init] {line}")
+
     def on_init_stop(self, info, site):
         self.info = info
         self.steps.on_init_stop(info, site)
@@ -99,17 +103,21 @@ class Console(Listener):
             self.print(line)
 
 
+_NOTES = ("cpu", "precision_note", "threads_note")   # runtime entries said on lines of their own
+
+
+def runtime_lines(job: str, rt: dict) -> list[str]:
+    """The job and the runtime it got, a line each (without the `[init] ` tag)."""
+    lines = [f"{job}; runtime { {k: v for k, v in rt.items() if k not in _NOTES} }"]
+    cpu = rt.get("cpu")
+    if cpu:
+        lines.append(f"CPU {cpu['cpu']}: {cpu['isa']}, bf16 {cpu['bf16']}, oneDNN {cpu['onednn']}")
+    return lines + [rt[note] for note in ("precision_note", "threads_note") if rt.get(note)]
+
+
 def init_lines(info) -> list[str]:
-    """What init did, a line each (without the `[init] ` tag), from the RunInfo."""
-    rt = info.runtime or {}
+    """What init built, a line each (without the `[init] ` tag), from the RunInfo."""
     lines = []
-    if rt:
-        lines.append(f"{info.job}; runtime { {k: v for k, v in rt.items() if k not in ('cpu', 'precision_note')} }")
-        cpu = rt.get("cpu")
-        if cpu:
-            lines.append(f"CPU {cpu['cpu']}: {cpu['isa']}, bf16 {cpu['bf16']}, oneDNN {cpu['onednn']}")
-        if rt.get("precision_note"):
-            lines.append(rt["precision_note"])
     if info.samples_per_epoch < info.shard_samples:
         lines.append(f"epoch: {info.steps_per_epoch} steps x global batch {info.global_batch_size} = "
                      f"{info.samples_per_epoch} of {info.shard_samples} samples; the rest of each rank's "
@@ -129,7 +137,7 @@ def init_lines(info) -> list[str]:
                      f"epoch 0; not a valid benchmark result)")
     elif resumed:
         lines.append(f"resumed from {info.resumed_source} (epoch {resumed['epoch']}, {resumed['step']} of "
-                     f"{info.resumed_steps_per_epoch} steps done); a resumed run is not a valid benchmark result "
+                     f"{info.steps_per_epoch} steps done); a resumed run is not a valid benchmark result "
                      f"(its log says so)")
     return lines
 

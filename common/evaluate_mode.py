@@ -3,8 +3,8 @@
 import numpy as np
 
 from common.errors import InputError
-from common.run_failures import fail_on_input, naming_bad_files
-from common.run_result import RunFailed, RunResult
+from common.run_failures import RunFailed, fail_on_input, naming_bad_files
+from common.run_result import RunResult
 
 
 def evaluate(ctx, valid_ds, epoch: int) -> tuple[float, float]:

@@ -1,8 +1,8 @@
 """Trainer events and the listeners that act on them.
 
 The trainer says what happens (init started, epoch 3 stopped, eval gave 0.11);
-listeners decide what to do with it: the MLPerf logger writes mllog lines, the
-progress listener draws a bar, TensorBoard writes scalars. Builders (models,
+listeners decide what to do with it: the MLPerf logger writes mllog lines, rank
+0's console (common.console) prints, TensorBoard writes scalars. Builders (models,
 datasets, optimizers) emit nothing.
 
 Every event is a method written out on `Listener` and on `Events`, so that
@@ -40,8 +40,6 @@ class RunInfo:
     # {"checkpoint": path, "epoch": n} when the run continues a checkpointed one.
     resumed_from: dict | None = None
     # What rank 0's console says of init (common.console):
-    job: str = ""                     # ranks, nodes, controller (and the spatial mesh, if split)
-    runtime: dict | None = None       # common.runtime.configure's figures (device, threads, CPU, precision)
     model_name: str = ""
     num_params: int = 0               # trainable
     spatial_ranks: int = 1            # ranks that split each sample
@@ -50,7 +48,6 @@ class RunInfo:
     samples_per_epoch: int = 0        # all ranks, in whole steps
     shard_samples: int = 0            # the training samples of the shards (n_train)
     resumed_source: str | None = None  # the checkpoint folder as named
-    resumed_steps_per_epoch: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +83,9 @@ class Listener:
     """
 
     def on_init_start(self, site: CallSite): ...
+    # job: the ranks, nodes and controller (and the spatial mesh); runtime: common.runtime.configure's
+    # figures (device, threads, CPU, precision), known before anything is built.
+    def on_runtime_configured(self, job: str, runtime: dict, site: CallSite): ...
     def on_init_stop(self, info: RunInfo, site: CallSite): ...
     def on_staging_start(self, site: CallSite): ...
     # Rank 0's count of files staged so far, of one split's `total` (train, then validation).
@@ -145,6 +145,11 @@ class Events:
         site = _caller()
         for listener in self.listeners:
             listener.on_init_start(site)
+
+    def on_runtime_configured(self, job: str, runtime: dict):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_runtime_configured(job, runtime, site)
 
     def on_init_stop(self, info: RunInfo):
         site = _caller()

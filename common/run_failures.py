@@ -13,8 +13,20 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import EXIT_INPUT_ERROR, EXIT_NON_FINITE_LOSS, InputError
-from common.run_result import RunFailed
 from common.staging_manifest import source_of
+
+
+class RunFailed(Exception):
+    """Every rank agreed that the run cannot go on (a non-finite input or loss); `failure` says why.
+
+    Raised inside the loop, on every rank at the same point (the functions below); the training
+    loop ends the run in order (log closed as aborted, summary written) and common.launch exits
+    with failure["exit_code"].
+    """
+
+    def __init__(self, failure: dict):
+        super().__init__(failure["message"])
+        self.failure = failure
 
 
 @contextlib.contextmanager

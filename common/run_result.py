@@ -1,4 +1,4 @@
-"""What a run returns: its result (`RunResult`, written as summary.json) and `RunFailed`."""
+"""What a run returns: its result (`RunResult`), written as summary.json."""
 
 import dataclasses
 import json
@@ -34,21 +34,8 @@ class RunResult:
     throughput: dict = dataclasses.field(default_factory=dict)
     characterization: dict = dataclasses.field(default_factory=dict)
     # A run that could not go on (status "aborted"): {"reason", "exit_code", "message", "step_num",
-    # "loss", "input_file", "checkpoint"} (RunFailed); None otherwise.
+    # "loss", "input_file", "checkpoint"} (common.run_failures.RunFailed); None otherwise.
     failure: dict | None = None
-
-
-class RunFailed(Exception):
-    """Every rank agreed that the run cannot go on (a non-finite input or loss); `failure` says why.
-
-    Raised inside the loop, on every rank at the same point (common.run_failures); the training
-    loop ends the run in order (log closed as aborted, summary written) and common.launch exits
-    with failure["exit_code"].
-    """
-
-    def __init__(self, failure: dict):
-        super().__init__(failure["message"])
-        self.failure = failure
 
 
 def write_summary(result: RunResult, path, extra: dict) -> None:

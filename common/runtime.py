@@ -14,8 +14,8 @@ def configure(runtime, dist) -> dict:
     ranks on one node do not each spawn a pool as large as the machine.
     """
     device = dist.pin_device()
-    intra, inter = _size_thread_pools(runtime.intra_op_threads or max(1, cpu.cores() // dist.local_size),
-                                      runtime.inter_op_threads)
+    intra, inter, threads_note = _size_thread_pools(
+        runtime.intra_op_threads or max(1, cpu.cores() // dist.local_size), runtime.inter_op_threads)
     precision, why = choose_precision(runtime, device)
     # Random layers (dropout) draw from a tf.random.Generator, whose state a
     # checkpoint can hold (common.checkpoint), not from stateful ops whose
@@ -24,24 +24,26 @@ def configure(runtime, dist) -> dict:
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
     return {"device": device, "cpu": cpu.describe(), "intra_op_threads": intra, "deterministic": runtime.deterministic,
-            "inter_op_threads": inter, "precision": precision, "precision_note": why,
+            "inter_op_threads": inter, "threads_note": threads_note, "precision": precision, "precision_note": why,
             "xla": runtime.xla, "gradient_compression": runtime.gradient_compression}
 
 
-def _size_thread_pools(intra: int, inter: int) -> tuple[int, int]:
-    """Sizes TensorFlow's thread pools; returns the sizes they have.
+def _size_thread_pools(intra: int, inter: int) -> tuple[int, int, str]:
+    """Sizes TensorFlow's thread pools; returns the sizes they have and a note ('' when as asked).
 
     In a process where TensorFlow already runs (a notebook, a test that trains in-process)
-    the pools are made and cannot change: they stay as they are, and their sizes are
-    returned (0: TensorFlow's default).
+    the pools are made and cannot change: they stay as they are, their sizes are returned
+    (0: TensorFlow's default) and the note says so.
     """
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)
     except RuntimeError:
-        return (tf.config.threading.get_intra_op_parallelism_threads(),
+        kept = (tf.config.threading.get_intra_op_parallelism_threads(),
                 tf.config.threading.get_inter_op_parallelism_threads())
-    return intra, inter
+        return (*kept, f"TensorFlow was running before the runtime was configured: its thread pools stay "
+                       f"{kept[0]} intra-op / {kept[1]} inter-op (0: its default), not {intra} / {inter}")
+    return intra, inter, ""
 
 
 def choose_precision(runtime, device: str, native_bf16=None) -> tuple[str, str]:

@@ -5,7 +5,7 @@ node copy disjoint parts of the node's block in parallel and no file is copied
 twice; within a rank, a small thread pool keeps several copies in flight, as a
 single stream rarely draws a parallel file system's bandwidth. A `Conversion`
 may change each file's layout on the way, which trades local disk for less CPU
-work on every epoch: GZIP TFRecords inflated (`GUNZIP`), or a benchmark's own
+work on every epoch: GZIP TFRecords inflated (`staging_layouts.GUNZIP`), or a benchmark's own
 (DeepCAM writes HDF5 samples as raw arrays that TensorFlow reads without h5py).
 
 What is fresh: a staged file is reused only if its manifest entry says it was
@@ -46,6 +46,7 @@ from common import staging_layouts
 from common import staging_manifest as manifest
 from common.errors import ConfigError, InputError
 from common.staging_layouts import Conversion
+
 
 @dataclasses.dataclass
 class StageStats:
@@ -218,9 +219,10 @@ def _stage_one(job: _Job, conversion: Optional[Conversion], verify: bool) -> int
         raise
     staged = job.dst.stat()
     # The source's stat from before the copy: if it changed meanwhile, the next run sees a mismatch.
-    manifest.write_entry(job.dst, manifest.Entry(manifest.MANIFEST_VERSION, os.path.abspath(job.src), job.source.st_size,
-                                 job.source.st_mtime_ns, conversion.name if conversion else "", digest,
-                                 staged.st_size, staged.st_mtime_ns))
+    entry = manifest.Entry(manifest.MANIFEST_VERSION, os.path.abspath(job.src), job.source.st_size,
+                           job.source.st_mtime_ns, conversion.name if conversion else "", digest,
+                           staged.st_size, staged.st_mtime_ns)
+    manifest.write_entry(job.dst, entry)
     return staged.st_size
 
 

@@ -35,7 +35,7 @@ class Entry:
 
 
 def manifest_path(dst: Path) -> Path:
-    # dst is STAGE/SPLIT/NAME (see _targets).
+    # dst is STAGE/SPLIT/NAME (common.staging._targets).
     return dst.parent.parent / MANIFEST_DIR / dst.parent.name / f"{dst.name}.json"
 
 

@@ -14,9 +14,9 @@ import tensorflow as tf
 from common import termination
 from common.events import StepInfo, TrainLog
 from common.evaluate_mode import evaluate
-from common.run_failures import fail_on_input, fail_on_loss, naming_bad_files
+from common.run_failures import RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run_measurements import characterize_run
-from common.run_result import RunFailed, RunResult
+from common.run_result import RunResult
 from common.sync_batchnorm import average_batchnorm_statistics
 
 

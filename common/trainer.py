@@ -58,9 +58,11 @@ class Trainer:
         tf.keras.utils.set_random_seed(cfg.train.seed)
         # Data parallelism is over groups: one rank each, or the K ranks that split each sample.
         mesh = task.mesh or dist.spatial_mesh(1)
+        events.on_runtime_configured(dist.describe() + (f"; {mesh.describe()}" if mesh.is_split else ""),
+                                     result.runtime)
         shards = task.shard(mesh.group, mesh.groups)                   # this rank's (its group's) files
         plan = _plan_epochs(shards, mesh.groups, cfg.train.gradient_accumulation_frequency)
-        model, optimizer, schedule = self._build(result, plan)          # LR for the global batch, wrapped optimizer
+        model, optimizer, schedule, loss_fn, metric = self._build(result, plan)   # LR for the global batch
         saver = CheckpointSaver(self.output_dir / "checkpoints", model, optimizer, dist, cfg.train,
                                 plan.steps_per_epoch, task.name)
         saver.prepare()
@@ -72,8 +74,8 @@ class Trainer:
             # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
             for i, v in enumerate(batchnorm_statistics(model)):
                 v.assign(start.rank_state[f"bn_{i}"])
-        train_step, eval_step = self._build_steps(model, optimizer)      # gradients allreduced inside TrainStep
-        info = self._run_info(result, mesh, shards, plan, model, start)
+        train_step, eval_step = self._build_steps(model, optimizer, loss_fn, metric)   # gradients allreduced inside
+        info = self._run_info(result, mesh, shards, plan, model, metric, start)
         events.on_init_stop(info)
 
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
@@ -81,7 +83,7 @@ class Trainer:
         train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
         self._check_specs(train_ds)
         ctx = RunContext(cfg=cfg, task=task, dist=dist, events=events, mesh=mesh, shards=shards, model=model,
-                         optimizer=optimizer, schedule=schedule, metric=self.metric, train_step=train_step,
+                         optimizer=optimizer, schedule=schedule, metric=metric, train_step=train_step,
                          eval_step=eval_step, saver=saver, steps_per_epoch=plan.steps_per_epoch,
                          samples_per_epoch=plan.samples_per_epoch, info=info, result=result, state=self.state)
         if cfg.train.evaluate_only:
@@ -93,8 +95,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- set-up
     def _build(self, result, plan):
-        """The model (precision policy, batch-norm group), the task's optimizer wrapped for the precision,
-        the loss and the metric."""
+        """(model, optimizer, schedule, loss, metric): the model under the precision policy with its
+        batch-norm group, the task's optimizer wrapped for the precision and built."""
         dist, task = self.dist, self.task
         precision = result.runtime["precision"]
         # Collective (registers a process set): every rank, same order.
@@ -105,9 +107,7 @@ class Trainer:
         optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
         optimizer = runtime_lib.wrap_optimizer(optimizer, precision)   # fp16: dynamic loss scaling
         optimizer.build(model.trainable_variables)
-        self.loss_fn = task.build_losses()
-        self.metric = task.build_metrics()
-        return model, optimizer, schedule
+        return model, optimizer, schedule, task.build_losses(), task.build_metrics()
 
     def _restore_or_start(self, saver, model, plan) -> ResumePoint:
         t = self.cfg.train
@@ -121,36 +121,34 @@ class Trainer:
                             steps_per_epoch=plan.steps_per_epoch,
                             accumulation=t.gradient_accumulation_frequency)
 
-    def _build_steps(self, model, optimizer):
+    def _build_steps(self, model, optimizer, loss_fn, metric):
         """Traces the train and eval steps from the task's TensorSpecs: init work under the MLPerf
         rules (graphs built, no training sample touched)."""
         cfg, task = self.cfg, self.task
         rt = cfg.runtime
-        train_step = TrainStep(model, optimizer, self.loss_fn, self.dist, rt.gradient_compression, rt.xla,
+        train_step = TrainStep(model, optimizer, loss_fn, self.dist, rt.gradient_compression, rt.xla,
                                cfg.train.gradient_accumulation_frequency, preprocess=task.preprocess_batch,
                                gradient_scales=gradient_scales(model))
-        eval_step = make_eval_step(model, self.metric, rt.xla, preprocess=task.preprocess_batch,
-                                   loss_fn=self.loss_fn)
+        eval_step = make_eval_step(model, metric, rt.xla, preprocess=task.preprocess_batch, loss_fn=loss_fn)
         specs = task.input_specs()
         train_step.trace(specs)
         eval_step.get_concrete_function(*specs)
         return train_step, eval_step
 
-    def _run_info(self, result, mesh, shards, plan, model, start) -> RunInfo:
+    def _run_info(self, result, mesh, shards, plan, model, metric, start) -> RunInfo:
         cfg, dist, task = self.cfg, self.dist, self.task
-        job = dist.describe() + (f"; {mesh.describe()}" if mesh.is_split else "")
-        gathered = tuple(layer.name for layer in model.layers if isinstance(layer, GatherSlabs)) if mesh.is_split else ()
+        gathered = tuple(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
         return RunInfo(
             benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
             accelerators_per_node=runtime_lib.accelerators_per_node(result.runtime["device"], dist),
             global_batch_size=plan.global_batch, train_samples=shards.train_set_size or shards.n_train,
             eval_samples=shards.n_valid, hyperparameters=task.mlperf_hyperparameters(plan.global_batch),
-            target_name=self.metric.name, target=task.target, steps_per_epoch=plan.steps_per_epoch,
+            target_name=metric.name, target=task.target, steps_per_epoch=plan.steps_per_epoch,
             n_epochs=cfg.train.n_epochs, resumed_from=start.resumed_from,
-            job=job, runtime=result.runtime, model_name=model.name, num_params=result.num_params,
+            model_name=model.name, num_params=result.num_params,
             spatial_ranks=mesh.size, gathered_at=gathered,
             batchnorm_layers=len(batchnorm_statistics(model)) // 2, samples_per_epoch=plan.samples_per_epoch,
-            shard_samples=shards.n_train, resumed_source=start.source, resumed_steps_per_epoch=start.steps_per_epoch)
+            shard_samples=shards.n_train, resumed_source=start.source)
 
     def _check_specs(self, train_ds):
         """The graphs traced at init are the ones training runs: no tracing inside the timed region."""

@@ -50,13 +50,13 @@ def test_a_run_emits_its_events_in_order_prints_nothing_and_resumes(cosmo_data, 
     assert result.status in ("success", "aborted") and result.epochs == 2 and len(result.history) == 2
     assert dist.collectives > 0 and trainer.state.global_step == 16 and trainer.state.started
     names = [n for n in recorder.names() if n != "on_step"]
-    assert names == ["on_init_start", "on_init_stop", "on_caches_cleared", "on_run_start",
+    assert names == ["on_init_start", "on_runtime_configured", "on_init_stop", "on_caches_cleared", "on_run_start",
                      "on_epoch_start", "on_epoch_stop", "on_eval_start", "on_eval_stop",
                      "on_epoch_start", "on_epoch_stop", "on_eval_start", "on_eval_stop", "on_run_stop"]
     steps = [e[1] for e in recorder.events if e[0] == "on_step"]
     assert [(s.epoch, s.step, s.global_step) for s in steps] == \
         [(1 + i // 8, 1 + i % 8, 1 + i) for i in range(16)]
-    info = recorder.events[1][1]
+    info = recorder.events[2][1]
     assert (info.steps_per_epoch, info.global_batch_size, info.model_name) == (8, 8, "cosmoflow")
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == \
         ["step-0000000008", "step-0000000016"]
@@ -95,7 +95,7 @@ def test_evaluate_and_benchmark_are_modes_of_their_own(cosmo_data, tiny_config, 
     trainer, _ = _trainer(cosmo_data, tiny_config, tmp_path / "eval", [recorder], **{"train.evaluate_only": True})
     result = trainer.run()
     assert result.status == "evaluated" and 0 < result.metric < 10
-    assert recorder.names() == ["on_init_start", "on_init_stop"]   # no run: no run events
+    assert recorder.names() == ["on_init_start", "on_runtime_configured", "on_init_stop"]   # no run: no run events
 
 
 def test_a_resume_from_another_runs_checkpoint_is_refused(cosmo_data, tiny_config, tmp_path):
