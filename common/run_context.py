@@ -24,8 +24,7 @@ class RunContext:
       model, optimizer, schedule, metric: as the task built them (optimizer wrapped for the precision).
       train_step, eval_step: traced at init (common.steps).
       saver: the run's checkpoints (common.checkpoint_saving).
-      steps_per_epoch, samples_per_epoch: one epoch in optimizer steps and in samples (all ranks).
-      info: the RunInfo of init_stop.
+      info: the RunInfo of init_stop (steps_per_epoch and samples_per_epoch are read from it).
       result: the RunResult the modes fill in.
       state: the RunState.
     """
@@ -42,11 +41,18 @@ class RunContext:
     train_step: object
     eval_step: object
     saver: object
-    steps_per_epoch: int
-    samples_per_epoch: int
     info: object
     result: object
     state: RunState
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.info.steps_per_epoch
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """One epoch's samples over all ranks, in whole steps."""
+        return self.info.samples_per_epoch
 
     def reached(self, value: float) -> bool:
         """Whether a metric value meets the task's target."""

@@ -84,8 +84,7 @@ class Trainer:
         self._check_specs(train_ds)
         ctx = RunContext(cfg=cfg, task=task, dist=dist, events=events, mesh=mesh, shards=shards, model=model,
                          optimizer=optimizer, schedule=schedule, metric=metric, train_step=train_step,
-                         eval_step=eval_step, saver=saver, steps_per_epoch=plan.steps_per_epoch,
-                         samples_per_epoch=plan.samples_per_epoch, info=info, result=result, state=self.state)
+                         eval_step=eval_step, saver=saver, info=info, result=result, state=self.state)
         if cfg.train.evaluate_only:
             return run_evaluation(ctx, valid_ds, start.start_epoch)
         if cfg.train.benchmark_steps:
