@@ -1,4 +1,4 @@
-"""Checkpoint cost: what common.checkpoint.Checkpointer's save costs training, at closed-division model size.
+"""Checkpoint cost: what common.checkpoints.checkpointer.Checkpointer's save costs training, at closed-division model size.
 
   python bench/checkpoint_cost.py                                  # 5 saves of each model, temporary dir
   python bench/checkpoint_cost.py --saves 3 --dir /scratch/ckpt --cosmoflow-step-s 0.9 --deepcam-step-s 2.1 \
@@ -46,12 +46,12 @@ MEASURABLE = benchmarks.names_with("full_model_config")
 
 
 def build(name: str, config_path: str, device: str):
-    """(model, optimizer, precision) as common.trainer builds them, without data or Horovod."""
+    """(model, optimizer, precision) as common.run.trainer builds them, without data or Horovod."""
     import tensorflow as tf
 
     from common import runtime
     from common.config_loading import load_model_config
-    from common.distribution import RankGroup
+    from common.parallel.distribution import RankGroup
 
     task_class = benchmarks.task_class(name)
     task = task_class(load_model_config(task_class.config_class, config_path))
@@ -71,7 +71,7 @@ def measure(name: str, config_path: str, device: str, saves: int, folder: Path, 
     import numpy as np
     import tensorflow as tf
 
-    from common.checkpoint import Checkpointer, random_generators
+    from common.checkpoints.checkpointer import Checkpointer, random_generators
 
     model, optimizer, precision = build(name, config_path, device)
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))

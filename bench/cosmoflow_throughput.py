@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import benchmark_mode  # noqa: E402
+from bench import precision_modes  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -32,9 +32,9 @@ def main(argv=None) -> int:
                    help="training samples to write (and a quarter as many validation samples, which "
                         "the trainer lists at init but benchmark mode never reads)")
     p.add_argument("--batch-size", type=int, default=4, help="local (per rank) batch")
-    benchmark_mode.add_arguments(p, warmup_steps=3, steps=8)
+    precision_modes.add_arguments(p, warmup_steps=3, steps=8)
     args = p.parse_args(argv)
-    modes = benchmark_mode.parse_modes(p, args.modes)
+    modes = precision_modes.parse_modes(p, args.modes)
     global_batch = args.np * args.batch_size
     n_valid_files = args.n_samples // 4
     # Every rank runs the same whole steps: sample counts are multiples of the global batch.
@@ -53,12 +53,12 @@ def main(argv=None) -> int:
                  "data.batch_size": args.batch_size, "data.n_train": n_train, "data.n_valid": n_valid,
                  # A closed config accepts its RCP global batch only; this one is not a result.
                  "mlperf.division": "open"}
-    runs = benchmark_mode.run_modes("cosmoflow", args.config, overrides, modes, args.steps, args.warmup_steps,
+    runs = precision_modes.run_modes("cosmoflow", args.config, overrides, modes, args.steps, args.warmup_steps,
                                     args.np, args.output_dir)
-    rows = benchmark_mode.rows(runs, "input pipeline alone (TFRecord -> int16 batches)",
+    rows = precision_modes.rows(runs, "input pipeline alone (TFRecord -> int16 batches)",
                                f"training (input pipeline{', allreduce' if args.np > 1 else ''}), "
                                f"batch {args.batch_size}/rank")
-    benchmark_mode.report("CosmoFlow", str(shape), args, runs, rows)
+    precision_modes.report("CosmoFlow", str(shape), args, runs, rows)
     return 0
 
 

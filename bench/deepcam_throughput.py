@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import benchmark_mode  # noqa: E402
+from bench import precision_modes  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -36,9 +36,9 @@ def main(argv=None) -> int:
                         "the trainer lists at init but benchmark mode never reads)")
     p.add_argument("--batch-size", type=int, default=1, help="local (per rank) batch")
     p.add_argument("--readers", type=int, default=4, help="files in flight per rank (data.readers)")
-    benchmark_mode.add_arguments(p, warmup_steps=2, steps=4)
+    precision_modes.add_arguments(p, warmup_steps=2, steps=4)
     args = p.parse_args(argv)
-    modes = benchmark_mode.parse_modes(p, args.modes)
+    modes = precision_modes.parse_modes(p, args.modes)
     global_batch = args.np * args.batch_size
     # Every rank runs the same whole steps, and takes part in the (unread) validation set.
     n_train = args.n_samples // global_batch * global_batch
@@ -55,16 +55,16 @@ def main(argv=None) -> int:
                  "data.n_train": n_train, "data.n_valid": 0,
                  # A closed config accepts its RCP global batch only; this one is not a result.
                  "mlperf.division": "open"}
-    runs = benchmark_mode.run_modes("deepcam", args.config, overrides, modes, args.steps, args.warmup_steps,
+    runs = precision_modes.run_modes("deepcam", args.config, overrides, modes, args.steps, args.warmup_steps,
                                     args.np, args.output_dir)
     mb = os.path.getsize(next((data_dir / "train").glob("*.h5"))) / 1e6
     reader_rate = runs[0][1]["throughput"]["input_samples_per_s_per_rank"]
     print(f"[bench] reader alone ({args.readers} files in flight, {mb:.1f} MB/sample): {reader_rate:.2f} samples/s, "
           f"{reader_rate * mb:.0f} MB/s per rank ({modes[0]} run)")
-    rows = benchmark_mode.rows(runs, f"HDF5 reader alone, {args.readers} readers, {mb:.1f} MB/sample",
+    rows = precision_modes.rows(runs, f"HDF5 reader alone, {args.readers} readers, {mb:.1f} MB/sample",
                                f"training (reader{', allreduce' if args.np > 1 else ''}), "
                                f"batch {args.batch_size}/rank")
-    benchmark_mode.report("DeepCAM", f"{args.height}x{args.width}", args, runs, rows)
+    precision_modes.report("DeepCAM", f"{args.height}x{args.width}", args, runs, rows)
     return 0
 
 

@@ -11,7 +11,7 @@
 Times one whole training step (forward, backward, optimizer update), fp32, batch 1,
 the full 56,454,720-parameter model, random normalized input and random labels:
   - ours: the model, loss and optimizer as training builds them (DeepCAMTask with
-    the closed config: LAMB, weighted cross-entropy) inside common.steps.TrainStep,
+    the closed config: LAMB, weighted cross-entropy) inside common.run.steps.TrainStep,
     with a one-process distribution; mixed precision off. The batch enters as
     the model's input (the config's stats.h5 normalization is not part of the step);
   - reference: DeepLabv3_plus from the MLCommons file given by --reference-model,
@@ -65,7 +65,7 @@ def _ours(args) -> dict:
     """Builds the training step as deepcam/train.py does, runs it; returns the step times (s)."""
     import tensorflow as tf
     from common.config_loading import load_config
-    from common.steps import TrainStep
+    from common.run.steps import TrainStep
     from deepcam.config import DeepCAMConfig
     from deepcam.task import DeepCAMTask
 

@@ -25,7 +25,7 @@ The consumer takes each batch and drops it, as a train step would after using it
              staged raw layout, readinto a reused batch buffer: staged runs now.
 Staging runs once per variant before the clock (its own figure is bench/staging_throughput.py).
 
-Last, per benchmark, the train step's check for NaN and Inf (common.steps.all_finite) alone,
+Last, per benchmark, the train step's check for NaN and Inf (common.run.steps.all_finite) alone,
 on one preprocessed batch in memory (float32, the model's input shape), timed as the step
 runs it: it lives in the compiled step, not in the pipeline, so the readers' rows do not
 include it; the printout says what it would cost beside the readers, as a share of each
@@ -46,9 +46,10 @@ from common import cpu  # noqa: E402  (sets the oneDNN default before TensorFlow
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common import benchmarks, epochs  # noqa: E402
-from common.staging import stage_files  # noqa: E402
-from common.staging_layouts import GUNZIP  # noqa: E402
+from common import benchmarks  # noqa: E402
+from common.inputs import epochs
+from common.inputs.staging import stage_files  # noqa: E402
+from common.inputs.staging_layouts import GUNZIP  # noqa: E402
 
 
 def samples_per_s(ds, batch_size: int, n_batches: int, repeats: int, warmup_batches: int = 2) -> float:
@@ -147,8 +148,8 @@ CHECK_VARIANT = "the train step's NaN/Inf check alone (preprocessed batch in mem
 
 
 def finite_check_row(benchmark, x_shape, y_shape, batch, repeats, sample, n_batches: int = 10) -> dict:
-    """samples/s of common.steps.all_finite, compiled, on one float32 batch (x, y) of these shapes."""
-    from common.steps import all_finite
+    """samples/s of common.run.steps.all_finite, compiled, on one float32 batch (x, y) of these shapes."""
+    from common.run.steps import all_finite
     x, y = tf.random.uniform((batch, *x_shape)), tf.zeros((batch, *y_shape))
     check = tf.function(lambda x, y: all_finite([x, y]))
     check(x, y).numpy()

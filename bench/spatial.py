@@ -72,9 +72,9 @@ def halo_bytes_per_step(net) -> int:
 def worker(args) -> int:
     import numpy as np
     import tensorflow as tf
-    from common.distribution import Distribution
-    from common.spatial import gradient_scales
-    from common.steps import TrainStep
+    from common.parallel.distribution import Distribution
+    from common.parallel.spatial import gradient_scales
+    from common.run.steps import TrainStep
     from cosmoflow.task import CosmoFlowTask
     dist = Distribution()
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))

@@ -1,4 +1,4 @@
-"""Staging throughput: GB/s of common.staging.stage_files with 1, 2 and 4 threads.
+"""Staging throughput: GB/s of common.inputs.staging.stage_files with 1, 2 and 4 threads.
 
   python bench/staging_throughput.py                            # 64 files of 16 MB: copy
   python bench/staging_throughput.py --cosmoflow 64 --repeats 3 # and CosmoFlow gzip TFRecords: copy, gunzip
@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.staging import stage_files  # noqa: E402
-from common.staging_layouts import GUNZIP  # noqa: E402
+from common.inputs.staging import stage_files  # noqa: E402
+from common.inputs.staging_layouts import GUNZIP  # noqa: E402
 
 THREAD_COUNTS = (1, 2, 4)
 

@@ -94,7 +94,7 @@ class StagingConfig:
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
     # Ranks that split every sample along depth (z) between them (spatial
-    # parallelism, common.spatial): groups of this many consecutive ranks, on one
+    # parallelism, common.parallel.spatial): groups of this many consecutive ranks, on one
     # node; the job's ranks / spatial_ranks groups do data parallelism. 1: none.
     spatial_ranks: int = 1
 

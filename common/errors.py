@@ -6,7 +6,7 @@ culprit and exits non-zero, without a traceback: the traceback would point at
 our code, while the fault is in the input.
 """
 
-# The exit codes of runs that end on bad input or values (common.launch lists every code).
+# The exit codes of runs that end on bad input or values (common.run.launch lists every code).
 EXIT_INPUT_ERROR = 2        # an InputError, or a sample holding NaN or Inf
 EXIT_NON_FINITE_LOSS = 4    # the training loss became NaN or Inf with every input finite (diverged)
 

@@ -18,7 +18,7 @@ def configure(runtime, dist) -> dict:
         runtime.intra_op_threads or max(1, cpu.cores() // dist.local_size), runtime.inter_op_threads)
     precision, why = choose_precision(runtime, device)
     # Random layers (dropout) draw from a tf.random.Generator, whose state a
-    # checkpoint can hold (common.checkpoint), not from stateful ops whose
+    # checkpoint can hold (common.checkpoints.checkpointer), not from stateful ops whose
     # state lives in the kernels and restarts with the process.
     tf.keras.backend.experimental.enable_tf_random_generator()
     if runtime.deterministic:

@@ -59,8 +59,8 @@ class Task:
 
     The shape of TF Model Garden's `official/core` task: built once from a
     validated config (`Task(cfg)`), it builds the inputs, model, losses,
-    metrics and optimizer; the generic trainer (common.trainer) runs it, and
-    common.data_preparation shards and stages its files before. Builders have
+    metrics and optimizer; the generic trainer (common.run.trainer) runs it, and
+    common.run.data_preparation shards and stages its files before. Builders have
     no side effects: no logging, no collectives, no global state.
 
     A subclass sets the class attributes and implements the `build_*` methods.
@@ -73,7 +73,7 @@ class Task:
 
     def __init__(self, cfg, mesh=None):
         self.cfg = cfg
-        # The spatial mesh (common.distribution.SpatialMesh) of a run whose samples are
+        # The spatial mesh (common.parallel.distribution.SpatialMesh) of a run whose samples are
         # split across ranks; None: each rank holds whole samples.
         self.mesh = mesh
 
@@ -105,7 +105,7 @@ class Task:
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None) -> tuple:
         """(train, valid) datasets over readable paths; `rank` is the data-parallel group's index
         (every rank of a spatial group reads the same samples in the same order). train is endless, epoch after epoch from
-        `start` (a common.epochs.Position; each epoch's order depends on the seed and the epoch
+        `start` (a common.inputs.epochs.Position; each epoch's order depends on the seed and the epoch
         only); valid is one pass."""
         raise NotImplementedError
 
@@ -117,7 +117,7 @@ class Task:
         return x, y
 
     def staged_layout(self):
-        """The common.staging_layouts.Conversion staged files are written in (staging.convert); None copies."""
+        """The common.inputs.staging_layouts.Conversion staged files are written in (staging.convert); None copies."""
         return None
 
     def find_bad_file(self, files) -> Optional[str]:

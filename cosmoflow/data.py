@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from common import epochs
+from common.inputs import epochs
 from common.errors import InputError
-from common.staging_layouts import Conversion, sha256_of
+from common.inputs.staging_layouts import Conversion, sha256_of
 from cosmoflow.records import encode_example
 
 SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz")
@@ -105,7 +105,7 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "",
 
     Args:
       files: this rank's shard (one sample per file, as in the public data).
-      training: a new order every epoch (common.epochs.training_dataset), endless,
+      training: a new order every epoch (common.inputs.epochs.training_dataset), endless,
         each epoch one pass over the shard giving `batches_per_epoch` full batches
         (default: all), from `start`; else one ordered pass.
       cache: keep decoded int16 samples in memory after the first pass.
@@ -150,7 +150,7 @@ def find_bad_file(files, sample_shape, transform: str = "log"):
     Bad: unreadable, not one record, a wrong size of 'x', a target 'y' holding NaN or Inf, or
     counts 'x' that the `transform` (a TRANSFORMS name) turns into NaN or Inf (a negative count
     under log(1 + x), an all-zero sample under x / mean): what the train step's finite check
-    (common.steps) would catch.
+    (common.run.steps) would catch.
     """
     expected = int(np.prod(sample_shape)) * 2
     for path in files:

@@ -5,9 +5,9 @@ and 64 with LeakyReLU and dropout, Dense 4 with tanh scaled by 1.2 (targets lie
 in [-1, 1]; the 1.2 leaves the tanh room to reach them). On 128^3 x 4 inputs
 with the default sizes it has 8,907,556 parameters.
 
-Split across the ranks of a spatial group (`mesh`, common.distribution.SpatialMesh),
+Split across the ranks of a spatial group (`mesh`, common.parallel.distribution.SpatialMesh),
 the model's input is a z-slab of Zs = N / K planes: the convolutions exchange
-halos (common.spatial.SpatialConv3D), pools stay local while the slab holds an
+halos (common.parallel.spatial.SpatialConv3D), pools stay local while the slab holds an
 even number of planes, and the slabs are gathered where a pool would straddle
 them, or before Flatten; the rest runs on the whole sample. The variables and
 their names are those of the unsplit model.
@@ -24,7 +24,7 @@ the conv layers and the output layer carry no penalty.
 import tensorflow as tf
 from tensorflow.keras import layers
 
-from common.spatial import GatherSlabs, SpatialConv3D, pool_stays_local
+from common.parallel.spatial import GatherSlabs, SpatialConv3D, pool_stays_local
 
 OUTPUT_SCALE = 1.2
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.synthetic_files import already_written, write_files
+from common.inputs.synthetic_files import already_written, write_files
 
 FORMAT_VERSION = 1  # bump when the generator's output changes
 GROWTH = np.array([0.55, 0.7, 0.85, 1.0])  # amplitude of each channel ("redshift")

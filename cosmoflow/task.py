@@ -3,12 +3,13 @@
 import numpy as np
 import tensorflow as tf
 
-from common import epochs, lr_schedules, optimizers
+from common.inputs import epochs
+from common import lr_schedules, optimizers
 from common.lr_schedules import scale_lr
-from common.memory import fits_in_memory
+from common.inputs.memory import fits_in_memory
 from common.base_config import check_global_batch
-from common.staging_layouts import GUNZIP
-from common.sharding import check_divisible, list_files, select_and_shard
+from common.inputs.staging_layouts import GUNZIP
+from common.inputs.sharding import check_divisible, list_files, select_and_shard
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from cosmoflow import data, model
 from cosmoflow.config import CosmoFlowConfig

@@ -13,7 +13,7 @@ labels as uint8, and `normalize` runs inside the compiled train and eval steps
 node's CPU cores and memory bandwidth.
 
 Each file is read straight into its place in a batch buffer that is reused once
-the step has consumed it (common.batch_buffers), inside tf.data (several files in
+the step has consumed it (common.inputs.batch_buffers), inside tf.data (several files in
 flight per rank), so reading overlaps training. h5py holds the GIL (and its own
 lock) while it reads, so a rank's HDF5 readers take turns. Staging
 (staging.convert) therefore writes each sample once in a raw layout
@@ -28,10 +28,10 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common import epochs
-from common.batch_buffers import BatchBuffers, aligned_empty
+from common.inputs import epochs
+from common.inputs.batch_buffers import BatchBuffers, aligned_empty
 from common.errors import InputError
-from common.staging_layouts import Conversion, sha256_of
+from common.inputs.staging_layouts import Conversion, sha256_of
 from deepcam.config import N_CLASSES
 from deepcam.layout import DATA_KEY, LABEL_KEY, RAW_SUFFIX, STATS_FILE
 
@@ -241,7 +241,7 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
 
     x is not normalized: `normalize` does it inside the compiled step.
 
-    Training: a new order every epoch (common.epochs.training_dataset), endless,
+    Training: a new order every epoch (common.inputs.epochs.training_dataset), endless,
     full batches only, each epoch one pass over the shard giving
     `batches_per_epoch` batches (default: all), from `start`; `deterministic`
     reads in order although several files are in flight (exact resume).
@@ -275,7 +275,7 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
 def _batch_reader(raw, channels, height, width, batch_size, readers, prefetch, batch_dim):
     """Dataset of path batches -> Dataset of (x, y) batches, each filled in place in a reused buffer.
 
-    Each file is read straight into its slot of the batch (common.batch_buffers): no
+    Each file is read straight into its slot of the batch (common.inputs.batch_buffers): no
     per-sample array, no batching copy, no fresh memory to fault in per batch. Staged raw
     files are read with readinto, which releases the GIL, so reads run on every core;
     h5py holds the GIL (and its own lock) while it reads, so HDF5 reads take turns.
@@ -316,7 +316,7 @@ def _sample_reader(raw, channels, height, width, readers):
     read_into = _file_reader(raw, channels, height, width)
 
     def read_one(path):
-        # Aligned: TensorFlow takes them without a copy (common.batch_buffers).
+        # Aligned: TensorFlow takes them without a copy (common.inputs.batch_buffers).
         x, y = aligned_empty((height, width, n_ch), np.float32), aligned_empty((height, width), np.uint8)
         read_into(path.decode(), x, y)
         return x, y

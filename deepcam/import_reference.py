@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from common.model_weights import CONFIG_NAME, save_model_weights
+from common.checkpoints.model_weights import CONFIG_NAME, save_model_weights
 from common.config_loading import dump_config
 from common.errors import InputError
 from common.files import write_text_atomic

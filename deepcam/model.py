@@ -34,7 +34,7 @@ import tensorflow as tf
 from tensorflow.keras import layers
 
 from common import cpu
-from common.sync_batchnorm import GroupBatchNormalization
+from common.parallel.sync_batchnorm import GroupBatchNormalization
 
 # PyTorch's BatchNorm2d defaults. Its momentum 0.1 weighs the new batch
 # (running = 0.9 * running + 0.1 * batch); Keras' momentum weighs the old value.

@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.model_weights import find_run_config, restore_model_weights
+from common.checkpoints.model_weights import find_run_config, restore_model_weights
 from common import config_loading as config_lib
 from common.errors import InputError
 from deepcam import data, task

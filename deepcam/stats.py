@@ -18,8 +18,8 @@ import h5py
 import numpy as np
 
 from common.errors import InputError
-from common.progress import Progress, progress_stream
-from common.sharding import list_files
+from common.reporting.progress import Progress, progress_stream
+from common.inputs.sharding import list_files
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES
 
 

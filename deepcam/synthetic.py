@@ -28,7 +28,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from common.synthetic_files import already_written, write_files
+from common.inputs.synthetic_files import already_written, write_files
 from deepcam.config import N_CHANNELS
 from deepcam.layout import DATA_KEY, LABEL_KEY, STATS_FILE
 from deepcam.stats import compute_stats

@@ -2,12 +2,13 @@
 
 import tensorflow as tf
 
-from common import epochs, lr_schedules, optimizers
+from common.inputs import epochs
+from common import lr_schedules, optimizers
 from common.errors import InputError
 from common.lr_schedules import StepWarmupSchedule
-from common.memory import fits_in_memory
+from common.inputs.memory import fits_in_memory
 from common.base_config import check_global_batch
-from common.sharding import list_files, select_and_shard
+from common.inputs.sharding import list_files, select_and_shard
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
 from deepcam.config import N_CLASSES, DeepCAMConfig

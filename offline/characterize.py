@@ -1,7 +1,7 @@
 """Offline report read from a finished run folder: staging, I/O, compute, memory, network, roofline.
 
 The run's own figures are measured inside the training process after run_stop
-(common/run_measurements.py, with runtime.characterize=true) and saved in summary.json;
+(common/run/characterization.py, with runtime.characterize=true) and saved in summary.json;
 this tool reads them, adds this machine's limits and writes the report.
 
   python deepcam/train.py CONFIG ... --set runtime.characterize=true      # records what is needed

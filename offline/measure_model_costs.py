@@ -7,7 +7,7 @@ Writes offline/model_costs/<benchmark>.json: FLOPs and memory traffic per traini
 closed-division model at full size, its gradient bytes, the input pipeline's samples/s on one
 core, and the machine, TensorFlow version and command that measured them. Nothing is trained:
   - FLOPs: TensorFlow's profiler (float_operation) on the traced forward graph of one sample, the
-    method of common/run_measurements.py; a training step is 3x forward (backward computes the
+    method of common/run/characterization.py; a training step is 3x forward (backward computes the
     input and the weight gradients, each as costly as the forward for convolutions and matmuls).
     The profiler's count of the traced train-step graph is stored beside it, with the op types
     it counts as 0 (TensorFlow registers no FLOP statistics for Conv3D or depthwise backprop),
@@ -137,7 +137,7 @@ def input_samples_per_s_one_core(bench: str, cfg, workdir: Path) -> float:
 def measure(bench: str, with_input_pipeline: bool) -> dict:
     import numpy as np
     import tensorflow as tf
-    from common.run_measurements import forward_flops_per_sample
+    from common.run.characterization import forward_flops_per_sample
     entry = benchmarks.get(bench)
     cfg, task, model = build_closed_model(bench)
     shape = tuple(model.input_shape[1:])

@@ -5,7 +5,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common.plots import save_figure  # noqa: E402
+from common.reporting.plots import save_figure  # noqa: E402
 
 
 def plot_curves_time_and_epoch(history, metric_name: str, target: float, title: str, path) -> None:

@@ -5,7 +5,7 @@
   python -m offline.run_logs folder OUTPUT CONFIG BENCH --system S --scaling strong   # prints RESULTS
 
 train.py writes <run_dir>/mlperf.log.partial and renames it to mlperf.log when the run stops
-(common/mlperf_logger.py); a log already there is kept as mlperf.log.1, .2... So in a run
+(common/reporting/mlperf_logger.py); a log already there is kept as mlperf.log.1, .2... So in a run
 directory:
   - mlperf.log.partial means the latest run there never stopped (the launcher killed it, or it
     is still running): the run failed, and an mlperf.log beside it is an earlier run's;
@@ -37,12 +37,12 @@ from pathlib import Path
 import yaml
 
 from common import benchmarks
-from common.mlperf_logger import LOG_NAME
+from common.reporting.mlperf_logger import LOG_NAME
 from common.base_config import MLPerfConfig
 
 PARTIAL_NAME = LOG_NAME + ".partial"
 FAILED_SUFFIX = ".failed"       # result_3.txt.failed: the result_*.txt glob of the official tools skips it
-# train.py's exit status for a run that stopped without reaching the target (common/launch.py):
+# train.py's exit status for a run that stopped without reaching the target (common/run/launch.py):
 # the log is complete and is scored as a run that did not converge; any other non-zero status
 # is a run that failed.
 EXIT_NOT_CONVERGED = 3

@@ -51,7 +51,7 @@ from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer as summarizer
 
 from offline import run_logs
-from common.mlperf_logger import RESUMED_KEY
+from common.reporting.mlperf_logger import RESUMED_KEY
 
 USAGE = "hpc"
 _LAYOUT = re.compile(r"(?P<org>[^/]+)/results/(?P<system>[^/]+)/(?P<scaling>strong|weak)/(?P<benchmark>[^/]+)$")

@@ -43,7 +43,7 @@ run_ranks() {
 
 # Preemption. The scripts ask SLURM for SIGUSR1 a grace time before the wall-time limit
 # (#SBATCH --signal=USR1@GRACE) and may be requeued (#SBATCH --requeue). On SIGUSR1 (or
-# SIGTERM) the ranks agree, write a checkpoint and exit with 75 (common/termination.py);
+# SIGTERM) the ranks agree, write a checkpoint and exit with 75 (common/run/termination.py);
 # the script then requeues its job, and the requeued job goes on from that checkpoint.
 EXIT_PREEMPTED=75
 

@@ -1,5 +1,5 @@
 """Run under a launcher by test_batchnorm_stats.py: batch-norm running statistics around
-common.sync_batchnorm.average_batchnorm_statistics.
+common.parallel.sync_batchnorm.average_batchnorm_statistics.
 
 Every rank builds the same tiny model (Dense, BatchNormalization, and a nested
 sub-model with a GroupBatchNormalization of one rank), runs a few training-mode
@@ -18,8 +18,8 @@ import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.distribution import Distribution, RankGroup  # noqa: E402
-from common.sync_batchnorm import GroupBatchNormalization, average_batchnorm_statistics  # noqa: E402
+from common.parallel.distribution import Distribution, RankGroup  # noqa: E402
+from common.parallel.sync_batchnorm import GroupBatchNormalization, average_batchnorm_statistics  # noqa: E402
 
 N_IN, N_HIDDEN, N_OUT = 6, 4, 3
 

@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import tensorflow as tf  # noqa: E402
 
-from common.distribution import Distribution  # noqa: E402
-from common.sync_batchnorm import GroupBatchNormalization  # noqa: E402
+from common.parallel.distribution import Distribution  # noqa: E402
+from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
 dist = Distribution()
 # Groups of 2 ranks: a process set when the job is larger than 2.

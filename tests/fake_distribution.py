@@ -8,7 +8,7 @@ import socket
 
 import numpy as np
 
-from common.distribution import RankGroup, SpatialMesh
+from common.parallel.distribution import RankGroup, SpatialMesh
 from common.errors import ConfigError
 
 

@@ -1,5 +1,5 @@
 """Run under a launcher by test_group_batchnorm_grad.py: the backward pass of
-common.sync_batchnorm.GroupBatchNormalization over a group of all ranks.
+common.parallel.sync_batchnorm.GroupBatchNormalization over a group of all ranks.
 
 Every rank holds its own batch x_r (shifted and scaled by the rank) and its own
 cotangent c_r, and takes the gradient of its loss sum(c_r * BN(x_r)) with
@@ -18,8 +18,8 @@ import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.distribution import Distribution  # noqa: E402
-from common.sync_batchnorm import GroupBatchNormalization  # noqa: E402
+from common.parallel.distribution import Distribution  # noqa: E402
+from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
 SHAPE = (3, 2, 3, 4)   # per rank: batch, height, width, channels
 EPSILON = 1e-3

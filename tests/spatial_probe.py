@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.distribution import Distribution  # noqa: E402
+from common.parallel.distribution import Distribution  # noqa: E402
 
 GLOBAL_SAMPLES = 4          # the fixed global batch of `model` (split over the groups)
 EDGE = 64
@@ -39,7 +39,7 @@ def _without_halo(mesh):
 
 
 def layer(mesh) -> dict:
-    from common.spatial import SpatialConv3D
+    from common.parallel.spatial import SpatialConv3D
     rng = np.random.default_rng(3)
     x = rng.integers(-3, 4, size=(2, 8, 6, 5, 3)).astype(np.float32)
     kernel = rng.integers(-2, 3, size=(3, 3, 3, 3, 4)).astype(np.float32)
@@ -97,8 +97,8 @@ def _model_config(spatial_ranks: int, batch_size: int):
 
 
 def model(mesh, dist) -> dict:
-    from common.spatial import gradient_scales
-    from common.steps import TrainStep
+    from common.parallel.spatial import gradient_scales
+    from common.run.steps import TrainStep
     from cosmoflow.task import CosmoFlowTask
     batch = GLOBAL_SAMPLES // mesh.groups
     task = CosmoFlowTask(_model_config(mesh.size, batch), mesh if mesh.is_split else None)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.distribution import RankGroup
-from common.sync_batchnorm import GroupBatchNormalization, average_batchnorm_statistics, batchnorm_statistics
+from common.parallel.distribution import RankGroup
+from common.parallel.sync_batchnorm import GroupBatchNormalization, average_batchnorm_statistics, batchnorm_statistics
 from tests import helpers
 
 

@@ -1,10 +1,10 @@
-"""common.checkpoint.Checkpointer: pruning to the newest `keep`, removing partial saves, restoring."""
+"""common.checkpoints.checkpointer.Checkpointer: pruning to the newest `keep`, removing partial saves, restoring."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.checkpoint import Checkpointer, read_state
+from common.checkpoints.checkpointer import Checkpointer, read_state
 
 
 def _model_and_optimizer(seed: int = 0):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
-from common.compliance import check_log
-from common.sharding import list_files, select_and_shard
+from common.reporting.compliance import check_log
+from common.inputs.sharding import list_files, select_and_shard
 from tests import helpers
 
 

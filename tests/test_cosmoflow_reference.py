@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from common.model_weights import restore_model_weights, save_model_weights
+from common.checkpoints.model_weights import restore_model_weights, save_model_weights
 from cosmoflow import import_reference, predict
 from cosmoflow import model as model_lib
 from tests import helpers

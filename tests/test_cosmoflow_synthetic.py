@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 
-from common import synthetic_files
+from common.inputs import synthetic_files
 from cosmoflow import data, synthetic
 
 

@@ -55,8 +55,8 @@ import tensorflow as tf
 import numpy as np
 from common import cpu
 from common.config_loading import load_config, replace
-from common.distribution import RankGroup
-from common.steps import TrainStep
+from common.parallel.distribution import RankGroup
+from common.run.steps import TrainStep
 from deepcam.config import DeepCAMConfig
 from deepcam.task import DeepCAMTask
 from tests import helpers

@@ -1,5 +1,5 @@
 """A rank killed with SIGKILL mid-step ends the whole job: nothing hangs, and rank 0
-closes its MLPerf log as aborted (common/termination.py) before the launcher kills it.
+closes its MLPerf log as aborted (common/run/termination.py) before the launcher kills it.
 (srun: tests/test_slurm.py.)"""
 
 import pytest

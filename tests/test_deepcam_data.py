@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from common.errors import InputError
-from common.staging import stage_files
+from common.inputs.staging import stage_files
 from deepcam import data, stats, synthetic
 from deepcam.layout import RAW_SUFFIX
 
@@ -101,7 +101,7 @@ def test_bad_files_are_named(small_set, tmp_path):
 @pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("channels", [tuple(range(16)), (3, 0, 15)])
 def test_batches_held_by_the_consumer_are_never_overwritten(small_set, tmp_path, staged, channels):
-    # Batches are filled in reused buffers (common.batch_buffers): holding many of them at once
+    # Batches are filled in reused buffers (common.inputs.batch_buffers): holding many of them at once
     # (here 12, more than the pool keeps) must leave each as read, in training and validation.
     root, files = small_set
     paths = [f[0] for f in files]

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from common.compliance import check_log
+from common.reporting.compliance import check_log
 from tests import helpers
 
 
@@ -92,7 +92,7 @@ def test_bad_input_ends_the_run_with_one_line_naming_the_file(deepcam_data, deep
 
 def test_bad_file_on_one_rank_ends_both_ranks(deepcam_data, deepcam_config, tmp_path):
     from common.config_loading import load_config
-    from common.sharding import list_files, select_and_shard
+    from common.inputs.sharding import list_files, select_and_shard
     from deepcam.config import DeepCAMConfig
     data = tmp_path / "data"
     files = _copy_data(deepcam_data, data)
@@ -136,7 +136,7 @@ def test_bad_flags_end_the_run_with_one_line(deepcam_data, deepcam_config, tmp_p
 
 
 def test_reference_flags_reach_the_config():
-    from common.launch import parse_overrides
+    from common.run.launch import parse_overrides
     from deepcam.task import DeepCAMTask
     _, overrides = parse_overrides(DeepCAMTask, [
         "cfg.yaml", "--lr_schedule", 'type=multistep,milestones="800 1600",decay_rate=0.2',

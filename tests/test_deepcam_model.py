@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.model_weights import CONFIG_NAME, restore_model_weights, save_model_weights
+from common.checkpoints.model_weights import CONFIG_NAME, restore_model_weights, save_model_weights
 from common.config_loading import dump_config
 from deepcam import import_reference, model, predict, task
 from tests import helpers

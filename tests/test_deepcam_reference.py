@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.model_weights import restore_model_weights
+from common.checkpoints.model_weights import restore_model_weights
 from deepcam import import_reference, model
 from tests import helpers
 

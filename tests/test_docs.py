@@ -1,7 +1,7 @@
 """The documentation's promises that can be checked without TensorFlow: every relative link of
 README.md and docs/*.md resolves to a file, every `make TARGET` they name is a Makefile target
-(the Makefile's own and those `python -m common.benchmarks make` generates), and README.md stays
-under 200 lines."""
+(the Makefile's own and those `python -m common.benchmarks make` generates), every module they
+name (`common.x.y`, `common/x/y.py`) exists, and README.md stays under 200 lines."""
 import re
 import subprocess
 import sys
@@ -18,6 +18,11 @@ FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 # `make [VAR=value ...] target`: the target is the first word after make that is not an assignment.
 MAKE = re.compile(r"(?:^|[\s;&|(])make((?:\s+[A-Za-z_][A-Za-z0-9_]*=\S*)*)\s+([a-z][A-Za-z0-9_.-]*)")
+# A module of common/ named in prose: common.run.trainer, common/run/trainer.py (not a file such as
+# mlperf_logging's common.yaml, nor a path inside another repository: a/common/x.py).
+MODULE_NAME = re.compile(r"(?<![\w/.-])(common(?:\.[a-z_][a-z0-9_]*)+)\b(?!\.\w)")
+MODULE_PATH = re.compile(r"(?<![\w/.-])(common(?:/[a-z_][a-z0-9_]*)+)(\.py\b|\.[A-Za-z_])")
+FILE_SUFFIXES = {"yaml", "yml", "json", "md", "log", "txt", "sbatch", "def", "h5", "png"}
 RULE = re.compile(r"^([A-Za-z0-9_.%-][A-Za-z0-9_.%\- ]*?)\s*:(?![=:])")
 
 
@@ -41,6 +46,26 @@ def make_targets_named(text):
             line = line.split(" #", 1)[0]  # a shell comment after the command
             found.update(m.group(2) for m in MAKE.finditer(line))
     return found
+
+
+def missing_modules(text):
+    """The module names and .py paths of the repository's packages in `text` that name no module.
+    A dotted name may go on past the module into what it holds (common.run.steps.TrainStep): it is
+    good when some prefix of it longer than the package alone is a module or a package."""
+    missing = []
+    for m in MODULE_NAME.finditer(text):
+        parts = m.group(1).split(".")
+        if parts[-1] in FILE_SUFFIXES:
+            continue
+        found = any((ROOT.joinpath(*parts[:n]).with_suffix(".py")).is_file()
+                    or (ROOT.joinpath(*parts[:n]) / "__init__.py").is_file()
+                    for n in range(2, len(parts) + 1))
+        if not found:
+            missing.append(m.group(1))
+    for m in MODULE_PATH.finditer(text):   # common/run/trainer.py, or common/run/context.RunContext
+        if not (ROOT / m.group(1)).with_suffix(".py").is_file():
+            missing.append(m.group(1) + (".py" if m.group(2) == ".py" else ""))
+    return missing
 
 
 def rule_targets(lines):
@@ -95,6 +120,12 @@ def test_make_targets_named_exist():
     assert not missing, "make targets the docs name but the Makefile lacks:\n" + "\n".join(missing)
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_module_names_exist(page):
+    missing = missing_modules(page.read_text())
+    assert not missing, f"{page.relative_to(ROOT)} names modules that do not exist: {sorted(set(missing))}"
+
+
 def test_checks_can_fail():
     """The checkers see a broken link and an unknown target."""
     text = "see [x](no/such/file.md) and ![img](gone.png), [ok](https://x.org) [a](#b)\n```\nmake frobnicate\n```\n"
@@ -102,3 +133,6 @@ def test_checks_can_fail():
     assert make_targets_named(text) == {"frobnicate"}
     assert make_targets_named("`VARIANT=gpu make install` and `make run NP=2`") == {"install", "run"}
     assert "frobnicate" not in makefile_targets()
+    assert missing_modules("common.launch, common/trainer.py and common/run_context.RunContext, not "
+                           "common.run.steps.TrainStep nor common/run/context.RunContext") == \
+        ["common.launch", "common/trainer.py", "common/run_context"]

@@ -1,10 +1,10 @@
-"""An epoch is one pass over the shard in whole optimizer steps (common.epochs)."""
+"""An epoch is one pass over the shard in whole optimizer steps (common.inputs.epochs)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import epochs
+from common.inputs import epochs
 from common.config_loading import load_config
 from common.errors import ConfigError, InputError
 from cosmoflow.task import CosmoFlowTask

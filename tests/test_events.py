@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from common.events import CallSite, Events, Listener, RunInfo, StepInfo
-from common.mlperf_logger import MLPerfLogger, encode_line
+from common.reporting.events import CallSite, Events, Listener, RunInfo, StepInfo
+from common.reporting.mlperf_logger import MLPerfLogger, encode_line
 
 
 class Recorder(Listener):

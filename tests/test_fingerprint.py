@@ -1,11 +1,11 @@
-"""common.fingerprint: the end-of-run check that every rank holds the same variables."""
+"""common.parallel.fingerprint: the end-of-run check that every rank holds the same variables."""
 
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.fingerprint import fingerprint, variables_in_sync
+from common.parallel.fingerprint import fingerprint, variables_in_sync
 from tests import helpers
 
 

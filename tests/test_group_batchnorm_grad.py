@@ -1,4 +1,4 @@
-"""The backward pass of group batch norm (common.sync_batchnorm) on 2 real Horovod ranks.
+"""The backward pass of group batch norm (common.parallel.sync_batchnorm) on 2 real Horovod ranks.
 
 A group's ranks normalize with the moments of their batches together, so the gradients
 must be those of ordinary batch norm on the concatenated batch: with respect to a rank's

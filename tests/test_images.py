@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from common.compliance import check_log
+from common.reporting.compliance import check_log
 from offline.submission import code_files
 from tests import helpers
 

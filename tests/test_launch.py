@@ -9,7 +9,7 @@ import tensorflow as tf
 from common import benchmarks, runtime
 from common.config_loading import load_config
 from common.errors import ConfigError
-from common.launch import load_run_config
+from common.run.launch import load_run_config
 from tests import helpers
 
 TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}

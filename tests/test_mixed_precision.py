@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from common.runtime import wrap_optimizer
-from common.steps import TrainStep
+from common.run.steps import TrainStep
 from tests import helpers
 
 LR = 0.01

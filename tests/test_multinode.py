@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from common import launchers
-from common.staging_manifest import MANIFEST_DIR
+from common.inputs.staging_manifest import MANIFEST_DIR
 from tests import helpers
 
 # Four ranks as two nodes: `make test-all` runs it, `make test` skips it.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.steps import TrainStep
+from common.run.steps import TrainStep
 from tests import helpers
 
 
@@ -142,7 +142,7 @@ def test_a_nan_cosmoflow_target_is_named(cosmo_data, tiny_config, tmp_path):
 
 def test_a_nan_target_read_by_one_rank_ends_both(cosmo_data, tiny_config, tmp_path):
     from common.config_loading import load_config
-    from common.sharding import list_files, select_and_shard
+    from common.inputs.sharding import list_files, select_and_shard
     from cosmoflow.config import CosmoFlowConfig
     data = _copy_cosmoflow(cosmo_data, tmp_path / "data")
     seed = load_config(CosmoFlowConfig, tiny_config, {"data.data_dir": str(data)}).train.seed

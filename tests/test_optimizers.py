@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from common.optimizers import LAMB, AdamL2
-from common.steps import TrainStep
+from common.run.steps import TrainStep
 from tests import helpers
 
 

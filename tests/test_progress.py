@@ -7,11 +7,11 @@ import io
 
 import pytest
 
-from common.events import CallSite, Events, RunInfo, StepInfo
-from common.console import StepProgress
-from common.progress import LineSink, Progress, format_duration, progress_stream
+from common.reporting.events import CallSite, Events, RunInfo, StepInfo
+from common.reporting.console import StepProgress
+from common.reporting.progress import LineSink, Progress, format_duration, progress_stream
 
-SITE = CallSite("common/trainer.py", 1)
+SITE = CallSite("common/run/trainer.py", 1)
 
 
 def run_info(global_batch_size, steps_per_epoch):

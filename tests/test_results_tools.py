@@ -16,7 +16,7 @@ import matplotlib.image
 import pytest
 
 from offline import characterize, scoring
-from common.compliance import check_log
+from common.reporting.compliance import check_log
 from tests import helpers
 from tests.test_scoring import COSMO, extract_fixtures, killed, not_converged
 

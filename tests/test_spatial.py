@@ -1,4 +1,4 @@
-"""Spatial parallelism (common.spatial, SpatialMesh): split samples compute the unsplit function.
+"""Spatial parallelism (common.parallel.spatial, SpatialMesh): split samples compute the unsplit function.
 
 Real Horovod ranks under horovodrun/Gloo (tests/spatial_probe.py, cosmoflow/train.py). Each
 comparison of a split run with an unsplit one has a negative control: the same comparison
@@ -200,7 +200,7 @@ def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_con
 
 
 def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks():
-    from common.launch import closed_config_for
+    from common.run.launch import closed_config_for
     from cosmoflow.task import CosmoFlowTask
     path = closed_config_for(CosmoFlowTask, {"data.batch_size": "4", "parallel.spatial_ranks": "2"}, ranks=256)
     assert path.endswith("cosmoflow_closed_gbs512.yaml")

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from common import staging, staging_layouts, staging_manifest
+from common.inputs import staging, staging_layouts, staging_manifest
 from common.errors import InputError
-from common.staging import stage_files
-from common.staging_layouts import GUNZIP
+from common.inputs.staging import stage_files
+from common.inputs.staging_layouts import GUNZIP
 
 
 def make(tmp_path, n=3, size=1000):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.events import CallSite, Events, RunInfo, StepInfo, TrainLog
-from common.tensorboard import TensorBoardListener
+from common.reporting.events import CallSite, Events, RunInfo, StepInfo, TrainLog
+from common.reporting.tensorboard import TensorBoardListener
 
-SITE = CallSite("common/trainer.py", 1)
+SITE = CallSite("common/run/trainer.py", 1)
 CONFIG = "name: cosmoflow\ntrain:\n  n_epochs: 2\n  log_every_steps: 2\n"
 INFO = RunInfo(benchmark="cosmoflow", seed=7, num_nodes=1, ranks=2, accelerators_per_node=0,
                global_batch_size=8, train_samples=32, eval_samples=8,

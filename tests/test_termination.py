@@ -1,4 +1,4 @@
-"""Signals (common/termination.py): SIGTERM runs the callback even while the main thread is
+"""Signals (common/run/termination.py): SIGTERM runs the callback even while the main thread is
 blocked in C code, and ends the process after the grace time unless it stopped in order;
 SIGUSR1 only asks for a stop."""
 
@@ -12,7 +12,7 @@ from tests import helpers
 BLOCKED = """
 import os, sys
 from pathlib import Path
-from common import termination
+from common.run import termination
 import signal
 termination.on_signals(lambda: Path(sys.argv[1]).write_text("log closed"), grace_s=float(sys.argv[2]))
 # The main thread blocked in C where no Python runs, as a rank inside a collective
@@ -25,7 +25,7 @@ os.read(r, 1)
 
 ORDERLY = """
 import sys, time
-from common import termination
+from common.run import termination
 termination.on_signals(lambda: print("log closed", flush=True), grace_s=30)
 print("ready", flush=True)
 while termination.stop_requested() is None:   # the training loop's step boundary

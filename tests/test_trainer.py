@@ -4,9 +4,9 @@ the run modes, the events in order, a resume, and no line printed by anything bu
 import pytest
 
 from common.config_loading import load_config
-from common.console import Console
-from common.events import Events, Listener
-from common.trainer import Trainer
+from common.reporting.console import Console
+from common.reporting.events import Events, Listener
+from common.run.trainer import Trainer
 from cosmoflow.task import CosmoFlowTask
 from tests.fake_distribution import OneRankDistribution
 

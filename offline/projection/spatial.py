@@ -8,7 +8,7 @@ that were never measured (256^3, 512^3) and split K ways:
                 filters capped at 256 there, as issue 21's spatial configs set model.max_channels)
   split         every rank of a group of K holds a slab of N / K planes; a conv layer is split,
                 and so is the pool after it while a slab holds whole 2x windows
-                (common.spatial.pool_stays_local); then the slabs are gathered (one allgather)
+                (common.parallel.spatial.pool_stays_local); then the slabs are gathered (one allgather)
                 and the rest, the "head", runs on the whole sample on every rank of the group
   FLOPs         2 k^3 Cin Cout Z Y X per conv forward, 2 in out per dense layer; a training step
                 is 3x forward (as offline/measure_model_costs.py counts it). Scaled to the
@@ -92,7 +92,7 @@ def conv_layer_count(edge: int) -> int:
 
 
 def pool_stays_local(planes: int) -> bool:
-    # common.spatial.pool_stays_local's rule for a 2x pool (not imported: it pulls in TensorFlow).
+    # common.parallel.spatial.pool_stays_local's rule for a 2x pool (not imported: it pulls in TensorFlow).
     return planes >= 2 and planes % 2 == 0
 
 

@@ -1,0 +1,1 @@
+"""Checkpoints: what they hold, when they are written, restoring them, model-only weights."""

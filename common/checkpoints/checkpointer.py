@@ -1,0 +1,255 @@
+"""Checkpoints that are either complete or absent, written while training goes on.
+
+A checkpoint is a folder `checkpoints/step-NNNNNNNNNN/` (the optimizer steps
+done) holding
+  ckpt.*            model, optimizer (step count included) and the random
+                    generators' states (tf.train.Checkpoint, written by rank 0);
+  state.json        where the run stood: epoch, steps done in it, ranks;
+  rank-NNNNN.npz    mid-epoch only: each rank's own state (its batch-norm
+                    running statistics, the epoch's losses so far), which differs
+                    between ranks until the end of the epoch.
+Everything is written to `step-N.tmp/` and renamed once complete, so a job
+killed mid-write leaves only a .tmp folder, which `latest` ignores and the
+next run removes. Rank 0's save copies the variables to host memory and
+returns; a background thread writes them and renames the folder
+(TensorFlow's async checkpointing), so a save costs the step a copy, not a write.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from common.inputs import epochs
+from common.errors import InputError
+from common.files import replace_folder, write_text_atomic
+from common.checkpoints.model_weights import holds_training_state, restore_model_weights
+
+_NAME = re.compile(r"^step-(\d{10})$")
+STATE_FILE = "state.json"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.npz"
+
+
+class Checkpointer:
+    """Saves and restores the training state of one run.
+
+    Args:
+      directory: the run's checkpoints/ folder.
+      model, optimizer: what every checkpoint holds.
+      keep: how many of the newest checkpoints stay (0: all).
+      generators: tf.random.Generator objects whose state must resume too (dropout).
+    """
+
+    def __init__(self, directory, model, optimizer, keep: int = 2, generators=()):
+        self.directory = Path(directory)
+        self.keep = keep
+        parts = dict(model=model, optimizer=optimizer)
+        if generators:
+            parts["rng"] = [g.state for g in generators]
+        self._ckpt = tf.train.Checkpoint(**parts)
+        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending = None
+        self.last_save = {}   # figures of the newest completed save: seconds blocked, written, bytes
+
+    # ------------------------------------------------------------ names
+    def folder(self, global_step: int) -> Path:
+        return self.directory / f"step-{global_step:010d}"
+
+    def staging_folder(self, global_step: int) -> Path:
+        """Where the ranks put a checkpoint's parts before rank 0 publishes it."""
+        return self.directory / f"step-{global_step:010d}.tmp"
+
+    def all(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(p for p in self.directory.iterdir() if p.is_dir() and _NAME.match(p.name))
+
+    def latest(self):
+        found = self.all()
+        return found[-1] if found else None
+
+    def remove_partial(self) -> None:
+        """Removes folders a killed save left behind (rank 0, before any save of this run)."""
+        if self.directory.is_dir():
+            for p in self.directory.glob("step-*.tmp"):
+                shutil.rmtree(p, ignore_errors=True)
+
+    # ------------------------------------------------------------ saving
+    def prepare(self) -> None:
+        """Does the one-off work of the first saves now (call at init, outside the timed run).
+
+        TensorFlow's async checkpointing creates the host copies at the first save
+        and traces the function that refreshes them at the second: measured with
+        bench/checkpoint_cost.py on a 2-core EPYC, 0.8 s and 4.9 s for DeepCAM's
+        model, then 1.6 s more at the first run of that function: a stall of
+        every rank at its next allreduce. The helper is private API (TF 2.15,
+        pinned); without it the first saves just cost more.
+        """
+        helper = getattr(self._ckpt, "_async_checkpointer", None)
+        if helper is None:
+            return
+        helper = helper()
+        if not getattr(helper, "_initialized", True):
+            helper._ensure_initialized()
+        copy = getattr(helper, "_copy_to_cpu", None)
+        if copy is not None:
+            copy()   # traced and run once: its first run also optimizes the graph (1.6 s more)
+
+    def write_rank_state(self, global_step: int, rank: int, arrays: dict) -> None:
+        """Every rank, before rank 0's save: this rank's own arrays (temporary name, then rename)."""
+        folder = self.staging_folder(global_step)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / (rank_file(rank) + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, folder / rank_file(rank))
+
+    def save(self, global_step: int, state: dict) -> float:
+        """Rank 0: starts writing the checkpoint after `global_step` steps; returns the
+        seconds the caller was blocked (waiting for the previous save, copying).
+
+        Call only once every rank has written its rank state (a barrier between):
+        the folder is published as soon as the write completes.
+        """
+        start = time.perf_counter()
+        self.wait()
+        folder, tmp = self.folder(global_step), self.staging_folder(global_step)
+        tmp.mkdir(parents=True, exist_ok=True)
+        for old in tmp.glob("ckpt*"):   # not the ranks' files
+            old.unlink()
+        self._ckpt.write(str(tmp / "ckpt"),
+                         options=tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True))
+        blocked = time.perf_counter() - start
+        self._pending = self._writer.submit(self._publish, tmp, folder, dict(state), blocked, start)
+        return blocked
+
+    def _publish(self, tmp: Path, folder: Path, state: dict, blocked: float, start: float) -> None:
+        self._ckpt.sync()   # the background write of the variables has finished
+        for part in tmp.iterdir():   # on disk before the name says the checkpoint is complete
+            fd = os.open(part, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        write_text_atomic(tmp / STATE_FILE, json.dumps(state, indent=1))
+        replace_folder(tmp, folder)
+        for old in self.all()[:-self.keep] if self.keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+        self.last_save = {"path": str(folder), "blocked_s": blocked, "seconds": time.perf_counter() - start,
+                          "bytes": sum(p.stat().st_size for p in folder.iterdir())}
+
+    def wait(self) -> None:
+        """Waits for the save in flight, if any; raises its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    # ------------------------------------------------------------ restoring
+    def restore(self, path) -> dict:
+        """Loads a checkpoint folder into the model, optimizer and generators; returns its state.json."""
+        path = Path(path)
+        self._ckpt.read(str(path / "ckpt")).assert_existing_objects_matched()
+        return read_state(path)
+
+
+def random_generators(model) -> list:
+    """The tf.random.Generator of every random layer of `model` (dropout), in layer order.
+
+    Keras keeps them out of `model.variables` and out of checkpoints; a resumed
+    run needs their state to draw the masks an uninterrupted run would have drawn.
+    They exist when common.runtime.configure enabled Keras's generator-backed RNG.
+    """
+    found = []
+    for layer in model.submodules:
+        generator = getattr(getattr(layer, "_random_generator", None), "_generator", None)
+        if isinstance(generator, tf.random.Generator):
+            found.append(generator)
+    return found
+
+
+def read_state(folder) -> dict:
+    return json.loads((Path(folder) / STATE_FILE).read_text())
+
+
+def read_rank_state(folder, rank: int):
+    """The arrays a rank saved in a mid-epoch checkpoint (dict), or None if there are none."""
+    path = Path(folder) / rank_file(rank)
+    if not path.is_file():
+        return None
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a run starts: from scratch (the default), a training checkpoint or model-only weights.
+
+    Attributes:
+      position: the next local batch this rank reads.
+      global_step: optimizer steps done, over the whole run (resumes included).
+      start_epoch: the epoch the checkpoint was written in (0 from scratch or from weights).
+      epoch_losses: this rank's losses of the epoch in progress (a mid-epoch checkpoint).
+      rank_state: this rank's arrays of a mid-epoch checkpoint ("bn_<i>": its batch-norm
+        statistics), None otherwise.
+      resumed_from: {"checkpoint", "epoch", "step", "global_step"} of a training checkpoint,
+        {"checkpoint", "epoch": 0, "weights_only": True} of model-only weights; None from scratch.
+      source: the folder as it was named (what rank 0's console says).
+    """
+    position: epochs.Position = epochs.Position()
+    global_step: int = 0
+    start_epoch: int = 0
+    epoch_losses: tuple = ()
+    rank_state: dict | None = None
+    resumed_from: dict | None = None
+    source: str | None = None
+
+
+def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks: int, steps_per_epoch: int,
+                 accumulation: int) -> ResumePoint:
+    """Loads `source` (a checkpoint folder, or None: the newest is wanted but there is none)
+    into the model (and the optimizer); returns where the run goes on. InputError naming the
+    folder when it cannot be resumed by this run."""
+    if source is None:
+        raise InputError(f"--resume: no checkpoint in {checkpointer.directory}")
+    if not Path(source).is_dir():
+        raise InputError(f"checkpoint not found: {source}")
+    if not (Path(source) / "ckpt.index").is_file():
+        raise InputError(f"{source}: not a checkpoint folder (no ckpt.index)")
+    resolved = str(Path(source).resolve())
+    if not holds_training_state(source):
+        # A model without optimizer state or epoch (an imported reference model):
+        # fine-tuning or evaluating it is a new run, from epoch 0.
+        restore_model_weights(model, source)
+        return ResumePoint(resumed_from={"checkpoint": resolved, "epoch": 0, "weights_only": True},
+                           source=str(source))
+    state = checkpointer.restore(source)
+    epoch, done, per_epoch = state["epoch"], state["steps_done"], state["steps_per_epoch"]
+    if per_epoch != steps_per_epoch:
+        raise InputError(f"{source}: written with {per_epoch} steps per epoch, this run has "
+                         f"{steps_per_epoch} (other samples, ranks or batch size)")
+    rank_state, losses = None, ()
+    if done >= per_epoch:   # written after the epoch's end (statistics averaged, evaluated)
+        position = epochs.Position(epoch + 1, 0)
+    else:
+        if state["ranks"] != ranks:
+            raise InputError(f"{source}: a mid-epoch checkpoint of {state['ranks']} ranks; resume it with "
+                             f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end")
+        rank_state = read_rank_state(source, rank)
+        if rank_state is None:
+            raise InputError(f"{source}: rank {rank}'s state is missing ({rank_file(rank)})")
+        losses = tuple(rank_state["losses"])
+        position = epochs.Position(epoch, done * accumulation)
+    return ResumePoint(position=position, global_step=state["global_step"], start_epoch=epoch,
+                       epoch_losses=losses, rank_state=rank_state, source=str(source),
+                       resumed_from={"checkpoint": resolved, "epoch": epoch, "step": done,
+                                     "global_step": state["global_step"]})

@@ -1,0 +1,1 @@
+"""Input files: sharding, epochs, node-local staging, page cache, synthetic files."""

@@ -1,0 +1,1 @@
+"""Distribution over Horovod ranks: collectives, spatial splits, group batch norm, fingerprints."""

@@ -1,0 +1,58 @@
+"""Whether every rank holds the same variables, checked with a cheap fingerprint.
+
+Data-parallel ranks must end a run with identical variables: they start from
+rank 0's broadcast and apply the same averaged gradients. Comparing every value
+across ranks would move the whole model over the network; a fingerprint of
+three numbers per rank, gathered once, is enough to catch the drift that matters.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+# The random direction of the projection: fixed, so every rank draws the same one.
+_PROBE_SEED = 1234
+
+
+def fingerprint(variables) -> np.ndarray:
+    """Three float64 numbers that change when any value of `variables` changes.
+
+    The values are flattened in the given order and widened to float64, where
+    a change of one float32 ulp in one element survives the summation (it is
+    lost only if that element is below about 2^-29 of the sum of magnitudes).
+    The sum sees most changes; the sum of magnitudes sees sign flips that keep
+    the sum; a projection on a fixed random direction sees values that moved
+    between elements (a permutation, two ranks' updates landing on swapped
+    variables), which leave both sums unchanged.
+
+    Args:
+      variables: tf.Variables or arrays (e.g. `model.variables`), in the same
+        order on every rank.
+    Returns:
+      [sum, sum of |values|, random projection], float64.
+    """
+    flat = [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables]
+    w = tf.concat(flat, 0).numpy() if flat else np.zeros(0)
+    probe = np.random.default_rng(_PROBE_SEED).standard_normal(w.shape[0])
+    return np.array([w.sum(), np.abs(w).sum(), float(w @ probe)])
+
+
+def variables_in_sync(variables, dist) -> tuple[bool, int]:
+    """Whether every rank holds the same `variables`, by their fingerprints (a collective).
+
+    Pass all of a model's variables, not only the trainable ones: batch-norm
+    running statistics that drifted apart (evaluation differs per rank, the
+    checkpoint holds rank 0's) show up here. Fingerprints are compared exactly,
+    as identical ranks compute identical ones (same values, same order, same
+    arithmetic). Every rank must call this, with the same variables in the
+    same order, and every rank gets the same answer.
+
+    Args:
+      variables: the variables to compare (e.g. `model.variables`).
+      dist: the Distribution (common.parallel.distribution).
+    Returns:
+      (in sync, number of values compared on each rank).
+    """
+    values = fingerprint(variables)
+    gathered = dist.allgather(values)
+    n_values = sum(int(np.prod(v.shape)) for v in variables)
+    return bool(np.all(gathered == gathered[0])), n_values

@@ -1,0 +1,79 @@
+"""Layers for samples split along depth (z) across the ranks of a spatial group.
+
+A rank holds a slab of Zs consecutive planes of each sample (common.parallel.distribution.
+SpatialMesh). A 3D convolution needs kernel // 2 planes of each neighbouring slab
+(the halo); a 2x pooling stays local while a slab has an even number of planes;
+past that, the slabs are gathered and the rest of the network runs on the whole
+sample, the same on every rank of the group ("replicated"). Each layer computes
+exactly what its unsplit counterpart computes on the planes it holds.
+
+Gradients: the kernels of the split layers get, on each rank, the part of the
+gradient that its slab contributes: the update needs their sum over the group.
+The replicated layers get the same whole gradient on every rank of the group.
+`gradient_scales` says which is which, for the one allreduce of the train step.
+"""
+
+import tensorflow as tf
+from tensorflow.keras import layers
+
+
+class SpatialConv3D(layers.Conv3D):
+    """Conv3D (stride 1, 'same' padding, odd kernel) on a z-slab: the variables and names of
+    Conv3D, so checkpoints and imported weights load either way.
+
+    The neighbours' boundary planes come in through `mesh.exchange_halo` (zeros at the
+    volume's faces, as 'same' padding gives), y and x are zero-padded here, then the
+    convolution is 'valid' in all three axes.
+    """
+
+    def __init__(self, filters, kernel_size, mesh, **kwargs):
+        kwargs.setdefault("padding", "same")
+        super().__init__(filters, kernel_size, **kwargs)
+        if self.padding != "same" or any(s != 1 for s in self.strides) or any(k % 2 == 0 for k in self.kernel_size):
+            raise ValueError(f"{self.name}: a spatial convolution needs stride 1, 'same' padding and an odd kernel, "
+                             f"got strides {self.strides}, padding {self.padding}, kernel {self.kernel_size}")
+        self.mesh = mesh
+        # Whether this layer's kernel gradient is a partial sum over its slab (see gradient_scales).
+        self.holds_slab = bool(mesh is not None and mesh.is_split)
+
+    def call(self, inputs):
+        if not self.holds_slab:
+            return super().call(inputs)
+        hz, hy, hx = (k // 2 for k in self.kernel_size)
+        x = self.mesh.exchange_halo(inputs, hz, name=f"{self.name}.halo")
+        x = tf.pad(x, [[0, 0], [0, 0], [hy, hy], [hx, hx], [0, 0]])
+        outputs = tf.nn.conv3d(x, self.kernel, strides=[1] * 5, padding="VALID")
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias)
+        return self.activation(outputs) if self.activation is not None else outputs
+
+
+class GatherSlabs(layers.Layer):
+    """[B, Zs, Y, X, C] slabs of the group -> [B, K * Zs, Y, X, C] whole samples on every rank."""
+
+    def __init__(self, mesh, **kwargs):
+        super().__init__(**kwargs)
+        self.mesh = mesh
+
+    def call(self, inputs):
+        return self.mesh.gather(inputs, name=f"{self.name}.allgather")
+
+
+def pool_stays_local(planes: int, pool: int = 2) -> bool:
+    """Whether a pool of `pool` planes (stride `pool`) on a slab of `planes` planes needs no
+    neighbour: the slab must hold whole windows (slab boundaries then fall between windows)."""
+    return planes >= pool and planes % pool == 0
+
+
+def gradient_scales(model) -> list:
+    """A factor per trainable variable of `model` for the train step's allreduce *average*.
+
+    Averaging over all ranks and multiplying a split layer's gradient by the group
+    size K gives the sum over the group's slabs, averaged over the data-parallel
+    groups: the gradient of the unsplit model on the global batch. Replicated
+    layers (the same gradient on every rank of a group) keep 1.
+    """
+    split = [layer for layer in model.submodules if getattr(layer, "holds_slab", False)]
+    partial = {id(v) for layer in split for v in layer.trainable_variables}
+    k = max((layer.mesh.size for layer in split), default=1)
+    return [float(k) if id(v) in partial else 1.0 for v in model.trainable_variables]

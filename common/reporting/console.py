@@ -1,0 +1,263 @@
+"""Rank 0's console: everything a person reads while a run goes, from `[init]` to `[done]`.
+
+One listener (`Console`) owns the stream, so the order of its lines is decided in
+one place: the `[init]` lines at init_stop, the staging bar and its `[staging]`
+line, each epoch's step bar (`StepProgress`, which it drives) ended before that
+epoch's `[epoch N]` line, the `[run]` line at run_stop, and the `[done]` report
+that common.run.launch hands it once the log is checked. Ranks other than 0 have no
+listener: they print nothing but their `error:` lines.
+"""
+
+import sys
+import time
+
+from common.reporting.events import Listener
+from common.reporting.progress import Progress, StatusLine, bar, eta_or_took, percent
+
+
+class Console(Listener):
+    """Rank 0's lines on `stream` (default: sys.stdout at construction).
+
+    Args:
+      stream: where to print.
+      every_s: seconds between progress lines when the stream is not a terminal.
+    """
+
+    def __init__(self, stream=None, every_s: float = 30.0):
+        self.stream = sys.stdout if stream is None else stream
+        self.steps = StepProgress(stream=self.stream, every_s=every_s)
+        self.every_s = every_s
+        self.run_start = None
+        self.info = None
+        self.train = {}
+        self.staging_bar = None
+
+    def print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        """An `[init]` line of the launcher's (which config, what runtime.tiny did)."""
+        self.print(f"[init] {text}")
+
+    # ------------------------------------------------------------ events
+    def on_runtime_configured(self, job, runtime, site):
+        for line in runtime_lines(job, runtime):
+            self.print(f"[init] {line}")
+
+    def on_init_stop(self, info, site):
+        self.info = info
+        self.steps.on_init_stop(info, site)
+        for line in init_lines(info):
+            self.print(f"[init] {line}")
+
+    def on_staging_progress(self, done, total, nbytes, site):
+        if self.staging_bar is None:
+            self.staging_bar = Progress("staging", total, unit="files", stream=self.stream, every_s=self.every_s)
+        self.staging_bar.update(done, f"rank 0: {nbytes / 1e6:.1f} MB")
+        if done >= total:
+            self.staging_bar.close()
+            self.staging_bar = None
+
+    def on_staging_stop(self, stats, site):
+        self.print(f"[staging] {stats['files']} files ({stats['skipped']} already staged), "
+                   f"{stats['bytes'] / 1e9:.3f} GB in {stats['seconds']:.2f} s = {stats['gb_per_s']:.3f} GB/s "
+                   f"(all ranks)")
+
+    def on_run_start(self, site):
+        self.run_start = time.time()
+
+    def on_epoch_start(self, epoch, site):
+        self.steps.on_epoch_start(epoch, site)
+
+    def on_step(self, step, site):
+        self.steps.on_step(step, site)
+
+    def on_epoch_stop(self, epoch, train, site):
+        self.steps.on_epoch_stop(epoch, train, site)
+        self.train = train
+
+    def on_eval_start(self, epoch, site):
+        self.steps.on_eval_start(epoch, site)
+
+    def on_eval_stop(self, epoch, value, loss, site):
+        t = self.train
+        self.print(f"[epoch {epoch:3d}] train_loss {t.get('loss', float('nan')):.4f}  "
+                   f"{self.info.target_name} {value:.4f} (target {self.info.target})  "
+                   f"{t.get('samples_per_s', 0):.1f} samples/s  lr {t.get('lr', 0):.3g}  "
+                   f"t={time.time() - self.run_start:.1f}s")
+
+    def on_run_stop(self, status, epoch, checkpoint, failure, site):
+        self.steps.on_run_stop(status, epoch, checkpoint, failure, site)   # a bar ended before the line
+        minutes = (time.time() - self.run_start) / 60 if self.run_start else float("nan")
+        saved = f"; checkpoint {checkpoint}" if checkpoint else ""
+        why = f" ({failure['reason']} at step {failure['step_num']})" if failure else ""
+        self.print(f"[run] {status}{why} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}")
+
+    def on_characterization_start(self, site):
+        self.print("[characterize] measuring FLOPs, input pipeline, memory and allreduce (after run_stop)")
+
+    # ------------------------------------------------------------ the report
+    def report(self, report) -> None:
+        """The `[benchmark]`/`[done]` lines of a finished run (common.run.report.Report)."""
+        for line in report_lines(report):
+            self.print(line)
+
+
+_NOTES = ("cpu", "precision_note", "threads_note")   # runtime entries said on lines of their own
+
+
+def runtime_lines(job: str, rt: dict) -> list[str]:
+    """The job and the runtime it got, a line each (without the `[init] ` tag)."""
+    lines = [f"{job}; runtime { {k: v for k, v in rt.items() if k not in _NOTES} }"]
+    cpu = rt.get("cpu")
+    if cpu:
+        lines.append(f"CPU {cpu['cpu']}: {cpu['isa']}, bf16 {cpu['bf16']}, oneDNN {cpu['onednn']}")
+    return lines + [rt[note] for note in ("precision_note", "threads_note") if rt.get(note)]
+
+
+def init_lines(info) -> list[str]:
+    """What init built, a line each (without the `[init] ` tag), from the RunInfo."""
+    lines = []
+    if info.samples_per_epoch < info.shard_samples:
+        lines.append(f"epoch: {info.steps_per_epoch} steps x global batch {info.global_batch_size} = "
+                     f"{info.samples_per_epoch} of {info.shard_samples} samples; the rest of each rank's "
+                     f"shuffled shard is dropped each epoch (partial batches, as the reference's drop_last)")
+    if info.model_name:
+        lines.append(f"model {info.model_name}: {info.num_params:,} trainable parameters")
+    if info.spatial_ranks > 1:
+        lines.append(f"spatial: each rank holds 1/{info.spatial_ranks} of every sample's depth; slabs "
+                     f"gathered at {', '.join(info.gathered_at)}, the layers after it run whole on every rank "
+                     f"of a group")
+    if info.batchnorm_layers and info.ranks > 1:
+        lines.append(f"batch norm: running statistics of {info.batchnorm_layers} layers averaged over the "
+                     f"{info.ranks} ranks after every epoch")
+    resumed = info.resumed_from
+    if resumed and resumed.get("weights_only"):
+        lines.append(f"model weights from {info.resumed_source} (model-only folder: fresh optimizer, starting at "
+                     f"epoch 0; not a valid benchmark result)")
+    elif resumed:
+        lines.append(f"resumed from {info.resumed_source} (epoch {resumed['epoch']}, {resumed['step']} of "
+                     f"{info.steps_per_epoch} steps done); a resumed run is not a valid benchmark result "
+                     f"(its log says so)")
+    return lines
+
+
+def report_lines(report) -> list[str]:
+    """The `[benchmark]` and `[done]` lines of a common.run.report.Report."""
+    r, name = report.result, report.benchmark
+    where = f"[done] run directory: {report.run_dir}"
+    if r.status == "benchmarked":
+        b = r.throughput
+        return [f"[benchmark] {name}: {b['steps']} steps after {b['warmup_steps']} warm-up, {b['ranks']} rank(s), "
+                f"global batch {b['global_batch_size']}, {b['precision']}: {b['samples_per_s_per_rank']:.2f} "
+                f"samples/s per rank, {b['samples_per_s']:.2f} samples/s in total; input pipeline alone "
+                f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank", where]
+    if r.status == "evaluated":
+        return [f"[done] {name}: evaluated the model of epoch {r.epochs}: {report.metric_name} "
+                f"{r.metric:.4f} (target {report.target})", where]
+    if r.failure:
+        f = r.failure
+        return [f"[done] {name}: aborted ({f['reason']} at step {f['step_num']}), exit code {f['exit_code']}"
+                + (f"; checkpoint of the last finite state {f['checkpoint']}" if f.get("checkpoint") else ""), where]
+    lines = [f"[done] {name}: {r.status}, {r.epochs} epoch(s), {report.metric_name} {r.metric:.4f}, "
+             f"time to train {r.time_to_train_s / 60:.3f} min", where]
+    if r.status == "preempted":
+        lines.append(f"[done] stopped on request (SIGUSR1 or SIGTERM on a rank): checkpoint {r.checkpoint}; "
+                     f"go on with --resume (exit code {report.exit_preempted}); the log says aborted")
+    elif report.log_check == "passed":
+        lines.append(f"[done] MLPerf log {report.log} PASSED the compliance checker (hpc {report.ruleset})")
+    elif report.log_check == "failed":
+        lines.append(f"[done] MLPerf log {report.log} FAILED the compliance checker (hpc {report.ruleset}):")
+        lines += ["    " + line for line in report.checker_output.splitlines()[-15:]]
+    return lines
+
+
+class StepProgress(Listener):
+    """The optimizer steps inside each epoch, on rank 0 (the caller decides), drawn as the module says.
+
+    On a terminal, one bar per epoch:
+      `[epoch   3] [#####...................] 1200/5000  24%  812.3 samples/s  ETA 4m41s`
+    ended at the epoch's end with its time taken and a newline. Elsewhere, every `every_s` seconds:
+      `[epoch   3] step 1200/5000 (24%), 812.3 samples/s, ETA 4m41s`
+    and nothing at the epoch's end (common.reporting.console.Console prints the epoch's line).
+
+    Samples/s is steps x RunInfo.global_batch_size over the wall time since the
+    first step seen in the epoch: that step's own time (tracing the step
+    function, filling the input pipeline) would make the first epoch's ETA too
+    long, and a resumed epoch starts at a later step. Steps/s is shown instead
+    when no RunInfo was seen.
+
+    Args:
+      stream: where to draw (default: sys.stdout at construction).
+      every_s: seconds between lines when the stream is not a terminal.
+      clock: a monotonic clock in seconds (tests pass a fake one).
+    """
+
+    def __init__(self, stream=None, every_s: float = 30.0, clock=time.monotonic):
+        self.stream = sys.stdout if stream is None else stream
+        self.every_s = every_s
+        self.clock = clock
+        self.batch = None      # global batch size, from RunInfo
+        self.line = None       # the epoch's status line
+        self.epoch = 0
+        self.epoch_start = None
+        self.first = None      # (step, clock) of the first step seen in the epoch
+        self.step = None       # the last StepInfo
+
+    def on_init_stop(self, info, site):
+        self.batch = info.global_batch_size
+
+    def on_epoch_start(self, epoch, site):
+        self._end()
+        self.epoch, self.first, self.step = epoch, None, None
+        self.epoch_start = self.clock()
+        self.line = StatusLine(self.stream, self.every_s)
+
+    def on_step(self, step, site):
+        now = self.clock()
+        if self.line is None:     # steps without an epoch start (not from the trainer): still draw
+            self.on_epoch_start(step.epoch, site)
+        self.step = step
+        if self.first is None:
+            self.first = (step.step, now)
+            self.line.start(now)
+        if self.line.due(now):
+            self.line.draw(self.text(now), now)
+
+    def on_epoch_stop(self, epoch, train, site):
+        self._end(final=True)
+
+    def on_eval_start(self, epoch, site):
+        self._end()
+
+    def on_run_stop(self, status, epoch, checkpoint, failure, site):
+        self._end()   # stopped mid-epoch: end the bar before the run's last line
+
+    def _end(self, final: bool = False) -> None:
+        if self.line is not None:
+            text = self.text(self.clock(), final=True) if final and self.step is not None and self.line.tty else None
+            self.line.end(text)
+            self.line = None
+
+    def rate(self, now: float) -> tuple[float, float]:
+        """(steps/s, samples/s; samples/s is 0 without a global batch size) since the first step seen."""
+        first_step, t0 = self.first
+        steps, seconds = self.step.step - first_step, now - t0
+        per_s = steps / seconds if steps > 0 and seconds > 0 else 0.0
+        return per_s, per_s * (self.batch or 0)
+
+    def text(self, now: float, final: bool = False) -> str:
+        s = self.step
+        steps_per_s, samples_per_s = self.rate(now)
+        if steps_per_s <= 0:
+            speed = "-- samples/s" if self.batch else "-- steps/s"
+        else:
+            speed = f"{samples_per_s:.1f} samples/s" if self.batch else f"{steps_per_s:.2f} steps/s"
+        when = eta_or_took(final, now - self.epoch_start, s.steps_per_epoch - s.step, steps_per_s)
+        pct = percent(s.step, s.steps_per_epoch)
+        if self.line.tty:
+            return (f"[epoch {self.epoch:3d}] {bar(s.step, s.steps_per_epoch)} {s.step}/{s.steps_per_epoch} "
+                    f"{pct:3d}%  {speed}  {when}")
+        return f"[epoch {self.epoch:3d}] step {s.step}/{s.steps_per_epoch} ({pct}%), {speed}, {when}"
+
+

@@ -1,0 +1,226 @@
+"""Trainer events and the listeners that act on them.
+
+The trainer says what happens (init started, epoch 3 stopped, eval gave 0.11);
+listeners decide what to do with it: the MLPerf logger writes mllog lines, rank
+0's console (common.reporting.console) prints, TensorBoard writes scalars. Builders (models,
+datasets, optimizers) emit nothing.
+
+Every event is a method written out on `Listener` and on `Events`, so that
+"go to definition" finds its callers and listeners, and a listener method
+spelled wrong is an error at construction instead of a method that never runs.
+Each event carries the trainer's call site (`CallSite`), taken once where the
+trainer calls `Events`: the file:line an MLPerf log line names does not depend
+on how deep the listeners sit.
+"""
+
+import dataclasses
+import functools
+import sys
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """Facts about a run, known once init is done."""
+    benchmark: str
+    seed: int
+    num_nodes: int
+    ranks: int
+    accelerators_per_node: int
+    global_batch_size: int
+    train_samples: int
+    eval_samples: int
+    hyperparameters: dict
+    target_name: str
+    target: float
+    steps_per_epoch: int = 0
+    n_epochs: int = 0
+    # {"checkpoint": path, "epoch": n} when the run continues a checkpointed one.
+    resumed_from: dict | None = None
+    # What rank 0's console says of init (common.reporting.console):
+    model_name: str = ""
+    num_params: int = 0               # trainable
+    spatial_ranks: int = 1            # ranks that split each sample
+    gathered_at: tuple = ()           # split runs: the layers where the slabs are gathered
+    batchnorm_layers: int = 0         # their running statistics are averaged over the ranks every epoch
+    samples_per_epoch: int = 0        # all ranks, in whole steps
+    shard_samples: int = 0            # the training samples of the shards (n_train)
+    resumed_source: str | None = None  # the checkpoint folder as named
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSite:
+    """Where the trainer raised an event: the file (relative to the repository) and line."""
+    file: str
+    line: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """One optimizer step done (every step: cheap, no tensor is read)."""
+    epoch: int
+    step: int                 # steps done in this epoch, from 1
+    steps_per_epoch: int
+    global_step: int          # steps done in the whole run, resumes included
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLog:
+    """Training figures every `train.log_every_steps` steps (reads the loss: waits for that step)."""
+    epoch: int
+    global_step: int
+    loss: float               # mean over the steps since the previous TrainLog, this rank
+    lr: float
+    samples_per_s: float      # all ranks, over the steps since the previous TrainLog
+
+
+class Listener:
+    """No-op base: override what you need. Epochs are numbered from 1.
+
+    Every method takes the trainer's call site as its last argument.
+    """
+
+    def on_init_start(self, site: CallSite): ...
+    # job: the ranks, nodes and controller (and the spatial mesh); runtime: common.runtime.configure's
+    # figures (device, threads, CPU, precision), known before anything is built.
+    def on_runtime_configured(self, job: str, runtime: dict, site: CallSite): ...
+    def on_init_stop(self, info: RunInfo, site: CallSite): ...
+    def on_staging_start(self, site: CallSite): ...
+    # Rank 0's count of files staged so far, of one split's `total` (train, then validation).
+    def on_staging_progress(self, done: int, total: int, nbytes: int, site: CallSite): ...
+    def on_staging_stop(self, stats: dict, site: CallSite): ...
+    def on_caches_cleared(self, cleared: bool, files: int, site: CallSite): ...
+    def on_run_start(self, site: CallSite): ...
+    def on_epoch_start(self, epoch: int, site: CallSite): ...
+    def on_step(self, step: StepInfo, site: CallSite): ...
+    def on_train_log(self, log: TrainLog, site: CallSite): ...
+    def on_epoch_stop(self, epoch: int, train: dict, site: CallSite): ...
+    def on_eval_start(self, epoch: int, site: CallSite): ...
+    # loss: the per-sample mean validation loss (eval_loss), None where not computed.
+    def on_eval_stop(self, epoch: int, value: float, loss: float | None, site: CallSite): ...
+    # failure: why a run that could not go on stopped (non-finite input or loss: common.run.failures), else None.
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: dict | None,
+                    site: CallSite): ...
+    # After run_stop, when runtime.characterize is on: the measurements start.
+    def on_characterization_start(self, site: CallSite): ...
+    def close(self): ...
+
+
+_EVENT_NAMES = frozenset(name for name in vars(Listener) if name.startswith("on_"))
+
+
+def _check_listener(listener) -> None:
+    """A method named like an event that is not one (a typo) would never run: refuse it."""
+    for name in dir(type(listener)):
+        if name.startswith("on_") and name not in _EVENT_NAMES:
+            raise TypeError(f"{type(listener).__name__}.{name}: no such event (events: {sorted(_EVENT_NAMES)})")
+
+
+def _caller() -> CallSite:
+    """The call site of the `Events` method that calls this (the trainer's line)."""
+    frame = sys._getframe(2)
+    return CallSite(_relative(frame.f_code.co_filename), frame.f_lineno)
+
+
+@functools.lru_cache(maxsize=None)
+def _relative(path: str) -> str:
+    """`path` relative to the repository (cached: on_step asks for the same file every step)."""
+    try:
+        return str(Path(path).resolve().relative_to(_REPO))
+    except ValueError:
+        return path
+
+
+class Events:
+    """Hands each event to every listener, in order, with the caller's file:line."""
+
+    def __init__(self, listeners):
+        self.listeners = list(listeners)
+        for listener in self.listeners:
+            _check_listener(listener)
+
+    def on_init_start(self):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_init_start(site)
+
+    def on_runtime_configured(self, job: str, runtime: dict):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_runtime_configured(job, runtime, site)
+
+    def on_init_stop(self, info: RunInfo):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_init_stop(info, site)
+
+    def on_staging_start(self):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_staging_start(site)
+
+    def on_staging_progress(self, done: int, total: int, nbytes: int):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_staging_progress(done, total, nbytes, site)
+
+    def on_staging_stop(self, stats: dict):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_staging_stop(stats, site)
+
+    def on_caches_cleared(self, cleared: bool, files: int):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_caches_cleared(cleared, files, site)
+
+    def on_run_start(self):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_run_start(site)
+
+    def on_epoch_start(self, epoch: int):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_epoch_start(epoch, site)
+
+    def on_step(self, step: StepInfo):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_step(step, site)
+
+    def on_train_log(self, log: TrainLog):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_train_log(log, site)
+
+    def on_epoch_stop(self, epoch: int, train: dict):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_epoch_stop(epoch, train, site)
+
+    def on_eval_start(self, epoch: int):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_eval_start(epoch, site)
+
+    def on_eval_stop(self, epoch: int, value: float, loss: float | None = None):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_eval_stop(epoch, value, loss, site)
+
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: dict | None = None):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_run_stop(status, epoch, checkpoint, failure, site)
+
+    def on_characterization_start(self):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_characterization_start(site)
+
+    def close(self):
+        for listener in self.listeners:
+            listener.close()

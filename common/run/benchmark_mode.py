@@ -1,0 +1,47 @@
+"""Benchmark mode (train.benchmark_steps, --benchmark): throughput of the real loop, no MLPerf log.
+
+The input pipeline alone first, then train.benchmark_steps steps of the real loop (staged
+files, input pipeline, allreduce, events), timed after the warm-up steps.
+"""
+
+import time
+
+from common.reporting.events import StepInfo
+from common.run.characterization import pipeline_samples_per_s
+from common.run.result import RunResult
+
+
+def run_benchmark(ctx, train_ds) -> RunResult:
+    t, dist = ctx.cfg.train, ctx.dist
+    accumulation = t.gradient_accumulation_frequency
+    # As many batches as the timed steps read, after the warm-up steps' worth.
+    input_rate = pipeline_samples_per_s(iter(train_ds), ctx.shards.local_batch_size,
+                                        t.benchmark_steps * accumulation,
+                                        warmup_batches=t.benchmark_warmup_steps * accumulation)
+    train_iter = iter(train_ds)
+    loss = None
+    for _ in range(t.benchmark_warmup_steps):
+        loss = ctx.train_step(train_iter).loss
+    if loss is not None:
+        float(loss)   # the warm-up steps are done before the clock starts
+    dist.barrier()
+    start = time.perf_counter()
+    for step in range(1, t.benchmark_steps + 1):
+        loss = ctx.train_step(train_iter).loss
+        ctx.state.global_step += 1
+        ctx.events.on_step(StepInfo(1, step, t.benchmark_steps, ctx.state.global_step))
+    float(loss)
+    seconds = float(dist.allreduce_max([time.perf_counter() - start])[0])
+    # A spatial group's ranks train the same samples: the job's rate counts groups.
+    per_group = t.benchmark_steps * ctx.shards.local_batch_size * accumulation / seconds
+    total = per_group * ctx.mesh.groups
+    ctx.result.throughput = {
+        "steps": t.benchmark_steps, "warmup_steps": t.benchmark_warmup_steps, "seconds": seconds,
+        "samples_per_s_per_rank": total / dist.size, "samples_per_s": total,
+        "spatial_ranks": ctx.mesh.size,
+        "input_samples_per_s_per_rank": float(dist.allreduce_mean([input_rate])[0]),
+        "global_batch_size": ctx.info.global_batch_size, "ranks": dist.size,
+        "precision": ctx.result.runtime["precision"]}
+    ctx.result.status = "benchmarked"
+    ctx.check_weights_in_sync()
+    return ctx.result

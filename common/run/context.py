@@ -1,0 +1,64 @@
+"""What init built, as the run modes (common.run.train_mode, evaluate_mode, benchmark_mode) get it."""
+
+import dataclasses
+
+from common.parallel.fingerprint import variables_in_sync
+
+
+@dataclasses.dataclass
+class RunState:
+    """Where the run stands now: the training loop advances it, common.run.launch reads it on a crash."""
+    epoch: int = 0          # the epoch in progress (the last one started); 0 before the first
+    global_step: int = 0    # optimizer steps done, over the whole run (resumes included)
+    started: bool = False   # run_start was logged: a crash must close the log as aborted
+
+
+@dataclasses.dataclass
+class RunContext:
+    """The bound run: config, ranks, data, model, steps and where results go.
+
+    Attributes:
+      cfg, task, dist, events: the config, the benchmark's Task, the Distribution, the Events.
+      mesh: the spatial mesh (size 1: each rank holds whole samples).
+      shards: this rank's (its group's) files, staged paths once data preparation ran.
+      model, optimizer, schedule, metric: as the task built them (optimizer wrapped for the precision).
+      train_step, eval_step: traced at init (common.run.steps).
+      saver: the run's checkpoints (common.checkpoints.save_policy).
+      info: the RunInfo of init_stop (steps_per_epoch and samples_per_epoch are read from it).
+      result: the RunResult the modes fill in.
+      state: the RunState.
+    """
+    cfg: object
+    task: object
+    dist: object
+    events: object
+    mesh: object
+    shards: object
+    model: object
+    optimizer: object
+    schedule: object
+    metric: object
+    train_step: object
+    eval_step: object
+    saver: object
+    info: object
+    result: object
+    state: RunState
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.info.steps_per_epoch
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """One epoch's samples over all ranks, in whole steps."""
+        return self.info.samples_per_epoch
+
+    def reached(self, value: float) -> bool:
+        """Whether a metric value meets the task's target."""
+        return value <= self.task.target if self.metric.lower_is_better else value >= self.task.target
+
+    def check_weights_in_sync(self) -> None:
+        """Every rank: all ranks must end with identical variables, batch-norm statistics included
+        (common.parallel.fingerprint); the result says whether they did and how many values were compared."""
+        self.result.weights_in_sync, self.result.weights_compared = variables_in_sync(self.model.variables, self.dist)

@@ -1,0 +1,44 @@
+"""What a run returns: its result (`RunResult`), written as summary.json."""
+
+import dataclasses
+import json
+
+from common.files import write_text_atomic
+
+
+@dataclasses.dataclass
+class RunResult:
+    status: str = "aborted"
+    epochs: int = 0
+    metric: float = float("nan")
+    time_to_train_s: float = float("nan")
+    num_params: int = 0
+    # One entry per epoch: epoch, seconds since run_start, train loss, samples/s, lr, metric (if evaluated).
+    history: list = dataclasses.field(default_factory=list)
+    staging: dict = dataclasses.field(default_factory=dict)
+    weights_in_sync: bool = True
+    # Values the weights_in_sync fingerprint covered: every model variable,
+    # batch-norm running statistics included (more than num_params when the model has any).
+    weights_compared: int = 0
+    # {"checkpoint", "epoch", "step", "global_step"[, "weights_only"]} of a run that did not
+    # start from scratch ("step": optimizer steps of that epoch already done).
+    resumed_from: dict | None = None
+    # The checkpoint a run stopped on request (status "preempted") can go on from.
+    checkpoint: str | None = None
+    # Checkpoint figures (rank 0): the last save's path, bytes and seconds to disk
+    # ("seconds") and blocked ("blocked_s"); over all saves of this run, how many
+    # and the most and mean seconds a save held the step up; the steps between saves.
+    checkpoint_save: dict = dataclasses.field(default_factory=dict)
+    runtime: dict = dataclasses.field(default_factory=dict)
+    # Benchmark mode (train.benchmark_steps): steps timed, samples/s per rank and in total.
+    throughput: dict = dataclasses.field(default_factory=dict)
+    characterization: dict = dataclasses.field(default_factory=dict)
+    # A run that could not go on (status "aborted"): {"reason", "exit_code", "message", "step_num",
+    # "loss", "input_file", "checkpoint"} (common.run.failures.RunFailed); None otherwise.
+    failure: dict | None = None
+
+
+def write_summary(result: RunResult, path, extra: dict) -> None:
+    """rank 0: the run's figures as JSON (temporary name, then rename)."""
+    data = dataclasses.asdict(result) | extra
+    write_text_atomic(path, json.dumps(data, indent=2, default=float))

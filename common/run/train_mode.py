@@ -1,0 +1,208 @@
+"""The timed run: epochs of averaged-gradient steps from run_start to run_stop, evaluated
+every train.eval_every epochs, until the target, the last epoch, a stop request or a failure.
+
+Every rank runs the same loop and calls the same collectives in the same order: the
+epoch's batch-norm averaging, evaluation, the agreement every train.stop_check_steps
+steps (common.run.termination.agree) and mid-epoch saves (common.checkpoints.save_policy).
+"""
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from common.run import termination
+from common.reporting.events import StepInfo, TrainLog
+from common.run.evaluate_mode import evaluate
+from common.run.failures import RunFailed, fail_on_input, fail_on_loss, naming_bad_files
+from common.run.characterization import characterize_run
+from common.run.result import RunResult
+from common.parallel.sync_batchnorm import average_batchnorm_statistics
+
+
+class TrainingRun:
+    """Trains `ctx` (a common.run.context.RunContext) from its resume point.
+
+    Args:
+      ctx: the bound run.
+      start: the common.checkpoints.checkpointer.ResumePoint (its position, and the epoch's losses so far).
+    """
+
+    def __init__(self, ctx, start):
+        self.ctx = ctx
+        self.start = start
+        self.epoch_losses = [tf.constant(v) for v in start.epoch_losses]   # of the epoch in progress
+
+    def run(self, train_ds, valid_ds) -> RunResult:
+        self.ctx.events.on_run_start()
+        self.ctx.state.started = True
+        run_start = time.perf_counter()
+        train_iter = iter(train_ds)
+        try:
+            return self._epochs(train_iter, valid_ds, run_start)
+        except RunFailed as e:
+            return self._end_failed(e.failure, run_start)
+
+    def _epochs(self, train_iter, valid_ds, run_start) -> RunResult:
+        ctx = self.ctx
+        cfg, events, state, saver, result = ctx.cfg, ctx.events, ctx.state, ctx.saver, ctx.result
+        t = cfg.train
+        epoch = state.epoch = self.start.position.epoch - 1   # the last epoch done
+        stopped = False
+        for epoch in range(self.start.position.epoch, t.n_epochs + 1):
+            state.epoch = epoch
+            events.on_epoch_start(epoch)
+            train = self._epoch(train_iter, epoch)
+            if train is None:   # stopped on request mid-epoch, checkpoint written
+                stopped = True
+                epoch -= 1      # the last epoch done
+                break
+            # As the MLCommons DeepCAM reference: after every epoch's training,
+            # evaluated or not, each rank's batch-norm running statistics (from
+            # its own shard) become their mean over all ranks, so evaluation,
+            # checkpoints (rank 0's) and the final model use the same statistics
+            # on every rank. A collective: every rank calls it, here.
+            average_batchnorm_statistics(ctx.model, ctx.dist)
+            events.on_epoch_stop(epoch, train)
+            record = {"epoch": epoch, "loss": train["loss"], "samples_per_s": train["samples_per_s"],
+                      "lr": train["lr"]}
+            result.history.append(record)
+            if epoch % t.eval_every == 0 or epoch == t.n_epochs:
+                events.on_eval_start(epoch)
+                value, eval_loss = evaluate(ctx, valid_ds, epoch)
+                events.on_eval_stop(epoch, value, eval_loss)
+                result.metric = record["metric"] = value
+                record["eval_loss"] = eval_loss
+            record["time_s"] = time.perf_counter() - run_start
+            if "metric" in record and t.stop_at_target and ctx.reached(record["metric"]):
+                result.status = "success"
+                break
+            # A request at the last epoch's end leaves nothing to resume: the run just ends.
+            stopped = epoch < t.n_epochs and termination.agree_to_stop(ctx.dist)
+            if stopped or saver.due_after_epoch(epoch, state.global_step):
+                saver.save(epoch, ctx.steps_per_epoch, state.global_step, wait=stopped)
+            if stopped:
+                break
+        if saver.enabled and not stopped:
+            saver.save(epoch, ctx.steps_per_epoch, state.global_step)   # the final state, unless just saved
+        saver.wait()
+        result.checkpoint_save = saver.figures()
+        if stopped:
+            result.status = "preempted"
+            result.checkpoint = saver.folder(state.global_step)
+        elif not t.stop_at_target and ctx.reached(result.metric):
+            result.status = "success"
+        result.epochs = epoch
+        result.time_to_train_s = time.perf_counter() - run_start
+        # A stopped run's log says aborted, and where it can go on from.
+        events.on_run_stop("aborted" if stopped else result.status, state.epoch, result.checkpoint)
+        ctx.check_weights_in_sync()
+        if cfg.runtime.characterize and not stopped:
+            result.characterization = self._characterize(train_iter.element_spec[0].shape[1:])
+        return result
+
+    def _epoch(self, train_iter, epoch) -> dict | None:
+        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
+
+        Raises RunFailed on every rank once they agree that a step's input or loss was not finite.
+        """
+        ctx = self.ctx
+        t, state, saver, per_epoch = ctx.cfg.train, ctx.state, ctx.saver, ctx.steps_per_epoch
+        start = time.perf_counter()
+        losses = self.epoch_losses   # the steps a resumed run did before, if any
+        first = len(losses)
+        flags = []                   # each step's StepResult.inputs_finite, from step first + 1
+        checked = first              # losses[:checked] went through an agreement
+        log_from, log_start = first, start   # the steps and time since the last TrainLog
+        with naming_bad_files(ctx.task, ctx.shards.train_files):
+            for step in range(first + 1, per_epoch + 1):
+                # Keep the tensors: reading one would wait for its step.
+                result = ctx.train_step(train_iter)
+                losses.append(result.loss)
+                flags.append(result.inputs_finite)
+                state.global_step += 1
+                ctx.events.on_step(StepInfo(epoch, step, per_epoch, state.global_step))
+                if t.log_every_steps and state.global_step % t.log_every_steps == 0:
+                    ctx.events.on_train_log(self._train_log(epoch, losses[log_from:], log_start))
+                    log_from, log_start = len(losses), time.perf_counter()
+                if step == per_epoch:
+                    break   # the epoch's end checks and saves after its statistics are averaged
+                stop = False
+                if state.global_step % t.stop_check_steps == 0:
+                    stop = self._agree(epoch, step, losses[checked:], flags[checked - first:])
+                    checked = len(losses)
+                if saver.due_mid_epoch(state.global_step):
+                    saver.save(epoch, step, state.global_step, losses)
+                if stop:
+                    saver.save(epoch, step, state.global_step, losses, wait=True)
+                    return None
+            # The steps since the last agreement, before their losses are averaged and logged; a
+            # stop request waits for the epoch's end checks.
+            self._agree(epoch, per_epoch, losses[checked:], flags[checked - first:])
+            loss = _mean(losses)
+        self.epoch_losses = []
+        seconds = time.perf_counter() - start
+        loss = float(ctx.dist.allreduce_mean([loss])[0])
+        steps = per_epoch - first
+        return {"loss": loss, "seconds": seconds, "lr": ctx.schedule.at_step((epoch - 1) * per_epoch),
+                "samples_per_s": ctx.samples_per_epoch * steps / per_epoch / seconds}
+
+    def _agree(self, epoch, step, losses, flags) -> bool:
+        """The agreement of the steps since the last one (`losses`, `flags`: this rank's): True on
+        every rank once any rank got a stop request; RunFailed on every rank when a batch or a loss
+        was not finite on any rank."""
+        ctx, global_step = self.ctx, self.ctx.state.global_step
+        first = global_step - len(losses) + 1   # global step of losses[0]
+        values = tf.stack(losses).numpy() if losses else np.zeros(0)
+        finite = tf.stack(flags).numpy() if flags else np.ones(0, bool)
+        verdict = termination.agree(ctx.dist, first, values, finite)
+        if verdict.bad_input_rank is not None:
+            fail_on_input(ctx.dist, ctx.task, verdict.bad_input_rank, ctx.shards.train_files, epoch,
+                          verdict.bad_input_step, "training", global_step)
+        if verdict.bad_loss_step is not None:
+            def save_now():
+                ctx.saver.save(epoch, step, global_step, self.epoch_losses, wait=True)
+                return ctx.saver.folder(global_step)
+            fail_on_loss(ctx.dist, ctx.model.variables + ctx.optimizer.variables, save_now,
+                         ctx.saver.checkpointer.latest, epoch, verdict.bad_loss_step,
+                         values[verdict.bad_loss_step - first])
+        return verdict.stop
+
+    def _end_failed(self, failure: dict, run_start: float) -> RunResult:
+        """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
+        ctx, result = self.ctx, self.ctx.result
+        ctx.saver.wait()   # the last finite state is on disk before anyone exits
+        result.status, result.failure = "aborted", failure
+        result.checkpoint = failure.get("checkpoint")
+        result.epochs = ctx.state.epoch - 1
+        result.time_to_train_s = time.perf_counter() - run_start
+        ctx.events.on_run_stop("aborted", ctx.state.epoch, result.checkpoint, failure)
+        ctx.check_weights_in_sync()
+        return result
+
+    def _train_log(self, epoch, losses, since) -> TrainLog:
+        """This rank's mean loss over `losses` (waits for the last step), the LR, samples/s since `since`."""
+        ctx = self.ctx
+        loss = _mean(losses)
+        seconds = time.perf_counter() - since
+        samples = len(losses) * ctx.samples_per_epoch / ctx.steps_per_epoch
+        return TrainLog(epoch=epoch, global_step=ctx.state.global_step, loss=loss,
+                        lr=float(ctx.schedule.at_step(ctx.state.global_step - 1)),
+                        samples_per_s=samples / seconds if seconds > 0 else 0.0)
+
+    def _characterize(self, sample_shape) -> dict:
+        """After run_stop: FLOPs, input pipeline, memory and allreduce of this run (offline.characterize)."""
+        ctx = self.ctx
+        ctx.events.on_characterization_start()
+        return characterize_run(
+            model=ctx.model, dist=ctx.dist, sample_shape=sample_shape, history=ctx.result.history,
+            staging=ctx.result.staging, global_batch_size=ctx.info.global_batch_size,
+            compression=ctx.cfg.runtime.gradient_compression,
+            make_train_dataset=lambda: ctx.task.build_inputs(ctx.shards, ctx.mesh.group, ctx.dist.local_size)[0],
+            local_batch_size=ctx.shards.local_batch_size, files_read=ctx.shards.train_files,
+            samples_read=len(ctx.shards.train_files))
+
+
+def _mean(losses) -> float:
+    """The mean of a list of scalar loss tensors, in float64 (reading it waits for the last step)."""
+    return float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())

@@ -1,0 +1,186 @@
+"""The generic run shared by every benchmark: init, data preparation, then one run mode.
+
+`Trainer.run` reads top to bottom in Horovod's canonical order: pin the
+device by local rank, build the model, scale the LR with the global batch,
+wrap the optimizer, broadcast the initial state from rank 0, then hand the
+bound run (common.run.context) to its mode: training (common.run.train_mode),
+evaluation (common.run.evaluate_mode) or benchmark (common.run.benchmark_mode). The
+trainer prints nothing: it emits events, and listeners (rank 0's console,
+the MLPerf log, TensorBoard) act on them.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from common.inputs import epochs
+from common import runtime as runtime_lib
+from common.run.benchmark_mode import run_benchmark
+from common.checkpoints.checkpointer import ResumePoint, resume_point
+from common.checkpoints.save_policy import CheckpointSaver
+from common.run.data_preparation import prepare_data
+from common.errors import InputError
+from common.run.evaluate_mode import run_evaluation
+from common.reporting.events import RunInfo
+from common.inputs.page_cache import drop_from_page_cache
+from common.run.context import RunContext, RunState
+from common.run.result import RunResult
+from common.parallel.spatial import GatherSlabs, gradient_scales
+from common.run.steps import TrainStep, make_eval_step
+from common.parallel.sync_batchnorm import batchnorm_statistics
+from common.run.train_mode import TrainingRun
+
+
+class Trainer:
+    """Runs a bound Task (common.task) on every rank.
+
+    Args:
+      task: the benchmark's Task, built from the run's config (task.cfg).
+      dist: the Distribution (rank, size, collectives).
+      events: the Events that the listeners get.
+      run_dir: the run's folder (checkpoints/, shards/).
+    """
+
+    def __init__(self, task, dist, events, run_dir):
+        self.task, self.cfg, self.dist, self.events = task, task.cfg, dist, events
+        self.output_dir = Path(run_dir)
+        self.state = RunState()   # where the run stands (common.run.launch reads it on a crash)
+
+    def run(self) -> RunResult:
+        """init -> (staging) -> one run mode: the order every Horovod program follows, a line a step."""
+        cfg, dist, task, events = self.cfg, self.dist, self.task, self.events
+        result = RunResult()
+        events.on_init_start()
+        # Horovod is initialized (common.parallel.distribution); pin the device by local rank, threads, precision.
+        result.runtime = runtime_lib.configure(cfg.runtime, dist)
+        tf.keras.utils.set_random_seed(cfg.train.seed)
+        # Data parallelism is over groups: one rank each, or the K ranks that split each sample.
+        mesh = task.mesh or dist.spatial_mesh(1)
+        events.on_runtime_configured(dist.describe() + (f"; {mesh.describe()}" if mesh.is_split else ""),
+                                     result.runtime)
+        shards = task.shard(mesh.group, mesh.groups)                   # this rank's (its group's) files
+        plan = _plan_epochs(shards, mesh.groups, cfg.train.gradient_accumulation_frequency)
+        model, optimizer, schedule, loss_fn, metric = self._build(result, plan)   # LR for the global batch
+        saver = CheckpointSaver(self.output_dir / "checkpoints", model, optimizer, dist, cfg.train,
+                                plan.steps_per_epoch, task.name)
+        saver.prepare()
+        start = self._restore_or_start(saver, model, plan)               # rank 0 picks the checkpoint, if any
+        result.resumed_from = start.resumed_from
+        self.state.global_step = start.global_step
+        dist.broadcast_variables(model.variables + optimizer.variables)   # all start from rank 0's state
+        if start.rank_state is not None:
+            # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
+            for i, v in enumerate(batchnorm_statistics(model)):
+                v.assign(start.rank_state[f"bn_{i}"])
+        train_step, eval_step = self._build_steps(model, optimizer, loss_fn, metric)   # gradients allreduced inside
+        info = self._run_info(result, mesh, shards, plan, model, metric, start)
+        events.on_init_stop(info)
+
+        # Outside the timed region: stage the shard node-locally, build the input pipeline once.
+        shards, result.staging = prepare_data(cfg, dist, shards, events, self.output_dir, task.staged_layout())
+        train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
+        self._check_specs(train_ds)
+        ctx = RunContext(cfg=cfg, task=task, dist=dist, events=events, mesh=mesh, shards=shards, model=model,
+                         optimizer=optimizer, schedule=schedule, metric=metric, train_step=train_step,
+                         eval_step=eval_step, saver=saver, info=info, result=result, state=self.state)
+        if cfg.train.evaluate_only:
+            return run_evaluation(ctx, valid_ds, start.start_epoch)
+        if cfg.train.benchmark_steps:
+            return run_benchmark(ctx, train_ds)
+        self._clear_page_cache(shards)
+        return TrainingRun(ctx, start).run(train_ds, valid_ds)           # metrics averaged; rank 0 writes
+
+    # ---------------------------------------------------------------- set-up
+    def _build(self, result, plan):
+        """(model, optimizer, schedule, loss, metric): the model under the precision policy with its
+        batch-norm group, the task's optimizer wrapped for the precision and built."""
+        dist, task = self.dist, self.task
+        precision = result.runtime["precision"]
+        # Collective (registers a process set): every rank, same order.
+        bn_group = dist.rank_group(task.batchnorm_group_size, "batchnorm_group_size")
+        with runtime_lib.dtype_policy(precision):
+            model = task.build_model(bn_group)
+        result.num_params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+        optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
+        optimizer = runtime_lib.wrap_optimizer(optimizer, precision)   # fp16: dynamic loss scaling
+        optimizer.build(model.trainable_variables)
+        return model, optimizer, schedule, task.build_losses(), task.build_metrics()
+
+    def _restore_or_start(self, saver, model, plan) -> ResumePoint:
+        t = self.cfg.train
+        if not (t.resume or t.resume_from):
+            return ResumePoint()
+        source = t.resume_from or saver.checkpointer.latest()
+        # Rank 0 chooses for all: ranks that see the file system differently
+        # must not resume from different epochs (and hang in the first collective).
+        source = self.dist.broadcast_object(None if source is None else str(source))
+        return resume_point(saver.checkpointer, source, model=model, rank=self.dist.rank, ranks=self.dist.size,
+                            steps_per_epoch=plan.steps_per_epoch,
+                            accumulation=t.gradient_accumulation_frequency)
+
+    def _build_steps(self, model, optimizer, loss_fn, metric):
+        """Traces the train and eval steps from the task's TensorSpecs: init work under the MLPerf
+        rules (graphs built, no training sample touched)."""
+        cfg, task = self.cfg, self.task
+        rt = cfg.runtime
+        train_step = TrainStep(model, optimizer, loss_fn, self.dist, rt.gradient_compression, rt.xla,
+                               cfg.train.gradient_accumulation_frequency, preprocess=task.preprocess_batch,
+                               gradient_scales=gradient_scales(model))
+        eval_step = make_eval_step(model, metric, rt.xla, preprocess=task.preprocess_batch, loss_fn=loss_fn)
+        specs = task.input_specs()
+        train_step.trace(specs)
+        eval_step.get_concrete_function(*specs)
+        return train_step, eval_step
+
+    def _run_info(self, result, mesh, shards, plan, model, metric, start) -> RunInfo:
+        cfg, dist, task = self.cfg, self.dist, self.task
+        gathered = tuple(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
+        return RunInfo(
+            benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
+            accelerators_per_node=runtime_lib.accelerators_per_node(result.runtime["device"], dist),
+            global_batch_size=plan.global_batch, train_samples=shards.train_set_size or shards.n_train,
+            eval_samples=shards.n_valid, hyperparameters=task.mlperf_hyperparameters(plan.global_batch),
+            target_name=metric.name, target=task.target, steps_per_epoch=plan.steps_per_epoch,
+            n_epochs=cfg.train.n_epochs, resumed_from=start.resumed_from,
+            model_name=model.name, num_params=result.num_params,
+            spatial_ranks=mesh.size, gathered_at=gathered,
+            batchnorm_layers=len(batchnorm_statistics(model)) // 2, samples_per_epoch=plan.samples_per_epoch,
+            shard_samples=shards.n_train, resumed_source=start.source)
+
+    def _check_specs(self, train_ds):
+        """The graphs traced at init are the ones training runs: no tracing inside the timed region."""
+        declared, actual = tuple(self.task.input_specs()), tuple(train_ds.element_spec)
+        if any(d.shape != a.shape or d.dtype != a.dtype for d, a in zip(declared, actual)):
+            raise RuntimeError(f"{self.task.name}: input_specs() {declared} differ from the training "
+                               f"dataset's element_spec {actual}")
+
+    def _clear_page_cache(self, shards) -> None:
+        files = list(shards.train_files) + list(shards.valid_files)
+        done, failed = drop_from_page_cache(files) if self.cfg.runtime.cache_clear else (0, len(files))
+        done, failed = self.dist.allreduce_sum([done, failed])
+        self.events.on_caches_cleared(bool(failed == 0 and done > 0), int(done))
+
+
+@dataclasses.dataclass(frozen=True)
+class _EpochPlan:
+    """One epoch in optimizer steps, and the global batch of a step."""
+    steps_per_epoch: int
+    global_batch: int
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return self.steps_per_epoch * self.global_batch
+
+
+def _plan_epochs(shards, groups: int, accumulation: int) -> _EpochPlan:
+    """Steps and samples per epoch from the shard (common.inputs.epochs); InputError when no whole step fits."""
+    # Gradient accumulation makes each optimizer step see n local batches; the ranks of a
+    # spatial group share theirs.
+    global_batch = shards.local_batch_size * groups * accumulation
+    steps = epochs.batches_per_epoch(len(shards.train_files), shards.local_batch_size, accumulation) // accumulation
+    if steps == 0:
+        raise InputError(f"{len(shards.train_files)} training samples per rank make no whole step of "
+                         f"local batch {shards.local_batch_size} x accumulation {accumulation}")
+    return _EpochPlan(steps, global_batch)
