@@ -32,13 +32,12 @@ import numpy as np
 
 from common.checkpoints.model_weights import CONFIG_NAME, save_model_weights
 from common.config_loading import dump_config
-from common.errors import InputError
+from common.errors import InputError, tool_main
 from common.files import write_text_atomic
 from cosmoflow import model as model_lib
 from cosmoflow.predict import load_model_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
-EXIT_INPUT_ERROR = 2
 CONV, DENSE = "Conv3D", "Dense"
 # A kernel's rank tells the layer type: (k, k, k, in, out) or (in, out).
 _KIND_BY_KERNEL_RANK = {5: CONV, 2: DENSE}
@@ -165,6 +164,7 @@ def import_reference(weights, out, config_path=None) -> dict:
     return record
 
 
+@tool_main()
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.import_reference",
                                      description="Import a CosmoFlow model trained by the MLCommons reference.")
@@ -172,11 +172,7 @@ def main(argv=None) -> int:
     parser.add_argument("out", help="folder to write (model-only checkpoint, config.yaml, import.json)")
     parser.add_argument("--config", help="YAML config with the model's sizes (default: a closed-division config)")
     args = parser.parse_args(argv)
-    try:
-        record = import_reference(args.weights, args.out, args.config)
-    except InputError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+    record = import_reference(args.weights, args.out, args.config)
     print(f"[import] {record['tensors']} tensors from {args.weights} ({record['format']}, "
           f"sizes of {record['config']}) -> {args.out}")
     return 0

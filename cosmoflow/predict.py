@@ -22,13 +22,12 @@ import tensorflow as tf
 
 from common.checkpoints.model_weights import find_run_config, restore_model_weights
 from common import config_loading as config_lib
-from common.errors import InputError
+from common.errors import InputError, tool_main
 from common.files import write_text_atomic
 from cosmoflow import data
 from cosmoflow import model as model_lib
 from cosmoflow.config import CosmoFlowConfig
 
-EXIT_INPUT_ERROR = 2
 
 
 def load_model_config(path) -> CosmoFlowConfig:
@@ -108,6 +107,7 @@ def _print_report(report: dict) -> None:
     print(f"MAE over {len(report['samples'])} sample(s): {report['mae']:.4f}; written to {report['output']}")
 
 
+@tool_main()
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmoflow.predict",
                                      description="Predict the cosmological parameters of a TFRecord file's samples.")
@@ -116,11 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=".", help="folder for <file stem>.prediction.json (default: .)")
     parser.add_argument("--config", help="config of the model (default: the checkpoint's run config.yaml)")
     args = parser.parse_args(argv)
-    try:
-        report = run(args.checkpoint, args.sample, args.out, args.config)
-    except InputError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+    report = run(args.checkpoint, args.sample, args.out, args.config)
     _print_report(report)
     return 0
 

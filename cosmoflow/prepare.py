@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import InputError
+from common.errors import InputError, tool_main
 from common.reporting.progress import Progress, progress_stream
 
 
@@ -98,6 +98,7 @@ def prepare(input_dir, output_dir, sub: int = 128, valid_fraction: float = 0.1, 
     return counts
 
 
+@tool_main()
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input-dir", required=True)
@@ -107,12 +108,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-gzip", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args(argv)
-    try:
-        counts = prepare(args.input_dir, args.output_dir, args.sub_size, args.valid_fraction,
-                         not args.no_gzip, args.workers)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    counts = prepare(args.input_dir, args.output_dir, args.sub_size, args.valid_fraction,
+                     not args.no_gzip, args.workers)
     print(f"[prepare] wrote {counts['train']} train and {counts['validation']} validation samples "
           f"to {args.output_dir}")
     return 0

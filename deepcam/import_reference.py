@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from common.checkpoints.model_weights import CONFIG_NAME, save_model_weights
 from common.config_loading import dump_config
-from common.errors import InputError
+from common.errors import InputError, tool_main
 from common.files import write_text_atomic
 from deepcam.config import N_CLASSES
 from deepcam.model import TrainableAffine, build_model
@@ -36,7 +36,6 @@ from deepcam.predict import load_model_config
 CONFIGS = Path(__file__).resolve().parent / "configs"
 INPUT_CONV = "xception_features.conv1.weight"   # [32, in_channels, 3, 3]: gives the input count
 DDP_PREFIX = "module."
-EXIT_INPUT_ERROR = 2
 
 # Axis orders from PyTorch's layout to Keras'. A convolution's [out, in, kh, kw]
 # and a transposed convolution's [in, out, kh, kw] both move by the same
@@ -203,6 +202,7 @@ def import_reference(checkpoint, out, config=None, print_fn=print) -> Path:
     return out
 
 
+@tool_main()
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="reference state dict: .pt/.pth (needs torch) or .npz")
@@ -210,11 +210,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", help="DeepCAM config with the model's sizes (model.width, "
                         "model.middle_blocks; default: a closed-division config, the reference's sizes)")
     args = parser.parse_args(argv)
-    try:
-        import_reference(args.checkpoint, args.out, args.config)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+    import_reference(args.checkpoint, args.out, args.config)
     return 0
 
 

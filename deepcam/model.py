@@ -41,7 +41,7 @@ from common.parallel.sync_batchnorm import GroupBatchNormalization
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 ASPP_RATES = (6, 12, 18)        # output stride 16; the first ASPP branch is a 1x1 convolution
-EXIT_DILATION = 2               # exit flow separable convolutions at output stride 16
+EXIT_FLOW_DILATION = 2            # exit flow separable convolutions at output stride 16
 
 
 class KaimingNormal(tf.keras.initializers.Initializer):
@@ -280,7 +280,7 @@ def _xception(b: _Builder, x, middle_blocks: int):
     x = b.block(x, 1024, reps=2, end_with_relu=False, grow_first=False, is_last=True,
                 name=f"{p}.block{4 + middle_blocks}")
     for i, filters in enumerate((1536, 1536, 2048), start=3):
-        x = b.sep_conv(x, b.ch(filters), dilation=EXIT_DILATION, name=f"{p}.conv{i}")
+        x = b.sep_conv(x, b.ch(filters), dilation=EXIT_FLOW_DILATION, name=f"{p}.conv{i}")
         x = layers.ReLU(name=f"{p}.relu{i}")(b.bn(x, f"{p}.bn{i}"))
     return x, low_level
 

@@ -26,13 +26,12 @@ import tensorflow as tf
 
 from common.checkpoints.model_weights import find_run_config, restore_model_weights
 from common import config_loading as config_lib
-from common.errors import InputError
+from common.errors import InputError, tool_main
 from deepcam import data, task
 from deepcam.config import N_CLASSES, DeepCAMConfig
 from deepcam.layout import DATA_KEY, STATS_FILE
 from deepcam.model import build_model
 
-EXIT_INPUT_ERROR = 2
 CLASS_NAMES = ("background", "cyclone", "river")
 CLASS_COLORS = ("whitesmoke", "red", "blue")
 
@@ -125,6 +124,7 @@ def plot_prediction(path, field, labels, mask, field_index=0, title="") -> None:
     fig.savefig(path, dpi=100)
 
 
+@tool_main()
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="checkpoint folder (training's step-NNNNNNNNNN or an import)")
@@ -134,11 +134,7 @@ def main(argv=None) -> int:
                         "in the folder above the sample's)")
     parser.add_argument("--config", help="config.yaml (default: the checkpoint's)")
     args = parser.parse_args(argv)
-    try:
-        predict(args.checkpoint, args.sample, args.out, args.stats, args.config)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+    predict(args.checkpoint, args.sample, args.out, args.stats, args.config)
     return 0
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from common.errors import InputError
+from common.errors import InputError, tool_main
 from common.reporting.progress import Progress, progress_stream
 from common.inputs.sharding import list_files
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES
@@ -79,16 +79,13 @@ def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
     return out
 
 
+@tool_main()
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", help="directory holding train/")
     parser.add_argument("--workers", type=int, default=0, help="processes (default: cores, at most 16)")
     args = parser.parse_args(argv)
-    try:
-        compute_stats(args.data_dir, args.workers)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    compute_stats(args.data_dir, args.workers)
     return 0
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import tool_main
 from common.files import write_text_atomic
 from offline.plots import plot_curves_time_and_epoch, plot_roofline
 
@@ -133,17 +134,14 @@ def format_table(c: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@tool_main(FileNotFoundError, ValueError)
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir")
     parser.add_argument("--machine", help="JSON with peak_flop_per_s and memory_bytes_per_s (skip measuring)")
     args = parser.parse_args(argv)
     machine = json.loads(Path(args.machine).read_text()) if args.machine else None
-    try:
-        out = characterize(args.run_dir, machine)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = characterize(args.run_dir, machine)
     print(format_table(out), end="")
     print(f"wrote {Path(args.run_dir) / 'characterization.json'}, characterization.txt, curves.png, roofline.png")
     return 0

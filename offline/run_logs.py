@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from common import benchmarks
+from common.errors import ExitCode
 from common.reporting.mlperf_logger import LOG_NAME
 from common.base_config import MLPerfConfig
 
@@ -45,7 +46,6 @@ FAILED_SUFFIX = ".failed"       # result_3.txt.failed: the result_*.txt glob of 
 # train.py's exit status for a run that stopped without reaching the target (common/run/launch.py):
 # the log is complete and is scored as a run that did not converge; any other non-zero status
 # is a run that failed.
-EXIT_NOT_CONVERGED = 3
 _MLLOG = ":::MLLOG"
 
 
@@ -120,7 +120,7 @@ def collect(run_dir, results, index: int, exit_code: int) -> RunLog:
     Returns the run as a set will see it: RunLog(result_<index>.txt, its path, failure).
     """
     log = from_run_dir(run_dir)
-    reasons = [f"exit code {exit_code}"] if exit_code not in (0, EXIT_NOT_CONVERGED) else []
+    reasons = [f"exit code {exit_code}"] if exit_code not in (0, ExitCode.NOT_CONVERGED) else []
     reasons += [log.failure] if log.failure else []
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
@@ -160,9 +160,9 @@ def submission_folder(output: Path, config: Path, bench: str, system: str | None
 def exit_status(codes) -> int:
     """A set's exit status: 0 all converged, 3 some did not converge, 1 some failed."""
     codes = list(codes)
-    if any(c not in (0, EXIT_NOT_CONVERGED) for c in codes):
+    if any(c not in (0, ExitCode.NOT_CONVERGED) for c in codes):
         return 1
-    return EXIT_NOT_CONVERGED if EXIT_NOT_CONVERGED in codes else 0
+    return ExitCode.NOT_CONVERGED if ExitCode.NOT_CONVERGED in codes else 0
 
 
 def main(argv=None) -> int:

@@ -50,6 +50,7 @@ from mlperf_logging.compliance_checker.mlp_parser import parse_file
 from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer as summarizer
 
+from common.errors import tool_main
 from offline import run_logs
 from common.reporting.mlperf_logger import RESUMED_KEY
 
@@ -372,20 +373,16 @@ def format_set(rs: ResultSet) -> str:
     return "\n".join(out)
 
 
+@tool_main(FileNotFoundError, RulesetError)
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="submission tree, benchmark folder, or directory of run directories")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--ruleset", default="3.0.0")
     args = parser.parse_args(argv)
-    try:
-        sets = score_path(args.path, args.ruleset)
-    except (FileNotFoundError, RulesetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    sets = score_path(args.path, args.ruleset)
     if not sets:
-        print(f"error: no result_*.txt, mlperf.log or mlperf.log.partial under {args.path}", file=sys.stderr)
-        return 2
+        raise FileNotFoundError(f"no result_*.txt, mlperf.log or mlperf.log.partial under {args.path}")
     if args.json:
         print(json.dumps([dataclasses.asdict(s) | {"passing": s.passing, "complete": s.complete} for s in sets],
                          indent=2))

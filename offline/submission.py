@@ -45,6 +45,7 @@ from pathlib import Path
 import yaml
 from mlperf_logging.system_desc_checker import system_desc_checker
 
+from common.errors import tool_main
 from offline import scoring
 
 REPO = Path(__file__).resolve().parents[1]
@@ -265,6 +266,22 @@ def load_sets(paths, ruleset: str, allow_failed: bool) -> list[scoring.ResultSet
     return sets
 
 
+def _checker_string(info_file, field: str, value) -> str | dict:
+    """A --system-info value as the package checker reads every field: a string. YAML types
+    `host_processor_core_count: 2` as an int, which the checker's string join dies on (every
+    published system JSON holds "64", "8"); numbers and booleans are written as YAML spelled them."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    if isinstance(value, dict):   # other_software_stack: {"MPI": "...", ...}
+        return {str(k): _checker_string(info_file, f"{field}.{k}", v) for k, v in value.items()}
+    raise SubmissionError(f"--system-info {info_file}: field {field} must be a value or a mapping, "
+                          f"not {type(value).__name__} {value!r}")
+
+
 def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tuple[dict, list[str]]:
     """The system description, each field from the first of: the YAML, the logs, this machine.
 
@@ -294,6 +311,7 @@ def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tup
         if unknown:
             raise SubmissionError(f"--system-info {info_file}: unknown fields {', '.join(unknown)} "
                                   f"(the checker knows {', '.join(required)})")
+        user = {field: _checker_string(info_file, field, value) for field, value in user.items()}
     probed = probe_machine()
     accelerators = max((int(v) for rs in sets for v in _log_values(rs, "accelerators_per_node")), default=0)
     nodes = max(_nodes(rs) for rs in sets)
@@ -370,6 +388,7 @@ def run_package_checker(out: Path, ruleset: str) -> tuple[bool, list[str], Path]
     return proc.returncode == 0 and _PASSED in text, errors, log
 
 
+@tool_main(SubmissionError, scoring.RulesetError)
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -384,20 +403,16 @@ def main(argv=None) -> int:
                         help="package a set with failed runs when the rules still make it a valid result")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
-    try:
-        scoring.check_ruleset(args.ruleset)
-        for name, value in (("--org", args.org), ("--system", args.system), ("--impl", args.impl)):
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+\-]*", value):
-                raise SubmissionError(f"{name} '{value}' is not a folder name (letters, digits, _ . + -)")
-        if out.exists():
-            raise SubmissionError(f"{out} exists: choose another --out (a package is written whole or not at all)")
-        if not out.parent.is_dir():
-            raise SubmissionError(f"{out.parent} is not a directory")
-        sets = load_sets(args.result_sets, args.ruleset, args.allow_failed)
-        description, notes = describe_system(args.org, args.system, sets, args.system_info, args.ruleset)
-    except (SubmissionError, scoring.RulesetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    scoring.check_ruleset(args.ruleset)
+    for name, value in (("--org", args.org), ("--system", args.system), ("--impl", args.impl)):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+\-]*", value):
+            raise SubmissionError(f"{name} '{value}' is not a folder name (letters, digits, _ . + -)")
+    if out.exists():
+        raise SubmissionError(f"{out} exists: choose another --out (a package is written whole or not at all)")
+    if not out.parent.is_dir():
+        raise SubmissionError(f"{out.parent} is not a directory")
+    sets = load_sets(args.result_sets, args.ruleset, args.allow_failed)
+    description, notes = describe_system(args.org, args.system, sets, args.system_info, args.ruleset)
     for rs in sets:
         orgs = _log_values(rs, "submission_org") - {args.org}
         if orgs:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from common import benchmarks
+from common.errors import ExitCode
 from offline import run_logs, scoring
 from offline.result_set import REPO, collect, earlier_results, fresh_run_dir, run_command
 from offline.run_logs import submission_folder
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     refusal = earlier_results(folder)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
-        return 2
+        return ExitCode.INPUT_ERROR
     run_dirs = [output / "instances" / f"instance_{i}" for i in range(args.instances)]
     for run_dir in run_dirs:   # all before the first start: instances start together
         fresh_run_dir(run_dir, "weak-scaling")

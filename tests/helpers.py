@@ -1,5 +1,6 @@
 """Shared test helpers: writing CosmoFlow records with TensorFlow's own writer, running train.py."""
 
+import json
 import os
 import subprocess
 import sys
@@ -77,12 +78,80 @@ def env() -> dict:
 
 
 def run(cmd, timeout=600, cwd=REPO, environ=None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=environ or env(), capture_output=True, text=True,
+    """Runs `cmd` to its end. A single-rank train.py run (`train_cmd`) in the tests' own environment
+    runs as a child forked from one process that imported TensorFlow once (tests/train_driver.py):
+    the same `common.run.launch.main` train.py runs, its exit code and output, without the 5-10 s
+    of start-up. TESTS_FORKED_TRAIN=0 runs every one as its own process."""
+    environ = environ or env()
+    if isinstance(cmd, TrainCommand) and cwd == REPO and os.environ.get("TESTS_FORKED_TRAIN", "1") != "0":
+        driver = _train_driver()
+        if _comparable(driver.environ) == _comparable(environ):
+            return driver.run(cmd, timeout)
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=environ, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def train_cmd(bench: str, config, *args) -> list:
-    return [PYTHON, REPO / bench / "train.py", config, *args]
+def _comparable(environ: dict) -> dict:
+    return {k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"}   # pytest's, per test
+
+
+class TrainCommand(list):
+    """`python <bench>/train.py CONFIG ARGS...` as a list, which `run` may run forked (see there)."""
+
+    @property
+    def bench(self) -> str:
+        return Path(self[1]).parent.name
+
+
+def train_cmd(bench: str, config, *args) -> TrainCommand:
+    return TrainCommand([PYTHON, REPO / bench / "train.py", config, *args])
+
+
+class _TrainDriver:
+    """The tests' one tests/train_driver.py --serve process: a case a line in, a result a line out."""
+
+    def __init__(self):
+        import atexit
+        import tempfile
+        self.environ = env()
+        self.workdir = Path(tempfile.mkdtemp(prefix="train-driver-"))
+        self.proc = subprocess.Popen([PYTHON, REPO / "tests" / "train_driver.py", "--serve", self.workdir],
+                                     cwd=REPO, env=self.environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        self.cases = 0
+        atexit.register(self.close)
+
+    def run(self, cmd: TrainCommand, timeout: float) -> subprocess.CompletedProcess:
+        self.cases += 1
+        case = {"id": f"case-{self.cases}", "bench": cmd.bench, "argv": [str(c) for c in cmd[2:]],
+                "timeout": timeout}
+        self.proc.stdin.write(json.dumps(case) + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"tests/train_driver.py ended (exit {self.proc.wait()}) before case {case}")
+        result = json.loads(reply)
+        if result["timed_out"]:
+            raise subprocess.TimeoutExpired([str(c) for c in cmd], timeout, result["stdout"], result["stderr"])
+        return subprocess.CompletedProcess([str(c) for c in cmd], result["exit_code"], result["stdout"],
+                                           result["stderr"])
+
+    def close(self) -> None:
+        import shutil
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_driver = None
+
+
+def _train_driver() -> _TrainDriver:
+    global _driver
+    if _driver is None or _driver.proc.poll() is not None:
+        _driver = _TrainDriver()
+    return _driver
 
 
 def horovodrun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:

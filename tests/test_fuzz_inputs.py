@@ -15,7 +15,7 @@ Anything else (a traceback, exit 1, a signal, a hang past TIMEOUT_S, the wrong
 file named) fails the test and prints the case's reproducer; so does a NaN or Inf
 that trains (a non-finite value is never valid input).
 
-The cases run in one `tests/fuzz_driver.py` process, which imports TensorFlow once
+The cases run in one `tests/train_driver.py` process, which imports TensorFlow once
 and forks a child per case that runs `common.run.launch.main(Task, argv)`, what
 train.py runs; a few cases also run as `python <bench>/train.py` and must give the
 same exit code and error line.
@@ -201,7 +201,7 @@ def run_driver(prepared: list[dict], tmp_path: Path) -> dict:
     cases_file, results_file = tmp_path / "cases.json", tmp_path / "results.json"
     cases_file.write_text(json.dumps(prepared))
     budget = 120 + sum(c["timeout"] for c in prepared)
-    proc = helpers.run([helpers.PYTHON, helpers.REPO / "tests" / "fuzz_driver.py", cases_file, results_file],
+    proc = helpers.run([helpers.PYTHON, helpers.REPO / "tests" / "train_driver.py", cases_file, results_file],
                        timeout=budget)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return {r["id"]: r for r in json.loads(results_file.read_text())}

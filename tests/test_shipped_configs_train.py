@@ -29,8 +29,9 @@ def test_every_shipped_config_trains_tiny(name, config, cosmo_data, deepcam_data
     bench = benchmarks.get(name)
     data = cosmo_data if name == "cosmoflow" else deepcam_data
     out = tmp_path / "run"
-    proc = helpers.run([helpers.PYTHON, helpers.REPO / bench.train_script, config, bench.data_flag, data,
-                        bench.output_flag, out, "--tiny", "--tensorboard", *SHAPE_OF_TEST_DATA[name]], timeout=600)
+    assert helpers.REPO / bench.train_script == helpers.REPO / name / "train.py"
+    proc = helpers.run(helpers.train_cmd(name, config, bench.data_flag, data, bench.output_flag, out, "--tiny",
+                                         "--tensorboard", *SHAPE_OF_TEST_DATA[name]), timeout=600)
     # 3: trained, target not reached (a tiny run is a smoke run; its log says aborted).
     assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "runtime.tiny: the config is shrunk" in proc.stdout

@@ -166,3 +166,32 @@ def test_the_required_fields_are_the_official_checkers():
     # The CLI is importable and documented as the module says.
     assert subprocess.run([helpers.PYTHON, "-m", "offline.submission", "--help"], cwd=helpers.REPO,
                           capture_output=True, env=helpers.env()).returncode == 0
+
+
+def test_system_info_numbers_are_written_as_the_checkers_strings(results, tmp_path):
+    """YAML types `host_processor_core_count: 2` as an int; the official checker joins the fields as
+    strings and dies on an int (TypeError). Every field is written as a string."""
+    sets = submission.load_sets([result_set(results, tmp_path, COSMO, "cosmo_set")], "3.0.0", False)
+    info = tmp_path / "numbers.yaml"
+    info.write_text(yaml.safe_dump(SYSTEM_INFO | {"host_processor_core_count": 2, "accelerators_per_node": 0,
+                                                  "host_processors_per_node": 1, "host_memory_capacity": 24}))
+    desc, _ = submission.describe_system("TestOrg", "box_1x2", sets, info, "3.0.0")
+    assert desc["host_processor_core_count"] == "2" and desc["accelerators_per_node"] == "0"
+    scalars = {k: v for k, v in desc.items() if not isinstance(v, dict)}   # other_software_stack is a mapping
+    assert all(isinstance(v, str) for v in scalars.values()), scalars
+    path = tmp_path / "box_1x2.json"
+    path.write_text(json.dumps(desc))
+    valid, *_ = system_desc_checker.check_system_desc(str(path), "hpc", "3.0.0")
+    assert valid
+    # Negative control: the same description with the int YAML gave is what the checker dies on.
+    path.write_text(json.dumps(desc | {"host_processor_core_count": 2}))
+    with pytest.raises(TypeError):
+        system_desc_checker.check_system_desc(str(path), "hpc", "3.0.0")
+
+
+def test_a_nested_system_info_value_is_refused(results, tmp_path):
+    sets = submission.load_sets([result_set(results, tmp_path, COSMO, "cosmo_set")], "3.0.0", False)
+    info = tmp_path / "nested.yaml"
+    info.write_text(yaml.safe_dump(SYSTEM_INFO | {"cooling": ["air", "water"]}))
+    with pytest.raises(submission.SubmissionError, match="field cooling must be a value or a mapping"):
+        submission.describe_system("TestOrg", "box_1x2", sets, info, "3.0.0")

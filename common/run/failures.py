@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from common.errors import EXIT_INPUT_ERROR, EXIT_NON_FINITE_LOSS, InputError
+from common.errors import ExitCode, InputError
 from common.inputs.staging_manifest import source_of
 
 
@@ -62,7 +62,7 @@ def fail_on_input(dist, task, culprit: int, files, epoch: int, global_step, what
                             f"{epoch}, {where}), but no file of its shard holds one: the preprocessing "
                             f"overflowed (values beyond float32 after normalization?)")}
     message = dist.broadcast_object(message, root_rank=culprit)
-    raise RunFailed({"reason": "non-finite input", "exit_code": EXIT_INPUT_ERROR, "input_file": message["input_file"],
+    raise RunFailed({"reason": "non-finite input", "exit_code": ExitCode.INPUT_ERROR, "input_file": message["input_file"],
                      "step_num": global_step if global_step is not None else current_step,
                      "message": message["text"] + "; MLPerf log closed as aborted"})
 
@@ -79,7 +79,7 @@ def fail_on_loss(dist, variables, save_now, latest_checkpoint, epoch: int, bad_s
     """
     loss = float(np.mean(dist.allgather([local_loss])))   # the global loss of that step
     checkpoint, kept = _keep_finite_state(dist, variables, save_now, latest_checkpoint)
-    failure = {"reason": "non-finite loss", "exit_code": EXIT_NON_FINITE_LOSS, "step_num": bad_step,
+    failure = {"reason": "non-finite loss", "exit_code": ExitCode.NON_FINITE_LOSS, "step_num": bad_step,
                "loss": str(loss), "checkpoint": checkpoint}
     failure["message"] = (
         f"the training loss was {loss} at step {bad_step} (epoch {epoch}): the model diverged (a "

@@ -21,7 +21,7 @@ from pathlib import Path
 from common import benchmarks
 from common.config_loading import dump_config, load_config, replace, yaml_text
 from common.parallel.distribution import Distribution, launcher_env
-from common.errors import EXIT_INPUT_ERROR, ConfigError, InputError
+from common.errors import ConfigError, ExitCode, InputError
 from common.reporting.console import Console
 from common.reporting.events import Events
 from common.reporting.tensorboard import TensorBoardListener
@@ -29,15 +29,6 @@ from common.reporting.mlperf_logger import MLPerfLogger
 from common.run import report as run_report, termination
 from common.run.result import write_summary
 from common.run.trainer import Trainer
-
-# 2 (EXIT_INPUT_ERROR): bad input, a NaN or Inf in a sample included; 4 (EXIT_NON_FINITE_LOSS):
-# the loss became NaN or Inf with every input finite, checkpoint of the last finite state kept.
-EXIT_CRASH = 1
-EXIT_NOT_CONVERGED = 3
-# Stopped on SIGUSR1/SIGTERM after writing a checkpoint: run again with --resume
-# (the sbatch scripts requeue the job). 143: SIGTERM, no checkpoint in time.
-EXIT_PREEMPTED = termination.EXIT_PREEMPTED
-
 
 def build_parser(task) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{task.name}/train.py",
@@ -162,7 +153,7 @@ def main(task, argv=None) -> int:
         result = trainer.run()
         events.close()
         if dist.is_root:
-            report = run_report.finish(bound, result, run_dir, EXIT_PREEMPTED)
+            report = run_report.finish(bound, result, run_dir, ExitCode.PREEMPTED)
             console.report(report)
             write_summary(result, run_dir / "summary.json",
                           {"benchmark": task.name, "ranks": dist.size, "nodes": dist.num_nodes,
@@ -177,19 +168,19 @@ def main(task, argv=None) -> int:
             return result.failure["exit_code"]
         if result.status == "preempted":
             termination.stopped()   # in order: the SIGTERM deadline no longer applies
-            return EXIT_PREEMPTED
-        return 0 if result.status in ("success", "evaluated", "benchmarked") else EXIT_NOT_CONVERGED
+            return ExitCode.PREEMPTED
+        return ExitCode.OK if result.status in ("success", "evaluated", "benchmarked") else ExitCode.NOT_CONVERGED
     except InputError as e:
         _abort(events, trainer)
-        _fail(rank_prefix, " ".join(str(e).split()), EXIT_INPUT_ERROR)
+        _fail(rank_prefix, " ".join(str(e).split()), ExitCode.INPUT_ERROR)
     except KeyboardInterrupt:
         _abort(events, trainer)
-        _fail(rank_prefix, "interrupted", 130)
+        _fail(rank_prefix, "interrupted", ExitCode.INTERRUPTED)
     except Exception:
         traceback.print_exc()
         _abort(events, trainer)
-        _fail(rank_prefix, "crashed (traceback above)", EXIT_CRASH)
-    return EXIT_CRASH
+        _fail(rank_prefix, "crashed (traceback above)", ExitCode.CRASH)
+    return ExitCode.CRASH
 
 
 def _abort(events, trainer) -> None:

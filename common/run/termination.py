@@ -3,7 +3,7 @@
 SIGUSR1 is the preemption notice (SLURM's `--signal=USR1@<grace>`): the ranks
 agree at the next check (`agree`, a collective of the training loop),
 write a checkpoint, close the MLPerf log as aborted with that checkpoint and
-exit with EXIT_PREEMPTED; nothing hurries them.
+exit with ExitCode.PREEMPTED; nothing hurries them.
 
 SIGTERM is the kill notice: scancel, a preemption without notice, or a
 launcher ending the other ranks after one died (horovodrun, mpirun and
@@ -16,7 +16,7 @@ the signal number to a wakeup file descriptor, the thread reads it. On
 SIGTERM it runs the callback at once (close the MLPerf log as aborted: SIGKILL
 may follow any moment), requests a stop like SIGUSR1, and gives the main
 thread `grace_s` seconds to reach it and write the checkpoint; then it ends the
-process with EXIT_TERMINATED (143 = 128 + SIGTERM).
+process with ExitCode.TERMINATED (143 = 128 + SIGTERM).
 """
 
 import dataclasses
@@ -26,10 +26,7 @@ import threading
 
 import numpy as np
 
-EXIT_TERMINATED = 128 + int(signal.SIGTERM)
-# sysexits.h EX_TEMPFAIL: stopped on request after writing a checkpoint; run it
-# again with --resume (the sbatch scripts requeue the job on this code).
-EXIT_PREEMPTED = 75
+from common.errors import ExitCode
 
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _state = {"callback": None, "grace_s": 0.0, "requested": None, "started": False}
@@ -44,7 +41,7 @@ def on_signals(on_sigterm, grace_s: float = 0.0) -> None:
         main thread may be anywhere: it must only do what is safe then (writing
         and closing a log is). A later call replaces it.
       grace_s: after SIGTERM, how long the main thread has to stop in order
-        (`stopped()`) before the process exits with EXIT_TERMINATED.
+        (`stopped()`) before the process exits with ExitCode.TERMINATED.
     """
     _state["callback"], _state["grace_s"] = on_sigterm, float(grace_s)
     if _state["started"]:
@@ -68,7 +65,7 @@ def on_signals(on_sigterm, grace_s: float = 0.0) -> None:
                     _state["callback"]()
                 finally:
                     if not _stopped.wait(_state["grace_s"]):
-                        os._exit(EXIT_TERMINATED)
+                        os._exit(ExitCode.TERMINATED)
 
     threading.Thread(target=watch, name="signal-watch", daemon=True).start()
 

@@ -41,10 +41,9 @@ Flags:
 """
 
 import argparse
-import sys
 
 from common import benchmarks
-from common.errors import EXIT_INPUT_ERROR, InputError
+from common.errors import InputError, tool_main
 from offline.projection import (inputs, model, plots, published_points, questions, rcp, report, spatial,
                                 spatial_report)
 from offline.projection.request import Request
@@ -73,8 +72,9 @@ def run_projection(args) -> int:
     return 0
 
 
+@tool_main(KeyError, ValueError)
 def main(argv=None) -> int:
-    """Returns 0, or EXIT_INPUT_ERROR after one `error: ...` line on stderr."""
+    """Returns 0, or 2 (ExitCode.INPUT_ERROR) after one `error: ...` line on stderr."""
     parser = argparse.ArgumentParser(prog="python -m offline.projection", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmark", choices=benchmarks.names())
@@ -100,23 +100,19 @@ def main(argv=None) -> int:
     parser.add_argument("--validate", action="store_true", help="print the validation table and exit")
     parser.add_argument("--calibrate", metavar="POINT", help="print the efficiency a published point implies")
     args = parser.parse_args(argv)
-    try:
-        if args.validate:
-            return published_points.run_validation(args.ruleset)
-        if args.calibrate:
-            print(f"{published_points.calibrate(args.calibrate):.4f}")
-            return 0
-        if not (args.benchmark and args.machine and args.nodes):
-            parser.error("--benchmark, --machine and --nodes are needed (or --validate / --calibrate)")
-        if args.instances < 1 or (args.global_batch is not None and args.global_batch < 1) \
-                or (args.local_batch is not None and args.local_batch < 1):
-            raise InputError("--instances, --global-batch and --local-batch must be at least 1")
-        if args.spatial_ranks != 1 or args.sample_edge != spatial.MEASURED_EDGE:
-            if args.benchmark != spatial.BENCHMARK:
-                raise InputError(f"--spatial-ranks and --sample-edge are for {spatial.BENCHMARK} only, "
-                                 f"not {args.benchmark}")
-            return spatial_report.run_spatial_projection(args)
-        return run_projection(args)
-    except (InputError, KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+    if args.validate:
+        return published_points.run_validation(args.ruleset)
+    if args.calibrate:
+        print(f"{published_points.calibrate(args.calibrate):.4f}")
+        return 0
+    if not (args.benchmark and args.machine and args.nodes):
+        parser.error("--benchmark, --machine and --nodes are needed (or --validate / --calibrate)")
+    if args.instances < 1 or (args.global_batch is not None and args.global_batch < 1) \
+            or (args.local_batch is not None and args.local_batch < 1):
+        raise InputError("--instances, --global-batch and --local-batch must be at least 1")
+    if args.spatial_ranks != 1 or args.sample_edge != spatial.MEASURED_EDGE:
+        if args.benchmark != spatial.BENCHMARK:
+            raise InputError(f"--spatial-ranks and --sample-edge are for {spatial.BENCHMARK} only, "
+                             f"not {args.benchmark}")
+        return spatial_report.run_spatial_projection(args)
+    return run_projection(args)

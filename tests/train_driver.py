@@ -1,9 +1,12 @@
-"""Runs many `<bench>/train.py` invocations from one Python process (for the input fuzz test).
+"""Runs many `<bench>/train.py` invocations from one Python process (the input fuzz test, and
+every single-rank train.py run of the tests through tests.helpers.run).
 
-  python tests/fuzz_driver.py CASES.json RESULTS.json
+  python tests/train_driver.py CASES.json RESULTS.json
+  python tests/train_driver.py --serve WORKDIR     # one case per line on stdin, one result per line on stdout
 
 CASES.json is a list of {"id", "bench", "argv", "timeout"}; RESULTS.json gets, per case,
-{"id", "exit_code", "timed_out", "seconds", "stdout", "stderr"}.
+{"id", "exit_code", "timed_out", "seconds", "stdout", "stderr"}. With --serve, each line of
+stdin is one case and each line written back is its result, until stdin closes.
 
 Starting train.py costs 10-20 s here, nearly all of it importing TensorFlow. This
 driver imports everything once and then forks one child per case, which runs exactly
@@ -104,7 +107,20 @@ def run_cases(cases: list[dict], workdir: Path) -> list[dict]:
     return results
 
 
+def serve(workdir: Path) -> None:
+    """Runs the cases read from stdin one at a time, each result a line on stdout, until stdin closes."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    replies = os.fdopen(os.dup(1), "w")   # the children write to files; this stream is the answers
+    for line in sys.stdin:
+        if line.strip():
+            replies.write(json.dumps(run_case(json.loads(line), workdir)) + "\n")
+            replies.flush()
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        serve(Path(sys.argv[2]))
+        sys.exit(0)
     cases_path, results_path = Path(sys.argv[1]), Path(sys.argv[2])
     results = run_cases(json.loads(cases_path.read_text()), results_path.parent / "fuzz_output")
     results_path.write_text(json.dumps(results, indent=1))
