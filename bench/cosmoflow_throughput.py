@@ -15,7 +15,6 @@ input pipeline, Horovod) and reads the figures from its summary.json:
 Prints train.py's output, then a table naming the CPU.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -24,25 +23,16 @@ from bench import precision_modes  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="cosmoflow/configs/cosmoflow_closed_gbs512.yaml")
+    p = precision_modes.parser(__doc__, config="cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
+                               data_dir="data/bench_cosmoflow", n_samples=32, batch_size=4, warmup_steps=3, steps=8)
     p.add_argument("--size", type=int, default=128, help="sample edge (must suit the config's model)")
-    p.add_argument("--data-dir", default="data/bench_cosmoflow")
-    p.add_argument("--n-samples", type=int, default=32,
-                   help="training samples to write (and a quarter as many validation samples, which "
-                        "the trainer lists at init but benchmark mode never reads)")
-    p.add_argument("--batch-size", type=int, default=4, help="local (per rank) batch")
-    precision_modes.add_arguments(p, warmup_steps=3, steps=8)
     args = p.parse_args(argv)
     modes = precision_modes.parse_modes(p, args.modes)
-    global_batch = args.np * args.batch_size
     n_valid_files = args.n_samples // 4
-    # Every rank runs the same whole steps: sample counts are multiples of the global batch.
-    n_train = args.n_samples // global_batch * global_batch
-    n_valid = n_valid_files // global_batch * global_batch
+    n_train = precision_modes.whole_batches(args.n_samples, args)
+    n_valid = precision_modes.whole_batches(n_valid_files, args)   # the trainer lists them: whole steps too
     if not n_valid:
-        p.error(f"--n-samples {args.n_samples} is too few for {args.np} rank(s) x batch {args.batch_size}: "
-                f"use at least {4 * global_batch}")
+        precision_modes.too_few_samples(p, args)
 
     from cosmoflow import synthetic
 

@@ -16,7 +16,6 @@ input pipeline, Horovod) and reads the figures from its summary.json:
 Prints train.py's output, then a table naming the CPU.
 """
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -26,25 +25,17 @@ from bench import precision_modes  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="deepcam/configs/deepcam_closed_gbs1024.yaml")
+    p = precision_modes.parser(__doc__, config="deepcam/configs/deepcam_closed_gbs1024.yaml",
+                               data_dir="data/bench_deepcam", n_samples=16, batch_size=1, warmup_steps=2, steps=4)
     p.add_argument("--height", type=int, default=768)
     p.add_argument("--width", type=int, default=1152)
-    p.add_argument("--data-dir", default="data/bench_deepcam")
-    p.add_argument("--n-samples", type=int, default=16,
-                   help="training samples to write (and a quarter as many validation samples, which "
-                        "the trainer lists at init but benchmark mode never reads)")
-    p.add_argument("--batch-size", type=int, default=1, help="local (per rank) batch")
     p.add_argument("--readers", type=int, default=4, help="files in flight per rank (data.readers)")
-    precision_modes.add_arguments(p, warmup_steps=2, steps=4)
     args = p.parse_args(argv)
     modes = precision_modes.parse_modes(p, args.modes)
-    global_batch = args.np * args.batch_size
-    # Every rank runs the same whole steps, and takes part in the (unread) validation set.
-    n_train = args.n_samples // global_batch * global_batch
+    n_train = precision_modes.whole_batches(args.n_samples, args)
+    # Every rank takes part in the (unread) validation set, so it lists a file at least.
     if not n_train or args.n_samples // 4 < args.np:
-        p.error(f"--n-samples {args.n_samples} is too few for {args.np} rank(s) x batch {args.batch_size}: "
-                f"use at least {4 * global_batch}")
+        precision_modes.too_few_samples(p, args)
 
     from deepcam import synthetic
 

@@ -7,6 +7,7 @@ write data and choose a size: the figures come from the real trainer (`train.py 
 the input pipeline feeding the step, and the Horovod allreduce when there are several ranks.
 """
 
+import argparse
 import importlib.metadata
 import json
 import subprocess
@@ -24,6 +25,33 @@ REPO = Path(__file__).resolve().parents[1]
 MODES = {"fp32": {"runtime.amp": "false"},
          "amp": {"runtime.amp": "true"},
          "bf16": {"runtime.amp": "true", "runtime.amp_dtype": "bfloat16"}}
+
+
+def parser(doc: str, config: str, data_dir: str, n_samples: int, batch_size: int, warmup_steps: int,
+           steps: int) -> argparse.ArgumentParser:
+    """A throughput script's parser, with the flags every one of them takes at the script's defaults; the
+    script adds its sample size."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--config", default=config)
+    p.add_argument("--data-dir", default=data_dir)
+    p.add_argument("--n-samples", type=int, default=n_samples,
+                   help="training samples to write (and a quarter as many validation samples, which "
+                        "the trainer lists at init but benchmark mode never reads)")
+    p.add_argument("--batch-size", type=int, default=batch_size, help="local (per rank) batch")
+    add_arguments(p, warmup_steps, steps)
+    return p
+
+
+def whole_batches(n: int, args) -> int:
+    """n samples cut to whole global batches (--np x --batch-size): every rank runs the same whole steps."""
+    global_batch = args.np * args.batch_size
+    return n // global_batch * global_batch
+
+
+def too_few_samples(parser, args) -> None:
+    """Exits with the usage error of a --n-samples too small for the ranks and the batch."""
+    parser.error(f"--n-samples {args.n_samples} is too few for {args.np} rank(s) x batch {args.batch_size}: "
+                 f"use at least {4 * args.np * args.batch_size}")
 
 
 def add_arguments(parser, warmup_steps: int, steps: int) -> None:

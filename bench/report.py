@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from common import benchmarks, cpu  # noqa: E402
 from common.files import write_text_atomic  # noqa: E402
+from offline.projection import spatial  # noqa: E402  (the benchmark bench/spatial.py splits)
 
 RESULTS = REPO / "bench" / "results"
 
@@ -91,7 +92,7 @@ def spatial_rows(quick: bool) -> list[dict]:
             memory += f" ({r['peak_rss_above_import_gib'] / base[r['size']]:.2f}x K=1 above import)"
         halo = "" if r["halo_share_of_step"] is None else \
             f", halo {r['halo_mib_per_step_per_rank']:.1f} MiB/step, {100 * r['halo_share_of_step']:.0f}% of step"
-        rows.append({"benchmark": "cosmoflow", "kind": "spatial",
+        rows.append({"benchmark": spatial.BENCHMARK, "kind": "spatial",
                      "measurement": f"{r['size']}^3, K={r['spatial_ranks']} ({r['threads_per_rank']} thread(s)/rank): "
                                     f"{memory}{halo}",
                      "onednn": "on", "precision": "fp32", "samples_per_s": r["samples_per_s"],

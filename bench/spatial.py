@@ -30,7 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from common import launchers  # noqa: E402
+from common import benchmarks, launchers  # noqa: E402
+from offline.projection.spatial import BENCHMARK  # noqa: E402  (the one benchmark whose samples are split)
 RESULTS = REPO / "bench" / "results"
 DEFAULT_PLAN = [(128, 1), (128, 2), (128, 4), (256, 1), (256, 2)]
 
@@ -47,16 +48,13 @@ def _current_rss_gib() -> float:
 
 def model_config(edge: int, spatial_ranks: int):
     """The config of the model measured at this edge: the reference's below 256, the spatial configs' above."""
-    from common.base_config import ParallelConfig
-    from cosmoflow.config import CosmoFlowConfig, DataConfig, ModelConfig
+    from common.config_loading import load_config
     layers = max(5, edge.bit_length() - 1 - 2)   # log2(edge) - 2
-    cfg = CosmoFlowConfig(data=DataConfig(data_dir="unused", batch_size=1, sample_shape=(edge, edge, edge, 4),
-                                          n_train=1, n_valid=1),
-                          model=ModelConfig(n_conv_layers=layers, max_channels=None if layers == 5 else 256,
-                                            dropout=0.0),
-                          parallel=ParallelConfig(spatial_ranks=spatial_ranks))
-    cfg.validate()
-    return cfg
+    return load_config(benchmarks.config_class(BENCHMARK), overrides={
+        "data.data_dir": "unused", "data.batch_size": 1, "data.sample_shape": (edge, edge, edge, 4),
+        "data.n_train": 1, "data.n_valid": 1,
+        "model.n_conv_layers": layers, "model.max_channels": None if layers == 5 else 256, "model.dropout": 0.0,
+        "parallel.spatial_ranks": spatial_ranks})
 
 
 def halo_bytes_per_step(net) -> int:
@@ -75,13 +73,12 @@ def worker(args) -> int:
     from common.parallel.distribution import Distribution
     from common.parallel.spatial import gradient_scales
     from common.run.steps import TrainStep
-    from cosmoflow.task import CosmoFlowTask
     dist = Distribution()
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))
     mesh = dist.spatial_mesh(args.spatial_ranks)
     base_rss = _current_rss_gib()
     cfg = model_config(args.size, args.spatial_ranks)
-    task = CosmoFlowTask(cfg, mesh if mesh.is_split else None)
+    task = benchmarks.task_class(BENCHMARK)(cfg, mesh if mesh.is_split else None)
     net = task.build_model(None)
     optimizer, _ = task.build_optimizer(1, steps_per_epoch=100)
     step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,

@@ -56,8 +56,10 @@ class Benchmark:
         one tf.data thread, on n synthetic full-size samples it writes into workdir (the input figure of
         offline/measure_model_costs.py); '' measures no input figure.
       one_core_reader_samples: samples that figure times, after one untimed.
-      input_bench: "module:function" (args, stage_root) -> rows: the benchmark's variants in
-        bench/input_pipeline.py; '' leaves it out of that bench.
+      input_bench: the module of the benchmark's variants in bench/input_pipeline.py, imported when that
+        bench runs: its frozen dataclass `Options` (the bench's --<name>-<field> flags, defaults and help)
+        and `variants(run: bench.input_timing.Run, options: Options) -> list[bench.input_timing.Row]`;
+        '' leaves it out of that bench.
     """
     name: str
     submission_name: str
@@ -115,9 +117,9 @@ BENCHMARKS = (
         published_dataset_bytes=1.7e12,
         throughput_args=("--batch-size", "2", "--n-samples", "16"),   # the closed model, 128^3 x 4
         full_model_config="cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
-        one_core_reader="offline.measure_model_costs:cosmoflow_reader",
+        one_core_reader="cosmoflow.input_bench:one_core_reader",
         one_core_reader_samples=8,
-        input_bench="bench.input_pipeline:cosmoflow_variants",
+        input_bench="cosmoflow.input_bench",
     ),
     Benchmark(
         name="deepcam",
@@ -147,9 +149,9 @@ BENCHMARKS = (
         # The full 56,454,720-parameter model at 192x288.
         throughput_args=("--height", "192", "--width", "288", "--n-samples", "8"),
         full_model_config="deepcam/configs/deepcam_closed_gbs1024.yaml",
-        one_core_reader="offline.measure_model_costs:deepcam_reader",
+        one_core_reader="deepcam.input_bench:one_core_reader",
         one_core_reader_samples=4,
-        input_bench="bench.input_pipeline:deepcam_variants",
+        input_bench="deepcam.input_bench",
     ),
 )
 FIELDS = tuple(f.name for f in dataclasses.fields(Benchmark))

@@ -98,25 +98,6 @@ def traffic_per_sample(model) -> tuple[int, int]:
     return activations, weights
 
 
-def cosmoflow_reader(cfg, workdir: Path, n: int):
-    """CosmoFlow's reader, batch 1, one reader, on n synthetic gzip TFRecords of the config's size."""
-    from cosmoflow import data, synthetic
-    synthetic.generate(workdir, cfg.data.sample_shape[0], n, 1, workers=1, progress=lambda line: None)
-    files = sorted(str(p) for p in (workdir / "train").glob("*.tfrecord"))
-    return data.make_dataset(files, cfg.data.sample_shape, 1, compression="GZIP", training=False, parallelism=1,
-                             prefetch=1)
-
-
-def deepcam_reader(cfg, workdir: Path, n: int):
-    """DeepCAM's reader, batch 1, one reader, on n synthetic HDF5 samples of the config's size."""
-    from deepcam import data, synthetic
-    d = cfg.data
-    synthetic.generate(workdir, d.height, d.width, n, 1, workers=1, progress=lambda line: None)
-    files = sorted(str(p) for p in (workdir / "train").glob("*.h5"))
-    return data.make_dataset(files, channels=d.channels, height=d.height, width=d.width,
-                             batch_size=1, training=False, readers=1, prefetch=1)
-
-
 def input_samples_per_s_one_core(bench: str, cfg, workdir: Path) -> float:
     """Samples/s the benchmark's reader (the table's one_core_reader) delivers with one tf.data thread."""
     import tensorflow as tf

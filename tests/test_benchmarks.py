@@ -62,8 +62,10 @@ def test_every_file_an_entry_names_exists(name):
     assert not b.throughput_bench or (REPO / b.throughput_bench).is_file()
     # The task class is named, not imported (importing it imports TensorFlow).
     assert _defines(b.task_class), b.task_class
-    for spec in (b.one_core_reader, b.input_bench):   # functions the measurement tools call
-        assert not spec or _defines(spec, ast.FunctionDef), spec
+    # Functions the measurement tools call, and the input bench's options and variants.
+    assert not b.one_core_reader or _defines(b.one_core_reader, ast.FunctionDef), b.one_core_reader
+    assert not b.input_bench or (_defines(f"{b.input_bench}:Options")
+                                 and _defines(f"{b.input_bench}:variants", ast.FunctionDef)), b.input_bench
     assert not b.full_model_config or REPO / b.full_model_config in closed, b.full_model_config
     assert bool(b.throughput_args) == bool(b.throughput_bench)
     assert dataclasses.is_dataclass(benchmarks.config_class(name))
@@ -211,3 +213,86 @@ def test_result_set_sbatch_runs_the_tables_script(fake_slurm):
     for name in NAMES:
         args = sbatch("result_set.sbatch", fake_slurm | {"BENCH": name, "SLURM_ARRAY_TASK_ID": "0"})
         assert benchmarks.get(name).train_script in args
+
+
+# Files that are one benchmark's own tool, with the benchmark they may name: each compares or stages
+# what only that benchmark has. A benchmark's throughput script (the table's throughput_bench) may name
+# its benchmark too.
+ONE_BENCHMARK_TOOLS = {
+    "bench/deepcam_vs_reference.py": "deepcam",     # our model's step against the PyTorch reference's
+    "bench/staging_throughput.py": "cosmoflow",     # its gzip TFRecords are the GUNZIP layout's sources
+}
+# The one constant naming the benchmark whose samples are split (bench/spatial.py, bench/report.py use it).
+SPATIAL_CONSTANT = ("offline/projection/spatial.py", "BENCHMARK")
+
+
+def _benchmark_names_in_code(source: str, names=NAMES) -> list[tuple[int, str, str]]:
+    """(line, benchmark, text) of every name or string of `source`'s code that holds a benchmark's name:
+    docstrings and comments (which ast drops) do not count; `BENCHMARK = "<name>"` is reported as "BENCHMARK"."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)}
+    constants = {id(node.value): node.targets[0].id for node in ast.walk(tree)
+                 if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                 and isinstance(node.value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value
+        elif isinstance(node, ast.Name):
+            text = node.id
+        elif isinstance(node, ast.Attribute):
+            text = node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            text = node.name
+        elif isinstance(node, ast.alias):
+            text = node.name
+        elif isinstance(node, ast.ImportFrom):
+            text = node.module or ""
+        elif isinstance(node, ast.arg):
+            text = node.arg
+        else:
+            continue
+        for name in names:
+            if name in text:
+                found.append((getattr(node, "lineno", 0), name, constants.get(id(node), text)))
+    return found
+
+
+def test_the_benchmark_scan_finds_names_in_code_only():
+    # The negative control: a name in a string, an import and an identifier are found; in docstrings and
+    # comments they are not.
+    source = ('"""cosmoflow: the module docstring."""\n'
+              'import cosmoflow.data  # deepcam\n'
+              'def deepcam_rows(x):\n'
+              '    """deepcam: a docstring."""\n'
+              '    return {"benchmark": "cosmoflow"}\n'
+              'BENCHMARK = "cosmoflow"\n'
+              'batch = args.deepcam_batch\n')
+    found = _benchmark_names_in_code(source, names=("cosmoflow", "deepcam"))
+    assert sorted((line, name) for line, name, _ in found) == [(2, "cosmoflow"), (3, "deepcam"), (5, "cosmoflow"),
+                                                               (6, "cosmoflow"), (7, "deepcam")], found
+    assert (6, "cosmoflow", "BENCHMARK") in found and (7, "deepcam", "deepcam_batch") in found
+    assert not _benchmark_names_in_code('"""cosmoflow, deepcam."""\n# cosmoflow\nx = 1\n')
+
+
+def test_bench_and_offline_take_every_benchmark_from_the_table():
+    """bench/ and offline/ loop over common.benchmarks; a benchmark's name in their code is a second registry."""
+    allowed = dict(ONE_BENCHMARK_TOOLS)
+    for b in benchmarks.BENCHMARKS:
+        if b.throughput_bench:
+            allowed[b.throughput_bench] = b.name
+    files = sorted(p for folder in ("bench", "offline", "offline/projection") for p in (REPO / folder).glob("*.py"))
+    assert REPO / SPATIAL_CONSTANT[0] in files and REPO / "bench" / "input_pipeline.py" in files
+    stray, constants = [], []
+    for path in files:
+        rel = path.relative_to(REPO).as_posix()
+        for line, name, text in _benchmark_names_in_code(path.read_text()):
+            if text == "BENCHMARK":
+                constants.append((rel, text))
+            elif allowed.get(rel) != name:
+                stray.append(f"{rel}:{line}: {text!r}")
+    assert not stray, "bench/ and offline/ name a benchmark by hand:\n" + "\n".join(stray)
+    assert constants == [SPATIAL_CONSTANT], constants

@@ -320,7 +320,7 @@ def test_command_takes_a_runs_characterization(tmp_path, capsys):
 def test_layer_rebuild_is_the_measured_closed_model():
     """The 128^3 network rebuilt from its shapes has the stored model's parameters and ~its FLOPs."""
     record = inputs.stored_costs("cosmoflow")
-    layers = spatial.cosmoflow_layers(128)
+    layers = spatial.network_layers(128)
     assert spatial.parameters(layers) == record["parameters"]
     analytic = sum(layer.forward_flops for layer in layers)
     assert analytic == pytest.approx(record["flops_per_sample_forward"], rel=0.01)

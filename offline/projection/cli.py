@@ -92,9 +92,9 @@ def main(argv=None) -> int:
     parser.add_argument("--busy", type=float, default=0.9)
     parser.add_argument("--png")
     parser.add_argument("--spatial-ranks", type=int, default=1, metavar="K",
-                        help="cosmoflow: split each sample along depth across K devices of a node")
+                        help=f"{spatial.BENCHMARK}: split each sample along depth across K devices of a node")
     parser.add_argument("--sample-edge", type=int, default=128, choices=spatial.EDGES,
-                        help="cosmoflow: the sample's edge N (N^3 x 4 volumes)")
+                        help=f"{spatial.BENCHMARK}: the sample's edge N (N^3 x 4 volumes)")
     parser.add_argument("--cycle-time-ms", type=float, default=spatial.HOROVOD_CYCLE_S * 1e3,
                         help="per-collective latency of the split layers (Horovod's cycle time)")
     parser.add_argument("--validate", action="store_true", help="print the validation table and exit")

@@ -75,7 +75,7 @@ def plot_spatial(machine: Machine, args, precision: str, rows: dict, costs_line:
     _nodes_axes(left, nodes)
     what = "time to train" if args.sample_edge == spatial.MEASURED_EDGE else "minutes per epoch"
     policy = f"global batch {args.global_batch}" if args.global_batch else "local batch per group"
-    left.set_title(f"cosmoflow {args.sample_edge}^3 on {machine.name}: {what}, {policy}, {precision}", fontsize=9)
+    left.set_title(f"{spatial.BENCHMARK} {args.sample_edge}^3 on {machine.name}: {what}, {policy}, {precision}", fontsize=9)
     ks = sorted(rows)
     width = 0.8 / len(ks)
     for i, k in enumerate(ks):

@@ -116,7 +116,7 @@ def check_split(machine: Machine, edge: int, spatial_ranks: int) -> None:
                          f"planes: at most {edge // least} spatial ranks for this sample")
 
 
-def cosmoflow_layers(edge: int, spatial_ranks: int = 1) -> list[Layer]:
+def network_layers(edge: int, spatial_ranks: int = 1) -> list[Layer]:
     """The network at `edge`^3 as cosmoflow/model.py builds it for a split of `spatial_ranks`."""
     n_conv, cap = conv_layer_count(edge), MAX_CHANNELS.get(edge, 256)
     shape = (edge, edge, edge, IN_CHANNELS)
@@ -164,10 +164,10 @@ def device_costs(measured: ModelCosts, edge: int, spatial_ranks: int) -> ModelCo
     item 4); at other edges it is unknown (None).
     """
     k = spatial_ranks
-    reference = cosmoflow_layers(MEASURED_EDGE)
+    reference = network_layers(MEASURED_EDGE)
     flop_ratio = measured.flops_forward / sum(layer.forward_flops for layer in reference)
     byte_ratio = measured.activation_bytes_forward / (4 * sum(layer.traffic_elements for layer in reference))
-    layers = cosmoflow_layers(edge, k)
+    layers = network_layers(edge, k)
     flops_split, flops_head = _split_and_head(layers, lambda layer: layer.forward_flops)
     traffic_split, traffic_head = _split_and_head(layers, lambda layer: 4 * layer.traffic_elements)
     flops_forward = flop_ratio * (flops_split / k + flops_head)
@@ -212,7 +212,7 @@ def collectives(edge: int, spatial_ranks: int, precision: str) -> list[Collectiv
     the gather (allgather forward; allreduce and an allgather of sizes backward)."""
     k, eb = spatial_ranks, ELEMENT_BYTES[precision]
     out = []
-    for layer in cosmoflow_layers(edge, k):
+    for layer in network_layers(edge, k):
         slab = (layer.in_shape[0] // k,) + tuple(layer.in_shape[1:])
         if layer.halo:
             exchanged = halo_bytes(slab, layer.halo, eb)
@@ -279,7 +279,7 @@ def padded_slab_elements(layer: Layer, spatial_ranks: int) -> int:
 def memory_per_device(edge: int, spatial_ranks: int, precision: str) -> Memory:
     """Memory on one device of a K-way split at local batch 1 (module docstring)."""
     k, eb = spatial_ranks, ELEMENT_BYTES[precision]
-    layers = cosmoflow_layers(edge, k)
+    layers = network_layers(edge, k)
     split, head = _split_and_head(layers, saved_elements)
     largest = max(saved_elements(layer) / (k if layer.split else 1) for layer in layers)
     return Memory(edge=edge, spatial_ranks=k, split_activations=eb * split / k,

@@ -151,10 +151,10 @@ def run_spatial_projection(args) -> int:
     (base, base_costs), (split, split_costs) = spatial_requests(args, machine, precision, means, measured)
     if split.staging_timed:
         inputs.check_staging_rates(args.machine, machine, split.dataset)
-    layers = spatial.cosmoflow_layers(edge, k)
+    layers = spatial.network_layers(edge, k)
     gather = next((layer.name for layer in layers if layer.kind == "gather"), "none (K=1)")
     filters = [layer.out_shape[-1] for layer in layers if layer.kind == "conv"]
-    print(f"cosmoflow at {edge}^3 split {k} ways along depth (z) on {machine.name}, machine file "
+    print(f"{spatial.BENCHMARK} at {edge}^3 split {k} ways along depth (z) on {machine.name}, machine file "
           f"{inputs.machine_path(args.machine)}")
     print(f"model: {len(filters)} conv layers of {', '.join(map(str, filters))} filters, "
           f"{spatial.parameters(layers):,} parameters; slabs of {edge // k} planes, gathered at {gather}")
@@ -181,7 +181,7 @@ def run_spatial_projection(args) -> int:
     print()
     print("\n".join(spatial_verdicts(args, precision, (base, base_costs), rows.get(k, []))))
     machine_stem = inputs.machine_path(args.machine).stem
-    png = args.png or inputs.REPO / "runs" / "projection" / f"cosmoflow_{edge}_k{k}_{machine_stem}.png"
+    png = args.png or inputs.REPO / "runs" / "projection" / f"{spatial.BENCHMARK}_{edge}_k{k}_{machine_stem}.png"
     plots.plot_spatial(machine, args, precision, rows, costs_line, png)
     print(f"wrote {png}")
     return 0
