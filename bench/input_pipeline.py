@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cpu  # noqa: E402  (sets the oneDNN default before TensorFlow is imported)
 import tensorflow as tf  # noqa: E402
 
-from bench.input_timing import CHECK_VARIANT, Run  # noqa: E402
+from common.inputs.bench_timing import CHECK_VARIANT, Run  # noqa: E402
 from common import benchmarks  # noqa: E402
 
 

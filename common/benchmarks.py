@@ -58,7 +58,7 @@ class Benchmark:
       one_core_reader_samples: samples that figure times, after one untimed.
       input_bench: the module of the benchmark's variants in bench/input_pipeline.py, imported when that
         bench runs: its frozen dataclass `Options` (the bench's --<name>-<field> flags, defaults and help)
-        and `variants(run: bench.input_timing.Run, options: Options) -> list[bench.input_timing.Row]`;
+        and `variants(run: bench.bench_timing.Run, options: Options) -> list[bench.bench_timing.Row]`;
         '' leaves it out of that bench.
     """
     name: str

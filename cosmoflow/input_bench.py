@@ -13,8 +13,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from bench import input_timing
-from bench.input_timing import Row, Run
+from common.inputs import bench_timing
+from common.inputs.bench_timing import Row, Run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +61,11 @@ def variants(run: Run, options: Options) -> list[Row]:
             ("gzip in place, float32 log1p in tf.data (before)", files, "GZIP", True, mb),
             ("gzip in place, int16 out", files, "GZIP", False, mb),
             ("staged, inflated (staging.convert), int16 out", staged, "", False, mb_staged)):
-        input_timing.warm_page_cache(paths)
-        rate = input_timing.samples_per_s(pipeline(paths, compression, float_in_pipeline), batch,
+        bench_timing.warm_page_cache(paths)
+        rate = bench_timing.samples_per_s(pipeline(paths, compression, float_in_pipeline), batch,
                                           run.n_batches(batch), run.repeats)
         out.append(Row(label, sample, rate, file_mb))
-    out.append(input_timing.finite_check_row(shape, (4,), batch, run.repeats, sample))
+    out.append(bench_timing.finite_check_row(shape, (4,), batch, run.repeats, sample))
     return out
 
 

@@ -15,8 +15,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from bench import input_timing
-from bench.input_timing import Row, Run
+from common.inputs import bench_timing
+from common.inputs.bench_timing import Row, Run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,15 +46,15 @@ def variants(run: Run, options: Options) -> list[Row]:
                                   former_raw_pipeline),
                                  ("HDF5, read into reused batch buffers (unstaged runs)", files, None),
                                  ("staged raw (staging.convert), readinto reused batch buffers", staged, None)):
-        input_timing.warm_page_cache(paths)
+        bench_timing.warm_page_cache(paths)
         if former:
             ds = former(paths, data, data_dir, channels, h, w, batch, run.readers)
         else:
             ds = data.make_dataset(paths, channels=channels, height=h, width=w, batch_size=batch,
                                    training=True, seed=0, readers=run.readers)
-        rate = input_timing.samples_per_s(ds, batch, run.n_batches(batch), run.repeats)
+        rate = bench_timing.samples_per_s(ds, batch, run.n_batches(batch), run.repeats)
         out.append(Row(label, sample, rate, os.path.getsize(paths[0]) / 1e6))
-    out.append(input_timing.finite_check_row((h, w, len(channels)), (h, w), batch, run.repeats, sample))
+    out.append(bench_timing.finite_check_row((h, w, len(channels)), (h, w), batch, run.repeats, sample))
     return out
 
 

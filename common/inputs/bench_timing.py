@@ -1,4 +1,5 @@
-"""What every benchmark's input bench (the table's `input_bench`, run by bench/input_pipeline.py) times with.
+"""What every benchmark's input bench (the table's `input_bench`, run by bench/input_pipeline.py) times with;
+in common/ so that a benchmark package imports nothing from bench/.
 
 A benchmark's input-bench module (`<name>/input_bench.py`) builds its own pipelines and times
 them with these functions; bench/input_pipeline.py gives it a `Run` and its `Options`, and
