@@ -51,6 +51,7 @@ def test_deepcam_benchmark_mode_on_one_rank(deepcam_data, deepcam_config, tmp_pa
     assert b["global_batch_size"] == 4   # the tiny config's local batch
 
 
+@pytest.mark.slow   # a bench script's own test: bench/ tooling, not the training path
 def test_cosmoflow_throughput_script_prints_its_table(tmp_path):
     proc = helpers.run([sys.executable, helpers.REPO / "bench" / "cosmoflow_throughput.py", "--size", "32",
                         "--config", "cosmoflow/configs/cosmoflow_synthetic_cpu.yaml", "--data-dir", tmp_path / "data",
@@ -72,6 +73,7 @@ def test_cosmoflow_throughput_script_prints_its_table(tmp_path):
     assert summary["throughput"]["steps"] == 2
 
 
+@pytest.mark.slow   # a bench script's own test: bench/ tooling, not the training path
 def test_deepcam_throughput_script_writes_its_table_as_json(tmp_path):
     out = tmp_path / "table.json"
     proc = helpers.run([sys.executable, helpers.REPO / "bench" / "deepcam_throughput.py", "--height", "64",
@@ -90,6 +92,7 @@ def test_deepcam_throughput_script_writes_its_table_as_json(tmp_path):
     assert "reader alone (4 files in flight" in proc.stdout and f"{reader:.2f} samples/s" in proc.stdout
 
 
+@pytest.mark.slow   # a bench script's own test: bench/ tooling, not the training path
 def test_input_pipeline_bench_measures_before_and_after(tmp_path):
     out = tmp_path / "input.json"
     proc = helpers.run([sys.executable, helpers.REPO / "bench" / "input_pipeline.py", "--data-dir", tmp_path / "data",

@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from common.inputs import synthetic_files
 from cosmoflow import data, synthetic
@@ -44,6 +45,7 @@ def test_writes_public_layout_and_skips_a_second_time(tmp_path):
     assert messages == [f"[synthetic] {tmp_path} already holds this data set; nothing to do"]
 
 
+@pytest.mark.slow   # the 32^3 samples of every other test are written by the same code; this is the layout at a larger size
 def test_a_256_cube_sample_is_written_in_the_public_layout(tmp_path):
     # The spatial configs' size: the same generator and format, read back by the training reader.
     synthetic.main(["--output-dir", str(tmp_path), "--size", "256", "--n-train", "1", "--n-valid", "1"])

@@ -94,6 +94,7 @@ def test_bad_input_ends_the_run_with_one_line_naming_the_file(deepcam_data, deep
         assert "(64, 80, 16)" in errors[0]
 
 
+@pytest.mark.slow   # tests/test_horovod.py proves a bad file on one of 2 ranks ends both, under Gloo and MPI; the single-rank tests here name DeepCAM's bad files
 def test_bad_file_on_one_rank_ends_both_ranks(deepcam_data, deepcam_config, tmp_path):
     from common.config_loading import load_config
     from common.inputs.sharding import list_files, select_and_shard

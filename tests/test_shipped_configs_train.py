@@ -24,7 +24,16 @@ CONFIGS = [(name, path) for name in benchmarks.names()
            for path in [helpers.REPO / benchmarks.get(name).synthetic_config, *benchmarks.closed_configs(name)]]
 
 
-@pytest.mark.parametrize("name,config", CONFIGS, ids=[p.stem for _, p in CONFIGS])
+def _tier(name, path):
+    """The synthetic config and the first closed config of each benchmark in the fast tier; the other
+    closed configs differ from that one only in batch and hyperparameter values (test_closed_configs
+    checks each against the RCPs), so their tiny runs are in the slow tier."""
+    first_closed = benchmarks.closed_configs(name)[0]
+    fast = path == helpers.REPO / benchmarks.get(name).synthetic_config or path == first_closed
+    return pytest.param(name, path, id=path.stem, marks=() if fast else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("name,config", [_tier(name, path) for name, path in CONFIGS])
 def test_every_shipped_config_trains_tiny(name, config, cosmo_data, deepcam_data, tmp_path):
     bench = benchmarks.get(name)
     data = cosmo_data if name == "cosmoflow" else deepcam_data
