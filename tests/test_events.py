@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from common.reporting.events import CallSite, Events, Listener, RunInfo, StepInfo
+from common.reporting.events import CallSite, EpochTrain, Events, Listener, RunInfo, StepInfo
 from common.reporting.mlperf_logger import MLPerfLogger, encode_line
 
 
@@ -61,7 +61,7 @@ def _emit(events):
     events.on_run_start()
     events.on_epoch_start(1)
     events.on_step(StepInfo(1, 8, 8, 8))
-    events.on_epoch_stop(1, {"loss": 0.5, "samples_per_s": 10.0, "lr": 0.01})
+    events.on_epoch_stop(1, EpochTrain(loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0))
     events.on_eval_start(1)
     events.on_eval_stop(1, 0.3, 0.7)
     events.on_run_stop("aborted", 1, None, {"reason": "non-finite loss", "step_num": 8, "loss": "nan"})

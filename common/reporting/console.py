@@ -29,7 +29,7 @@ class Console(Listener):
         self.every_s = every_s
         self.run_start = None
         self.info = None
-        self.train = {}
+        self.train = None   # the last epoch's EpochTrain; None before the first (an evaluate-only run)
         self.staging_bar = None
 
     def print(self, text: str) -> None:
@@ -81,9 +81,10 @@ class Console(Listener):
 
     def on_eval_stop(self, epoch, value, loss, site):
         t = self.train
-        self.print(f"[epoch {epoch:3d}] train_loss {t.get('loss', float('nan')):.4f}  "
+        loss, samples_per_s, lr = (t.loss, t.samples_per_s, t.lr) if t is not None else (float("nan"), 0, 0)
+        self.print(f"[epoch {epoch:3d}] train_loss {loss:.4f}  "
                    f"{self.info.target_name} {value:.4f} (target {self.info.target})  "
-                   f"{t.get('samples_per_s', 0):.1f} samples/s  lr {t.get('lr', 0):.3g}  "
+                   f"{samples_per_s:.1f} samples/s  lr {lr:.3g}  "
                    f"t={time.time() - self.run_start:.1f}s")
 
     def on_run_stop(self, status, epoch, checkpoint, failure, site):

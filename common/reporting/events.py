@@ -76,6 +76,15 @@ class TrainLog:
     samples_per_s: float      # all ranks, over the steps since the previous TrainLog
 
 
+@dataclasses.dataclass(frozen=True)
+class EpochTrain:
+    """An epoch's training figures (common.run.train_mode), at epoch_stop."""
+    loss: float               # mean of the epoch's step losses over all ranks
+    seconds: float            # this rank's, for the steps of the epoch this process ran (a resume's: the rest)
+    lr: float                 # the LR of the epoch's first step
+    samples_per_s: float      # all ranks, over the steps this process ran
+
+
 class Listener:
     """No-op base: override what you need. Epochs are numbered from 1.
 
@@ -96,7 +105,7 @@ class Listener:
     def on_epoch_start(self, epoch: int, site: CallSite): ...
     def on_step(self, step: StepInfo, site: CallSite): ...
     def on_train_log(self, log: TrainLog, site: CallSite): ...
-    def on_epoch_stop(self, epoch: int, train: dict, site: CallSite): ...
+    def on_epoch_stop(self, epoch: int, train: EpochTrain, site: CallSite): ...
     def on_eval_start(self, epoch: int, site: CallSite): ...
     # loss: the per-sample mean validation loss (eval_loss), None where not computed.
     def on_eval_stop(self, epoch: int, value: float, loss: float | None, site: CallSite): ...
@@ -196,7 +205,7 @@ class Events:
         for listener in self.listeners:
             listener.on_train_log(log, site)
 
-    def on_epoch_stop(self, epoch: int, train: dict):
+    def on_epoch_stop(self, epoch: int, train: EpochTrain):
         site = _caller()
         for listener in self.listeners:
             listener.on_epoch_stop(epoch, train, site)

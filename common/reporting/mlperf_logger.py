@@ -126,9 +126,9 @@ class MLPerfLogger(Listener):
         # train_loss: the mean of the epoch's step losses over all ranks, where DeepCAM's reference
         # logs its last batch's (driver/trainer.py); learning_rate: the LR of the epoch's first
         # step (the reference's: of its last).
-        self._event("train_loss", train["loss"], site, epoch_num=epoch, step_num=self._step)
-        self._event("learning_rate", train["lr"], site, epoch_num=epoch, step_num=self._step)
-        self._event("tracked_stats", {"throughput": train["samples_per_s"]}, site, step=epoch)
+        self._event("train_loss", train.loss, site, epoch_num=epoch, step_num=self._step)
+        self._event("learning_rate", train.lr, site, epoch_num=epoch, step_num=self._step)
+        self._event("tracked_stats", {"throughput": train.samples_per_s}, site, step=epoch)
 
     def on_eval_start(self, epoch, site):
         self._start("eval_start", site, epoch_num=epoch)

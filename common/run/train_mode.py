@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.run import termination
-from common.reporting.events import StepInfo, TrainLog
+from common.reporting.events import EpochTrain, StepInfo, TrainLog
 from common.run.evaluate_mode import evaluate
 from common.run.failures import RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run.characterization import characterize_run
@@ -64,8 +64,7 @@ class TrainingRun:
             # on every rank. A collective: every rank calls it, here.
             average_batchnorm_statistics(ctx.model, ctx.dist)
             events.on_epoch_stop(epoch, train)
-            record = {"epoch": epoch, "loss": train["loss"], "samples_per_s": train["samples_per_s"],
-                      "lr": train["lr"]}
+            record = {"epoch": epoch, "loss": train.loss, "samples_per_s": train.samples_per_s, "lr": train.lr}
             result.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
@@ -101,7 +100,7 @@ class TrainingRun:
             result.characterization = self._characterize(train_iter.element_spec[0].shape[1:])
         return result
 
-    def _epoch(self, train_iter, epoch) -> dict | None:
+    def _epoch(self, train_iter, epoch) -> EpochTrain | None:
         """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
 
         Raises RunFailed on every rank once they agree that a step's input or loss was not finite.
@@ -144,8 +143,8 @@ class TrainingRun:
         seconds = time.perf_counter() - start
         loss = float(ctx.dist.allreduce_mean([loss])[0])
         steps = per_epoch - first
-        return {"loss": loss, "seconds": seconds, "lr": ctx.schedule.at_step((epoch - 1) * per_epoch),
-                "samples_per_s": ctx.samples_per_epoch * steps / per_epoch / seconds}
+        return EpochTrain(loss=loss, seconds=seconds, lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
+                          samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds)
 
     def _agree(self, epoch, step, losses, flags) -> bool:
         """The agreement of the steps since the last one (`losses`, `flags`: this rank's): True on
