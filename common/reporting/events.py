@@ -18,7 +18,7 @@ import functools
 import sys
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]   # common/reporting/events.py -> the repository
 
 
 @dataclasses.dataclass(frozen=True)
