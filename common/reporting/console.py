@@ -91,7 +91,7 @@ class Console(Listener):
         self.steps.on_run_stop(status, epoch, checkpoint, failure, site)   # a bar ended before the line
         minutes = (time.time() - self.run_start) / 60 if self.run_start else float("nan")
         saved = f"; checkpoint {checkpoint}" if checkpoint else ""
-        why = f" ({failure['reason']} at step {failure['step_num']})" if failure else ""
+        why = f" ({failure.reason} at step {failure.step_num})" if failure else ""
         self.print(f"[run] {status}{why} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}")
 
     def on_characterization_start(self, site):
@@ -158,8 +158,8 @@ def report_lines(report) -> list[str]:
                 f"{r.metric:.4f} (target {report.target})", where]
     if r.failure:
         f = r.failure
-        return [f"[done] {name}: aborted ({f['reason']} at step {f['step_num']}), exit code {f['exit_code']}"
-                + (f"; checkpoint of the last finite state {f['checkpoint']}" if f.get("checkpoint") else ""), where]
+        return [f"[done] {name}: aborted ({f.reason} at step {f.step_num}), exit code {f.exit_code}"
+                + (f"; checkpoint of the last finite state {f.checkpoint}" if f.checkpoint else ""), where]
     lines = [f"[done] {name}: {r.status}, {r.epochs} epoch(s), {report.metric_name} {r.metric:.4f}, "
              f"time to train {r.time_to_train_s / 60:.3f} min", where]
     if r.status == "preempted":

@@ -17,6 +17,10 @@ import dataclasses
 import functools
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # the run's package imports this one: only the annotation names it
+    from common.run.failures import Failure
 
 _REPO = Path(__file__).resolve().parents[2]   # common/reporting/events.py -> the repository
 
@@ -110,7 +114,7 @@ class Listener:
     # loss: the per-sample mean validation loss (eval_loss), None where not computed.
     def on_eval_stop(self, epoch: int, value: float, loss: float | None, site: CallSite): ...
     # failure: why a run that could not go on stopped (non-finite input or loss: common.run.failures), else None.
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: dict | None,
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: "Failure | None",
                     site: CallSite): ...
     # After run_stop, when runtime.characterize is on: the measurements start.
     def on_characterization_start(self, site: CallSite): ...
@@ -220,7 +224,7 @@ class Events:
         for listener in self.listeners:
             listener.on_eval_stop(epoch, value, loss, site)
 
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: dict | None = None):
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: "Failure | None" = None):
         site = _caller()
         for listener in self.listeners:
             listener.on_run_stop(status, epoch, checkpoint, failure, site)

@@ -144,7 +144,8 @@ class MLPerfLogger(Listener):
         # that could not go on says why, at which step and with which loss.
         extra = {"checkpoint": checkpoint} if checkpoint else {}
         if failure:
-            extra |= {k: failure[k] for k in ("reason", "step_num", "loss", "input_file") if failure.get(k) is not None}
+            named = {k: getattr(failure, k) for k in ("reason", "step_num", "loss", "input_file")}
+            extra |= {k: v for k, v in named.items() if v is not None}
         self._end("run_stop", site, status=status, epoch_num=epoch, **extra)
 
     def close(self):

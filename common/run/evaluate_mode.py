@@ -31,7 +31,7 @@ def run_evaluation(ctx, valid_ds, start_epoch: int) -> RunResult:
     try:
         ctx.result.metric = evaluate(ctx, valid_ds, ctx.state.epoch)[0]
     except RunFailed as e:   # no run started: bad input like any other
-        raise InputError(e.failure["message"]) from None
+        raise InputError(e.failure.message) from None
     ctx.result.status = "evaluated"
     ctx.result.epochs = start_epoch
     ctx.check_weights_in_sync()

@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 from common.files import write_text_atomic
+from common.run.failures import Failure
 
 
 @dataclasses.dataclass
@@ -33,12 +34,13 @@ class RunResult:
     # Benchmark mode (train.benchmark_steps): steps timed, samples/s per rank and in total.
     throughput: dict = dataclasses.field(default_factory=dict)
     characterization: dict = dataclasses.field(default_factory=dict)
-    # A run that could not go on (status "aborted"): {"reason", "exit_code", "message", "step_num",
-    # "loss", "input_file", "checkpoint"} (common.run.failures.RunFailed); None otherwise.
-    failure: dict | None = None
+    # Why a run that could not go on stopped (status "aborted"); None otherwise.
+    failure: Failure | None = None
 
 
 def write_summary(result: RunResult, path, extra: dict) -> None:
     """rank 0: the run's figures as JSON (temporary name, then rename)."""
     data = dataclasses.asdict(result) | extra
+    if result.failure is not None:
+        data["failure"] = result.failure.as_dict()   # the keys of its reason, not all of Failure's
     write_text_atomic(path, json.dumps(data, indent=2, default=float))

@@ -14,7 +14,7 @@ import tensorflow as tf
 from common.run import termination
 from common.reporting.events import EpochTrain, StepInfo, TrainLog
 from common.run.evaluate_mode import evaluate
-from common.run.failures import RunFailed, fail_on_input, fail_on_loss, naming_bad_files
+from common.run.failures import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run.characterization import characterize_run
 from common.run.result import RunResult
 from common.parallel.sync_batchnorm import average_batchnorm_statistics
@@ -167,12 +167,12 @@ class TrainingRun:
                          values[verdict.bad_loss_step - first])
         return verdict.stop
 
-    def _end_failed(self, failure: dict, run_start: float) -> RunResult:
+    def _end_failed(self, failure: Failure, run_start: float) -> RunResult:
         """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
         ctx, result = self.ctx, self.ctx.result
         ctx.saver.wait()   # the last finite state is on disk before anyone exits
         result.status, result.failure = "aborted", failure
-        result.checkpoint = failure.get("checkpoint")
+        result.checkpoint = failure.checkpoint
         result.epochs = ctx.state.epoch - 1
         result.time_to_train_s = time.perf_counter() - run_start
         ctx.events.on_run_stop("aborted", ctx.state.epoch, result.checkpoint, failure)
