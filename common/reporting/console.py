@@ -59,8 +59,8 @@ class Console(Listener):
             self.staging_bar = None
 
     def on_staging_stop(self, stats, site):
-        self.print(f"[staging] {stats['files']} files ({stats['skipped']} already staged), "
-                   f"{stats['bytes'] / 1e9:.3f} GB in {stats['seconds']:.2f} s = {stats['gb_per_s']:.3f} GB/s "
+        self.print(f"[staging] {stats.files} files ({stats.skipped} already staged), "
+                   f"{stats.bytes / 1e9:.3f} GB in {stats.seconds:.2f} s = {stats.gb_per_s:.3f} GB/s "
                    f"(all ranks)")
 
     def on_run_start(self, site):

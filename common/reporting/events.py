@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # the run's package imports this one: only the annotation names it
+if TYPE_CHECKING:   # the run's package imports this one: only the annotations name them
+    from common.inputs.staging import StageStats
     from common.run.failures import Failure
 
 _REPO = Path(__file__).resolve().parents[2]   # common/reporting/events.py -> the repository
@@ -103,7 +104,7 @@ class Listener:
     def on_staging_start(self, site: CallSite): ...
     # Rank 0's count of files staged so far, of one split's `total` (train, then validation).
     def on_staging_progress(self, done: int, total: int, nbytes: int, site: CallSite): ...
-    def on_staging_stop(self, stats: dict, site: CallSite): ...
+    def on_staging_stop(self, stats: "StageStats", site: CallSite): ...
     def on_caches_cleared(self, cleared: bool, files: int, site: CallSite): ...
     def on_run_start(self, site: CallSite): ...
     def on_epoch_start(self, epoch: int, site: CallSite): ...
@@ -179,7 +180,7 @@ class Events:
         for listener in self.listeners:
             listener.on_staging_progress(done, total, nbytes, site)
 
-    def on_staging_stop(self, stats: dict):
+    def on_staging_stop(self, stats: "StageStats"):
         site = _caller()
         for listener in self.listeners:
             listener.on_staging_stop(stats, site)

@@ -105,7 +105,8 @@ class MLPerfLogger(Listener):
         self._start("staging_start", site)
 
     def on_staging_stop(self, stats, site):
-        self._end("staging_stop", site, **{k: stats[k] for k in ("files", "bytes", "seconds", "gb_per_s")})
+        self._end("staging_stop", site, files=stats.files, bytes=stats.bytes, seconds=stats.seconds,
+                  gb_per_s=stats.gb_per_s)
 
     def on_caches_cleared(self, cleared, files, site):
         # True only when this rank's input files were evicted from the page cache

@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 from common.files import write_text_atomic
+from common.inputs.staging import StageStats
 from common.run.failures import Failure
 
 
@@ -16,7 +17,8 @@ class RunResult:
     num_params: int = 0
     # One entry per epoch: epoch, seconds since run_start, train loss, samples/s, lr, metric (if evaluated).
     history: list = dataclasses.field(default_factory=list)
-    staging: dict = dataclasses.field(default_factory=dict)
+    # All ranks' staging figures (common.run.data_preparation); None when nothing was staged.
+    staging: StageStats | None = None
     weights_in_sync: bool = True
     # Values the weights_in_sync fingerprint covered: every model variable,
     # batch-norm running statistics included (more than num_params when the model has any).
@@ -41,6 +43,12 @@ class RunResult:
 def write_summary(result: RunResult, path, extra: dict) -> None:
     """rank 0: the run's figures as JSON (temporary name, then rename)."""
     data = dataclasses.asdict(result) | extra
+    data["staging"] = staging_dict(result.staging)
     if result.failure is not None:
         data["failure"] = result.failure.as_dict()   # the keys of its reason, not all of Failure's
     write_text_atomic(path, json.dumps(data, indent=2, default=float))
+
+
+def staging_dict(stats: StageStats | None) -> dict:
+    """What summary.json says of staging: its figures, {} when nothing was staged."""
+    return stats.as_dict() if stats is not None else {}

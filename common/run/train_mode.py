@@ -16,7 +16,7 @@ from common.reporting.events import EpochTrain, StepInfo, TrainLog
 from common.run.evaluate_mode import evaluate
 from common.run.failures import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run.characterization import characterize_run
-from common.run.result import RunResult
+from common.run.result import RunResult, staging_dict
 from common.parallel.sync_batchnorm import average_batchnorm_statistics
 
 
@@ -195,7 +195,7 @@ class TrainingRun:
         ctx.events.on_characterization_start()
         return characterize_run(
             model=ctx.model, dist=ctx.dist, sample_shape=sample_shape, history=ctx.result.history,
-            staging=ctx.result.staging, global_batch_size=ctx.info.global_batch_size,
+            staging=staging_dict(ctx.result.staging), global_batch_size=ctx.info.global_batch_size,
             compression=ctx.cfg.runtime.gradient_compression,
             make_train_dataset=lambda: ctx.task.build_inputs(ctx.shards, ctx.mesh.group, ctx.dist.local_size)[0],
             local_batch_size=ctx.shards.local_batch_size, files_read=ctx.shards.train_files,
