@@ -42,8 +42,7 @@ class RunInfo:
     target: float
     steps_per_epoch: int = 0
     n_epochs: int = 0
-    # {"checkpoint": path, "epoch": n} when the run continues a checkpointed one.
-    resumed_from: dict | None = None
+    resumed_from: dict | None = None  # common.checkpoints.checkpointer.ResumePoint.resumed_from
     # What rank 0's console says of init (common.reporting.console):
     model_name: str = ""
     num_params: int = 0               # trainable

@@ -1,8 +1,23 @@
 """What init built, as the run modes (common.run.train_mode, evaluate_mode, benchmark_mode) get it."""
 
+from __future__ import annotations
+
 import dataclasses
+from typing import TYPE_CHECKING, Callable
 
 from common.parallel.fingerprint import variables_in_sync
+
+if TYPE_CHECKING:   # names for the annotations only: importing them here would import the whole run
+    import tensorflow as tf
+
+    from common.base_config import BaseConfig
+    from common.checkpoints.save_policy import CheckpointSaver
+    from common.lr_schedules import EpochWarmupStepDecay, StepWarmupSchedule
+    from common.parallel.distribution import Distribution, SpatialMesh
+    from common.reporting.events import Events, RunInfo
+    from common.run.result import RunResult
+    from common.run.steps import TrainStep
+    from common.task import EvalMetric, Shards, Task
 
 
 @dataclasses.dataclass
@@ -28,21 +43,21 @@ class RunContext:
       result: the RunResult the modes fill in.
       state: the RunState.
     """
-    cfg: object
-    task: object
-    dist: object
-    events: object
-    mesh: object
-    shards: object
-    model: object
-    optimizer: object
-    schedule: object
-    metric: object
-    train_step: object
-    eval_step: object
-    saver: object
-    info: object
-    result: object
+    cfg: BaseConfig
+    task: Task
+    dist: Distribution
+    events: Events
+    mesh: SpatialMesh
+    shards: Shards
+    model: tf.keras.Model
+    optimizer: tf.keras.optimizers.Optimizer
+    schedule: EpochWarmupStepDecay | StepWarmupSchedule
+    metric: EvalMetric
+    train_step: TrainStep
+    eval_step: Callable   # (x, y) -> the batch's vector (common.run.steps.make_eval_step; EvalSums names it)
+    saver: CheckpointSaver
+    info: RunInfo
+    result: RunResult
     state: RunState
 
     @property
