@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable
 
-from common.parallel.fingerprint import variables_in_sync
-
 if TYPE_CHECKING:   # names for the annotations only: importing them here would import the whole run
     import tensorflow as tf
 
@@ -15,7 +13,6 @@ if TYPE_CHECKING:   # names for the annotations only: importing them here would 
     from common.lr_schedules import EpochWarmupStepDecay, StepWarmupSchedule
     from common.parallel.distribution import Distribution, SpatialMesh
     from common.reporting.events import Events, RunInfo
-    from common.run.result import RunResult
     from common.run.steps import TrainStep
     from common.task import EvalMetric, Shards, Task
 
@@ -40,8 +37,10 @@ class RunContext:
       train_step, eval_step: traced at init (common.run.steps).
       saver: the run's checkpoints (common.checkpoints.save_policy).
       info: the RunInfo of init_stop (steps_per_epoch and samples_per_epoch are read from it).
-      result: the RunResult the modes fill in.
+      precision: the compute precision the runtime settled on (common.runtime.configure's "precision").
       state: the RunState.
+
+    Each mode returns what it found as a RunResult; the trainer adds what init found.
     """
     cfg: BaseConfig
     task: Task
@@ -57,7 +56,7 @@ class RunContext:
     eval_step: Callable   # (x, y) -> the batch's vector (common.run.steps.make_eval_step; EvalSums names it)
     saver: CheckpointSaver
     info: RunInfo
-    result: RunResult
+    precision: str
     state: RunState
 
     @property
@@ -72,8 +71,3 @@ class RunContext:
     def reached(self, value: float) -> bool:
         """Whether a metric value meets the task's target."""
         return value <= self.task.target if self.metric.lower_is_better else value >= self.task.target
-
-    def check_weights_in_sync(self) -> None:
-        """Every rank: all ranks must end with identical variables, batch-norm statistics included
-        (common.parallel.fingerprint); the result says whether they did and how many values were compared."""
-        self.result.weights_in_sync, self.result.weights_compared = variables_in_sync(self.model.variables, self.dist)

@@ -28,10 +28,7 @@ def run_evaluation(ctx, valid_ds, start_epoch: int) -> RunResult:
     """--evaluate: one pass over the validation set with the model as restored (of `start_epoch`);
     rank 0's report says the result (no run, so no run events)."""
     try:
-        ctx.result.metric = evaluate(ctx, valid_ds, ctx.state.epoch)[0]
+        metric = evaluate(ctx, valid_ds, ctx.state.epoch)[0]
     except RunFailed as e:   # no run started: bad input like any other
         raise InputError(e.failure.message) from None
-    ctx.result.status = "evaluated"
-    ctx.result.epochs = start_epoch
-    ctx.check_weights_in_sync()
-    return ctx.result
+    return RunResult(status="evaluated", epochs=start_epoch, metric=metric)
