@@ -64,7 +64,8 @@ class Trainer:
                                      runtime)
         shards = task.shard(mesh.group, mesh.groups)                   # this rank's (its group's) files
         plan = _plan_epochs(shards, mesh.groups, cfg.train.gradient_accumulation_frequency)
-        model, optimizer, schedule, loss_fn, metric = self._build(runtime["precision"], plan)   # LR for the global batch
+        # The LR scaled for the global batch:
+        model, optimizer, schedule, loss_fn, metric = self._build(runtime["precision"], plan)
         saver = CheckpointSaver(self.output_dir / "checkpoints", model, optimizer, dist, cfg.train,
                                 plan.steps_per_epoch, task.name)
         saver.prepare()
