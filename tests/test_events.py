@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from common.reporting.events import CallSite, Events, Listener, RunInfo, StepInfo
+from common.errors import ExitCode
+from common.reporting.events import CallSite, EpochTrain, Events, Listener, RunInfo, StepInfo
 from common.reporting.mlperf_logger import MLPerfLogger, encode_line
+from common.run.failures import NON_FINITE_LOSS, Failure
 
 
 class Recorder(Listener):
@@ -61,10 +63,11 @@ def _emit(events):
     events.on_run_start()
     events.on_epoch_start(1)
     events.on_step(StepInfo(1, 8, 8, 8))
-    events.on_epoch_stop(1, {"loss": 0.5, "samples_per_s": 10.0, "lr": 0.01})
+    events.on_epoch_stop(1, EpochTrain(loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0))
     events.on_eval_start(1)
     events.on_eval_stop(1, 0.3, 0.7)
-    events.on_run_stop("aborted", 1, None, {"reason": "non-finite loss", "step_num": 8, "loss": "nan"})
+    events.on_run_stop("aborted", 1, None, Failure(reason=NON_FINITE_LOSS, exit_code=ExitCode.NON_FINITE_LOSS,
+                                                message="", step_num=8, loss="nan"))
     return inspect.getsourcelines(_emit)[1]
 
 

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from common.reporting.events import CallSite, Events, RunInfo, StepInfo
+from common.reporting.events import CallSite, EpochTrain, Events, RunInfo, StepInfo
 from common.reporting.console import StepProgress
 from common.reporting.progress import LineSink, Progress, format_duration, progress_stream
 
@@ -62,7 +62,7 @@ def test_step_progress_on_a_terminal_redraws_in_place_ten_times_a_second_and_end
     for step in range(1, 65):   # 16 steps/s: a redraw every second step (0.125 s >= 0.1 s)
         clock.t = 1000.0 + step / 16
         events.on_step(StepInfo(2, step, 64, 64 + step))
-    events.on_epoch_stop(2, {"loss": 0.1, "samples_per_s": 128.0, "lr": 0.001})
+    events.on_epoch_stop(2, EpochTrain(loss=0.1, seconds=4.0, lr=0.001, samples_per_s=128.0))
     out = stream.getvalue()
     assert out.endswith("\n") and out.count("\n") == 1
     shown = frames(out)
@@ -90,7 +90,7 @@ def test_step_progress_off_a_terminal_prints_a_line_every_every_s():
         for step in range(1, 201):   # 2 steps/s: 64 samples/s
             clock.t = start + step / 2
             events.on_step(StepInfo(epoch, step, 200, (epoch - 1) * 200 + step))
-        events.on_epoch_stop(epoch, {"loss": 0.1, "samples_per_s": 64.0, "lr": 0.001})
+        events.on_epoch_stop(epoch, EpochTrain(loss=0.1, seconds=100.0, lr=0.001, samples_per_s=64.0))
         events.on_eval_start(epoch)
     lines = stream.getvalue().splitlines(keepends=True)
     assert "\r" not in stream.getvalue()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.reporting.events import CallSite, Events, RunInfo, StepInfo, TrainLog
+from common.reporting.events import CallSite, EpochTrain, Events, RunInfo, StepInfo, TrainLog
 from common.reporting.tensorboard import TensorBoardListener
 
 SITE = CallSite("common/run/trainer.py", 1)
@@ -48,8 +48,8 @@ def run_two_epochs(listener, resume_at: int = 0):
             if global_step % 2 == 0:
                 events.on_train_log(TrainLog(epoch, global_step, loss=1.0 / global_step, lr=0.001 * epoch,
                                              samples_per_s=100.0 + global_step))
-        events.on_epoch_stop(epoch, {"loss": 0.5 / epoch, "samples_per_s": 90.0 + epoch, "lr": 0.001,
-                                     "seconds": 1.0})
+        events.on_epoch_stop(epoch, EpochTrain(loss=0.5 / epoch, seconds=1.0, lr=0.001,
+                                               samples_per_s=90.0 + epoch))
         events.on_eval_start(epoch)
         events.on_eval_stop(epoch, 0.3 / epoch)
     events.on_run_stop("success", 2)

@@ -201,8 +201,10 @@ class ResumePoint:
       epoch_losses: this rank's losses of the epoch in progress (a mid-epoch checkpoint).
       rank_state: this rank's arrays of a mid-epoch checkpoint ("bn_<i>": its batch-norm
         statistics), None otherwise.
-      resumed_from: {"checkpoint", "epoch", "step", "global_step"} of a training checkpoint,
-        {"checkpoint", "epoch": 0, "weights_only": True} of model-only weights; None from scratch.
+      resumed_from: {"checkpoint", "epoch", "step", "global_step"} of a training checkpoint ("step":
+        optimizer steps of that epoch already done), {"checkpoint", "epoch": 0, "weights_only": True}
+        of model-only weights; None from scratch. The run's RunInfo (the MLPerf log's resumed_from,
+        the console) and RunResult (summary.json) carry it as it is.
       source: the folder as it was named (what rank 0's console says).
     """
     position: epochs.Position = epochs.Position()

@@ -48,8 +48,9 @@ from common.errors import ConfigError, InputError
 from common.inputs.staging_layouts import Conversion
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StageStats:
+    """What staging did: of one stage_files call, or of all ranks (common.run.data_preparation)."""
     files: int = 0      # files asked for
     skipped: int = 0    # of those, already staged and fresh
     bytes: int = 0      # bytes written into the stage dir
@@ -59,6 +60,10 @@ class StageStats:
     def gb_per_s(self) -> float:
         """Bytes written per second over the whole call (freshness checks included)."""
         return self.bytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        """What summary.json says of it (gb_per_s included)."""
+        return dataclasses.asdict(self) | {"gb_per_s": self.gb_per_s}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,37 +110,37 @@ def stage_files(files, stage_dir, conversion: Optional[Conversion] = None, progr
     except OSError as e:
         raise InputError(f"cannot create the stage dir {stage_dir}: {_one_line(e)}") from None
 
-    stats = StageStats(files=len(sources))
+    written_total = 0
     plan = functools.partial(_plan, conversion=conversion, verify=verify)
     stage = functools.partial(_stage_one, conversion=conversion, verify=verify)
     report_every = max(1, len(sources) // 10)
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="stage") as pool:
         jobs = _run_all(pool, plan, list(zip(sources, targets)), on_error=_source_error)
         stale = [job for job in jobs if not job.fresh]
-        stats.skipped = len(jobs) - len(stale)
+        skipped = len(jobs) - len(stale)
         # Each rename frees the stale copy it replaces, so only the growth must fit.
         need = sum(job.size_hint for job in stale) - sum(job.replaces for job in stale)
         free = shutil.disk_usage(stage_dir).free if stale else 0
         if need > free:
             raise InputError(f"cannot stage {len(stale)} files into {stage_dir}: "
                              f"{need:,} bytes needed, {free:,} bytes free")
-        done = stats.skipped
+        done = skipped
         if not stale and progress is not None and sources:
             progress(done, len(sources), 0)
 
         def finished(job, written):
-            nonlocal done, need
+            nonlocal done, need, written_total
             done += 1
             need -= written - job.replaces
-            stats.bytes += written
+            written_total += written
             if progress is not None and (done % report_every == 0 or done == len(sources)):
-                progress(done, len(sources), stats.bytes)
+                progress(done, len(sources), written_total)
 
         def write_error(job, error):
             return _write_error(job, error, stage_dir, need)
 
         _run_all(pool, stage, stale, on_error=write_error, on_done=finished)
-    stats.seconds = time.perf_counter() - start
+    stats = StageStats(files=len(sources), skipped=skipped, bytes=written_total, seconds=time.perf_counter() - start)
     return [str(t) for t in targets], stats
 
 

@@ -29,7 +29,7 @@ class Console(Listener):
         self.every_s = every_s
         self.run_start = None
         self.info = None
-        self.train = {}
+        self.train = None   # the last epoch's EpochTrain; None before the first (an evaluate-only run)
         self.staging_bar = None
 
     def print(self, text: str) -> None:
@@ -59,8 +59,8 @@ class Console(Listener):
             self.staging_bar = None
 
     def on_staging_stop(self, stats, site):
-        self.print(f"[staging] {stats['files']} files ({stats['skipped']} already staged), "
-                   f"{stats['bytes'] / 1e9:.3f} GB in {stats['seconds']:.2f} s = {stats['gb_per_s']:.3f} GB/s "
+        self.print(f"[staging] {stats.files} files ({stats.skipped} already staged), "
+                   f"{stats.bytes / 1e9:.3f} GB in {stats.seconds:.2f} s = {stats.gb_per_s:.3f} GB/s "
                    f"(all ranks)")
 
     def on_run_start(self, site):
@@ -81,16 +81,17 @@ class Console(Listener):
 
     def on_eval_stop(self, epoch, value, loss, site):
         t = self.train
-        self.print(f"[epoch {epoch:3d}] train_loss {t.get('loss', float('nan')):.4f}  "
+        loss, samples_per_s, lr = (t.loss, t.samples_per_s, t.lr) if t is not None else (float("nan"), 0, 0)
+        self.print(f"[epoch {epoch:3d}] train_loss {loss:.4f}  "
                    f"{self.info.target_name} {value:.4f} (target {self.info.target})  "
-                   f"{t.get('samples_per_s', 0):.1f} samples/s  lr {t.get('lr', 0):.3g}  "
+                   f"{samples_per_s:.1f} samples/s  lr {lr:.3g}  "
                    f"t={time.time() - self.run_start:.1f}s")
 
     def on_run_stop(self, status, epoch, checkpoint, failure, site):
         self.steps.on_run_stop(status, epoch, checkpoint, failure, site)   # a bar ended before the line
         minutes = (time.time() - self.run_start) / 60 if self.run_start else float("nan")
         saved = f"; checkpoint {checkpoint}" if checkpoint else ""
-        why = f" ({failure['reason']} at step {failure['step_num']})" if failure else ""
+        why = f" ({failure.reason} at step {failure.step_num})" if failure else ""
         self.print(f"[run] {status}{why} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}")
 
     def on_characterization_start(self, site):
@@ -157,8 +158,8 @@ def report_lines(report) -> list[str]:
                 f"{r.metric:.4f} (target {report.target})", where]
     if r.failure:
         f = r.failure
-        return [f"[done] {name}: aborted ({f['reason']} at step {f['step_num']}), exit code {f['exit_code']}"
-                + (f"; checkpoint of the last finite state {f['checkpoint']}" if f.get("checkpoint") else ""), where]
+        return [f"[done] {name}: aborted ({f.reason} at step {f.step_num}), exit code {f.exit_code}"
+                + (f"; checkpoint of the last finite state {f.checkpoint}" if f.checkpoint else ""), where]
     lines = [f"[done] {name}: {r.status}, {r.epochs} epoch(s), {report.metric_name} {r.metric:.4f}, "
              f"time to train {r.time_to_train_s / 60:.3f} min", where]
     if r.status == "preempted":

@@ -17,8 +17,13 @@ import dataclasses
 import functools
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-_REPO = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:   # the run's package imports this one: only the annotations name them
+    from common.inputs.staging import StageStats
+    from common.run.failures import Failure
+
+_REPO = Path(__file__).resolve().parents[2]   # common/reporting/events.py -> the repository
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +42,7 @@ class RunInfo:
     target: float
     steps_per_epoch: int = 0
     n_epochs: int = 0
-    # {"checkpoint": path, "epoch": n} when the run continues a checkpointed one.
-    resumed_from: dict | None = None
+    resumed_from: dict | None = None  # common.checkpoints.checkpointer.ResumePoint.resumed_from
     # What rank 0's console says of init (common.reporting.console):
     model_name: str = ""
     num_params: int = 0               # trainable
@@ -76,6 +80,15 @@ class TrainLog:
     samples_per_s: float      # all ranks, over the steps since the previous TrainLog
 
 
+@dataclasses.dataclass(frozen=True)
+class EpochTrain:
+    """An epoch's training figures (common.run.train_mode), at epoch_stop."""
+    loss: float               # mean of the epoch's step losses over all ranks
+    seconds: float            # this rank's, for the steps of the epoch this process ran (a resume's: the rest)
+    lr: float                 # the LR of the epoch's first step
+    samples_per_s: float      # all ranks, over the steps this process ran
+
+
 class Listener:
     """No-op base: override what you need. Epochs are numbered from 1.
 
@@ -90,18 +103,18 @@ class Listener:
     def on_staging_start(self, site: CallSite): ...
     # Rank 0's count of files staged so far, of one split's `total` (train, then validation).
     def on_staging_progress(self, done: int, total: int, nbytes: int, site: CallSite): ...
-    def on_staging_stop(self, stats: dict, site: CallSite): ...
+    def on_staging_stop(self, stats: "StageStats", site: CallSite): ...
     def on_caches_cleared(self, cleared: bool, files: int, site: CallSite): ...
     def on_run_start(self, site: CallSite): ...
     def on_epoch_start(self, epoch: int, site: CallSite): ...
     def on_step(self, step: StepInfo, site: CallSite): ...
     def on_train_log(self, log: TrainLog, site: CallSite): ...
-    def on_epoch_stop(self, epoch: int, train: dict, site: CallSite): ...
+    def on_epoch_stop(self, epoch: int, train: EpochTrain, site: CallSite): ...
     def on_eval_start(self, epoch: int, site: CallSite): ...
     # loss: the per-sample mean validation loss (eval_loss), None where not computed.
     def on_eval_stop(self, epoch: int, value: float, loss: float | None, site: CallSite): ...
     # failure: why a run that could not go on stopped (non-finite input or loss: common.run.failures), else None.
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: dict | None,
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: "Failure | None",
                     site: CallSite): ...
     # After run_stop, when runtime.characterize is on: the measurements start.
     def on_characterization_start(self, site: CallSite): ...
@@ -166,7 +179,7 @@ class Events:
         for listener in self.listeners:
             listener.on_staging_progress(done, total, nbytes, site)
 
-    def on_staging_stop(self, stats: dict):
+    def on_staging_stop(self, stats: "StageStats"):
         site = _caller()
         for listener in self.listeners:
             listener.on_staging_stop(stats, site)
@@ -196,7 +209,7 @@ class Events:
         for listener in self.listeners:
             listener.on_train_log(log, site)
 
-    def on_epoch_stop(self, epoch: int, train: dict):
+    def on_epoch_stop(self, epoch: int, train: EpochTrain):
         site = _caller()
         for listener in self.listeners:
             listener.on_epoch_stop(epoch, train, site)
@@ -211,7 +224,7 @@ class Events:
         for listener in self.listeners:
             listener.on_eval_stop(epoch, value, loss, site)
 
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: dict | None = None):
+    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: "Failure | None" = None):
         site = _caller()
         for listener in self.listeners:
             listener.on_run_stop(status, epoch, checkpoint, failure, site)

@@ -105,7 +105,8 @@ class MLPerfLogger(Listener):
         self._start("staging_start", site)
 
     def on_staging_stop(self, stats, site):
-        self._end("staging_stop", site, **{k: stats[k] for k in ("files", "bytes", "seconds", "gb_per_s")})
+        self._end("staging_stop", site, files=stats.files, bytes=stats.bytes, seconds=stats.seconds,
+                  gb_per_s=stats.gb_per_s)
 
     def on_caches_cleared(self, cleared, files, site):
         # True only when this rank's input files were evicted from the page cache
@@ -126,9 +127,9 @@ class MLPerfLogger(Listener):
         # train_loss: the mean of the epoch's step losses over all ranks, where DeepCAM's reference
         # logs its last batch's (driver/trainer.py); learning_rate: the LR of the epoch's first
         # step (the reference's: of its last).
-        self._event("train_loss", train["loss"], site, epoch_num=epoch, step_num=self._step)
-        self._event("learning_rate", train["lr"], site, epoch_num=epoch, step_num=self._step)
-        self._event("tracked_stats", {"throughput": train["samples_per_s"]}, site, step=epoch)
+        self._event("train_loss", train.loss, site, epoch_num=epoch, step_num=self._step)
+        self._event("learning_rate", train.lr, site, epoch_num=epoch, step_num=self._step)
+        self._event("tracked_stats", {"throughput": train.samples_per_s}, site, step=epoch)
 
     def on_eval_start(self, epoch, site):
         self._start("eval_start", site, epoch_num=epoch)
@@ -144,7 +145,8 @@ class MLPerfLogger(Listener):
         # that could not go on says why, at which step and with which loss.
         extra = {"checkpoint": checkpoint} if checkpoint else {}
         if failure:
-            extra |= {k: failure[k] for k in ("reason", "step_num", "loss", "input_file") if failure.get(k) is not None}
+            named = {k: getattr(failure, k) for k in ("reason", "step_num", "loss", "input_file")}
+            extra |= {k: v for k, v in named.items() if v is not None}
         self._end("run_stop", site, status=status, epoch_num=epoch, **extra)
 
     def close(self):

@@ -95,8 +95,8 @@ class TensorBoardListener(Listener):
                                         "train/samples_per_s": log.samples_per_s})
 
     def on_epoch_stop(self, epoch, train, site):
-        self._scalars(self._epoch_step(epoch), {"train/epoch_loss": train["loss"],
-                                                "train/epoch_samples_per_s": train["samples_per_s"]})
+        self._scalars(self._epoch_step(epoch), {"train/epoch_loss": train.loss,
+                                                "train/epoch_samples_per_s": train.samples_per_s})
 
     def on_eval_stop(self, epoch, value, loss, site):
         name = self.info.target_name if self.info is not None else "metric"

@@ -1,8 +1,20 @@
 """What init built, as the run modes (common.run.train_mode, evaluate_mode, benchmark_mode) get it."""
 
-import dataclasses
+from __future__ import annotations
 
-from common.parallel.fingerprint import variables_in_sync
+import dataclasses
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:   # names for the annotations only: importing them here would import the whole run
+    import tensorflow as tf
+
+    from common.base_config import BaseConfig
+    from common.checkpoints.save_policy import CheckpointSaver
+    from common.lr_schedules import EpochWarmupStepDecay, StepWarmupSchedule
+    from common.parallel.distribution import Distribution, SpatialMesh
+    from common.reporting.events import Events, RunInfo
+    from common.run.steps import TrainStep
+    from common.task import EvalMetric, Shards, Task
 
 
 @dataclasses.dataclass
@@ -25,24 +37,26 @@ class RunContext:
       train_step, eval_step: traced at init (common.run.steps).
       saver: the run's checkpoints (common.checkpoints.save_policy).
       info: the RunInfo of init_stop (steps_per_epoch and samples_per_epoch are read from it).
-      result: the RunResult the modes fill in.
+      precision: the compute precision the runtime settled on (common.runtime.configure's "precision").
       state: the RunState.
+
+    Each mode returns what it found as a RunResult; the trainer adds what init found.
     """
-    cfg: object
-    task: object
-    dist: object
-    events: object
-    mesh: object
-    shards: object
-    model: object
-    optimizer: object
-    schedule: object
-    metric: object
-    train_step: object
-    eval_step: object
-    saver: object
-    info: object
-    result: object
+    cfg: BaseConfig
+    task: Task
+    dist: Distribution
+    events: Events
+    mesh: SpatialMesh
+    shards: Shards
+    model: tf.keras.Model
+    optimizer: tf.keras.optimizers.Optimizer
+    schedule: EpochWarmupStepDecay | StepWarmupSchedule
+    metric: EvalMetric
+    train_step: TrainStep
+    eval_step: Callable   # (x, y) -> the batch's vector (common.run.steps.make_eval_step; EvalSums names it)
+    saver: CheckpointSaver
+    info: RunInfo
+    precision: str
     state: RunState
 
     @property
@@ -57,8 +71,3 @@ class RunContext:
     def reached(self, value: float) -> bool:
         """Whether a metric value meets the task's target."""
         return value <= self.task.target if self.metric.lower_is_better else value >= self.task.target
-
-    def check_weights_in_sync(self) -> None:
-        """Every rank: all ranks must end with identical variables, batch-norm statistics included
-        (common.parallel.fingerprint); the result says whether they did and how many values were compared."""
-        self.result.weights_in_sync, self.result.weights_compared = variables_in_sync(self.model.variables, self.dist)

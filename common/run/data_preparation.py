@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Optional
 
 from common.files import write_text_atomic
-from common.inputs.staging import stage_files
+from common.inputs.staging import StageStats, stage_files
 from common.inputs.staging_layouts import Conversion
 from common.task import Shards
 
 
 def prepare_data(cfg, dist, shards: Shards, events, run_dir,
-                 conversion: Optional[Conversion] = None) -> tuple[Shards, dict]:
+                 conversion: Optional[Conversion] = None) -> tuple[Shards, StageStats | None]:
     """Every rank: stage (when staging.stage_dir is set) and record its shard; returns readable paths.
 
     Args:
@@ -32,9 +32,9 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir,
         when staging.convert is on.
 
     Returns:
-      (Shards with the paths to read, staging figures: {} when nothing was staged).
+      (Shards with the paths to read, staging figures of all ranks: None when nothing was staged).
     """
-    stats = {}
+    stats = None
     if cfg.staging.stage_dir:
         events.on_staging_start()
         conversion = conversion if cfg.staging.convert else None
@@ -45,7 +45,8 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir,
     return shards, stats
 
 
-def stage(cfg, dist, shards: Shards, progress=None, conversion: Optional[Conversion] = None) -> tuple[Shards, dict]:
+def stage(cfg, dist, shards: Shards, progress=None,
+          conversion: Optional[Conversion] = None) -> tuple[Shards, StageStats]:
     """Stages this rank's files into the node-local stage_dir (in `conversion`'s layout, or copied);
     (staged Shards, figures of all ranks)."""
     s = cfg.staging
@@ -60,8 +61,7 @@ def stage(cfg, dist, shards: Shards, progress=None, conversion: Optional[Convers
     # Staging ends when the slowest rank is done; bytes add up over ranks.
     nbytes, nfiles, nskipped = dist.allreduce_sum([st.bytes + sv.bytes, st.files + sv.files, st.skipped + sv.skipped])
     seconds = float(dist.allreduce_max([seconds])[0])
-    stats = {"files": int(nfiles), "skipped": int(nskipped), "bytes": int(nbytes), "seconds": seconds,
-             "gb_per_s": nbytes / 1e9 / seconds if seconds > 0 else 0.0}
+    stats = StageStats(files=int(nfiles), skipped=int(nskipped), bytes=int(nbytes), seconds=seconds)
     return dataclasses.replace(shards, train_files=train, valid_files=valid), stats
 
 

@@ -7,6 +7,7 @@ RunFailed on every rank at the same point, so no rank is left waiting in a colle
 """
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +17,41 @@ from common.errors import ExitCode, InputError
 from common.inputs.staging_manifest import source_of
 
 
+NON_FINITE_INPUT = "non-finite input"
+NON_FINITE_LOSS = "non-finite loss"
+
+# summary.json's "failure" has, in this order, the keys of its reason (None values kept): an input
+# failure names no loss or checkpoint, a loss failure no input file.
+_SUMMARY_KEYS = {NON_FINITE_INPUT: ("reason", "exit_code", "input_file", "step_num", "message"),
+                 NON_FINITE_LOSS: ("reason", "exit_code", "step_num", "loss", "checkpoint", "message")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why a run could not go on, the same on every rank (the MLPerf log's run_stop, the console, summary.json)."""
+    reason: str                      # NON_FINITE_INPUT or NON_FINITE_LOSS
+    exit_code: int                   # common.errors: the process's exit code
+    message: str                     # the launcher's `error:` line
+    step_num: int                    # the global step of the bad batch or loss (for validation: the run's step)
+    loss: str | None = None          # non-finite loss: the global loss of that step, as text ("nan", "inf")
+    input_file: str | None = None    # non-finite input: the file (its source when staged); None if none was found
+    checkpoint: str | None = None    # non-finite loss: the last finite state; None if none was written
+
+    def as_dict(self) -> dict:
+        """What summary.json says of it: the keys of its reason."""
+        return {key: getattr(self, key) for key in _SUMMARY_KEYS[self.reason]}
+
+
 class RunFailed(Exception):
     """Every rank agreed that the run cannot go on (a non-finite input or loss); `failure` says why.
 
     Raised inside the loop, on every rank at the same point (the functions below); the training
     loop ends the run in order (log closed as aborted, summary written) and common.run.launch exits
-    with failure["exit_code"].
+    with failure.exit_code.
     """
 
-    def __init__(self, failure: dict):
-        super().__init__(failure["message"])
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
         self.failure = failure
 
 
@@ -62,9 +88,9 @@ def fail_on_input(dist, task, culprit: int, files, epoch: int, global_step, what
                             f"{epoch}, {where}), but no file of its shard holds one: the preprocessing "
                             f"overflowed (values beyond float32 after normalization?)")}
     message = dist.broadcast_object(message, root_rank=culprit)
-    raise RunFailed({"reason": "non-finite input", "exit_code": ExitCode.INPUT_ERROR, "input_file": message["input_file"],
-                     "step_num": global_step if global_step is not None else current_step,
-                     "message": message["text"] + "; MLPerf log closed as aborted"})
+    raise RunFailed(Failure(reason=NON_FINITE_INPUT, exit_code=ExitCode.INPUT_ERROR, input_file=message["input_file"],
+                            step_num=global_step if global_step is not None else current_step,
+                            message=message["text"] + "; MLPerf log closed as aborted"))
 
 
 def fail_on_loss(dist, variables, save_now, latest_checkpoint, epoch: int, bad_step: int, local_loss) -> None:
@@ -79,13 +105,11 @@ def fail_on_loss(dist, variables, save_now, latest_checkpoint, epoch: int, bad_s
     """
     loss = float(np.mean(dist.allgather([local_loss])))   # the global loss of that step
     checkpoint, kept = _keep_finite_state(dist, variables, save_now, latest_checkpoint)
-    failure = {"reason": "non-finite loss", "exit_code": ExitCode.NON_FINITE_LOSS, "step_num": bad_step,
-               "loss": str(loss), "checkpoint": checkpoint}
-    failure["message"] = (
-        f"the training loss was {loss} at step {bad_step} (epoch {epoch}): the model diverged (a "
-        f"learning rate too high?); no input file was found bad (every batch of every rank was finite, "
-        f"checked in the step); {kept}; MLPerf log closed as aborted")
-    raise RunFailed(failure)
+    message = (f"the training loss was {loss} at step {bad_step} (epoch {epoch}): the model diverged (a "
+               f"learning rate too high?); no input file was found bad (every batch of every rank was finite, "
+               f"checked in the step); {kept}; MLPerf log closed as aborted")
+    raise RunFailed(Failure(reason=NON_FINITE_LOSS, exit_code=ExitCode.NON_FINITE_LOSS, step_num=bad_step,
+                            loss=str(loss), checkpoint=checkpoint, message=message))
 
 
 def _keep_finite_state(dist, variables, save_now, latest_checkpoint) -> tuple:

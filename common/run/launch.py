@@ -164,8 +164,8 @@ def main(task, argv=None) -> int:
         # non-zero status would make the launcher kill rank 0 mid-write.
         dist.barrier()
         if result.failure:   # every rank agreed on it and says it, as on any bad input
-            print(f"error:{rank_prefix} {' '.join(result.failure['message'].split())}", file=sys.stderr, flush=True)
-            return result.failure["exit_code"]
+            print(f"error:{rank_prefix} {' '.join(result.failure.message.split())}", file=sys.stderr, flush=True)
+            return result.failure.exit_code
         if result.status == "preempted":
             termination.stopped()   # in order: the SIGTERM deadline no longer applies
             return ExitCode.PREEMPTED

@@ -1,7 +1,9 @@
 """The compiled train and eval steps, shared by the trainer and the benchmarks in bench/."""
 
+import dataclasses
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -154,12 +156,37 @@ class TrainStep:
             self._apply_sums.get_concrete_function()
 
 
+# After the metric's sums, the eval step's vector holds the loss x samples, the samples and the
+# non-finite batches; EvalSums.of is the one reader of that layout.
+_EVAL_TAIL = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSums:
+    """The eval step's sums over batches (and over ranks, once allreduced), by name."""
+    metric: np.ndarray           # the metric's sums: common.task.EvalMetric.finalize's input
+    loss: float                  # the loss times the samples of each batch; 0 without a loss function
+    samples: float               # 0 without a loss function
+    non_finite_batches: float    # batches whose preprocessed values held a NaN or Inf
+
+    @staticmethod
+    def zero_vector(n_sums: int) -> np.ndarray:
+        """The vector of no batch, to add the eval step's vectors to (a rank may hold no validation file)."""
+        return np.zeros(n_sums + _EVAL_TAIL)
+
+    @classmethod
+    def of(cls, vector) -> "EvalSums":
+        """Names the entries of a sum of the eval step's vectors."""
+        loss, samples, non_finite = vector[-_EVAL_TAIL:]
+        return cls(metric=vector[:-_EVAL_TAIL], loss=loss, samples=samples, non_finite_batches=non_finite)
+
+
 def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=None):
     """A tf.function (x, y) -> float64 vector for one batch (x as the pipeline yields it): the
     metric's sums; the loss times the batch's samples and the samples (0, 0 without `loss_fn`),
     so that sums over batches give the per-sample mean loss, as the references' eval_loss; then
     1.0 if the preprocessed batch held a NaN or Inf, else 0.0. One allreduce adds up all of it,
-    the non-finite batches of every rank included."""
+    the non-finite batches of every rank included; EvalSums.of names the entries of the sum."""
     preprocess = preprocess or (lambda x, y: (x, y))
 
     def eval_step(x, y):

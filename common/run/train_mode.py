@@ -12,11 +12,11 @@ import numpy as np
 import tensorflow as tf
 
 from common.run import termination
-from common.reporting.events import StepInfo, TrainLog
+from common.reporting.events import EpochTrain, StepInfo, TrainLog
 from common.run.evaluate_mode import evaluate
-from common.run.failures import RunFailed, fail_on_input, fail_on_loss, naming_bad_files
+from common.run.failures import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run.characterization import characterize_run
-from common.run.result import RunResult
+from common.run.result import RunResult, staging_dict
 from common.parallel.sync_batchnorm import average_batchnorm_statistics
 
 
@@ -32,8 +32,13 @@ class TrainingRun:
         self.ctx = ctx
         self.start = start
         self.epoch_losses = [tf.constant(v) for v in start.epoch_losses]   # of the epoch in progress
+        # What a failed run still reports: the epochs done and the last evaluation.
+        self.history = []   # one record per epoch (RunResult.history)
+        self.metric = float("nan")
+        self.completed = False   # ended at the target or the last epoch: neither stopped nor failed
 
     def run(self, train_ds, valid_ds) -> RunResult:
+        """Every rank: the timed run, to its run_stop; what it found."""
         self.ctx.events.on_run_start()
         self.ctx.state.started = True
         run_start = time.perf_counter()
@@ -45,8 +50,8 @@ class TrainingRun:
 
     def _epochs(self, train_iter, valid_ds, run_start) -> RunResult:
         ctx = self.ctx
-        cfg, events, state, saver, result = ctx.cfg, ctx.events, ctx.state, ctx.saver, ctx.result
-        t = cfg.train
+        events, state, saver, t = ctx.events, ctx.state, ctx.saver, ctx.cfg.train
+        status, checkpoint = "aborted", None
         epoch = state.epoch = self.start.position.epoch - 1   # the last epoch done
         stopped = False
         for epoch in range(self.start.position.epoch, t.n_epochs + 1):
@@ -64,18 +69,17 @@ class TrainingRun:
             # on every rank. A collective: every rank calls it, here.
             average_batchnorm_statistics(ctx.model, ctx.dist)
             events.on_epoch_stop(epoch, train)
-            record = {"epoch": epoch, "loss": train["loss"], "samples_per_s": train["samples_per_s"],
-                      "lr": train["lr"]}
-            result.history.append(record)
+            record = {"epoch": epoch, "loss": train.loss, "samples_per_s": train.samples_per_s, "lr": train.lr}
+            self.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
                 value, eval_loss = evaluate(ctx, valid_ds, epoch)
                 events.on_eval_stop(epoch, value, eval_loss)
-                result.metric = record["metric"] = value
+                self.metric = record["metric"] = value
                 record["eval_loss"] = eval_loss
             record["time_s"] = time.perf_counter() - run_start
             if "metric" in record and t.stop_at_target and ctx.reached(record["metric"]):
-                result.status = "success"
+                status = "success"
                 break
             # A request at the last epoch's end leaves nothing to resume: the run just ends.
             stopped = epoch < t.n_epochs and termination.agree_to_stop(ctx.dist)
@@ -86,22 +90,20 @@ class TrainingRun:
         if saver.enabled and not stopped:
             saver.save(epoch, ctx.steps_per_epoch, state.global_step)   # the final state, unless just saved
         saver.wait()
-        result.checkpoint_save = saver.figures()
+        checkpoint_save = saver.figures()
         if stopped:
-            result.status = "preempted"
-            result.checkpoint = saver.folder(state.global_step)
-        elif not t.stop_at_target and ctx.reached(result.metric):
-            result.status = "success"
-        result.epochs = epoch
-        result.time_to_train_s = time.perf_counter() - run_start
+            status = "preempted"
+            checkpoint = saver.folder(state.global_step)
+        elif not t.stop_at_target and ctx.reached(self.metric):
+            status = "success"
+        time_to_train_s = time.perf_counter() - run_start
         # A stopped run's log says aborted, and where it can go on from.
-        events.on_run_stop("aborted" if stopped else result.status, state.epoch, result.checkpoint)
-        ctx.check_weights_in_sync()
-        if cfg.runtime.characterize and not stopped:
-            result.characterization = self._characterize(train_iter.element_spec[0].shape[1:])
-        return result
+        events.on_run_stop("aborted" if stopped else status, state.epoch, checkpoint)
+        self.completed = not stopped
+        return RunResult(status=status, epochs=epoch, metric=self.metric, time_to_train_s=time_to_train_s,
+                         history=self.history, checkpoint=checkpoint, checkpoint_save=checkpoint_save)
 
-    def _epoch(self, train_iter, epoch) -> dict | None:
+    def _epoch(self, train_iter, epoch) -> EpochTrain | None:
         """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
 
         Raises RunFailed on every rank once they agree that a step's input or loss was not finite.
@@ -144,8 +146,8 @@ class TrainingRun:
         seconds = time.perf_counter() - start
         loss = float(ctx.dist.allreduce_mean([loss])[0])
         steps = per_epoch - first
-        return {"loss": loss, "seconds": seconds, "lr": ctx.schedule.at_step((epoch - 1) * per_epoch),
-                "samples_per_s": ctx.samples_per_epoch * steps / per_epoch / seconds}
+        return EpochTrain(loss=loss, seconds=seconds, lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
+                          samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds)
 
     def _agree(self, epoch, step, losses, flags) -> bool:
         """The agreement of the steps since the last one (`losses`, `flags`: this rank's): True on
@@ -168,17 +170,15 @@ class TrainingRun:
                          values[verdict.bad_loss_step - first])
         return verdict.stop
 
-    def _end_failed(self, failure: dict, run_start: float) -> RunResult:
+    def _end_failed(self, failure: Failure, run_start: float) -> RunResult:
         """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
-        ctx, result = self.ctx, self.ctx.result
+        ctx = self.ctx
         ctx.saver.wait()   # the last finite state is on disk before anyone exits
-        result.status, result.failure = "aborted", failure
-        result.checkpoint = failure.get("checkpoint")
-        result.epochs = ctx.state.epoch - 1
-        result.time_to_train_s = time.perf_counter() - run_start
-        ctx.events.on_run_stop("aborted", ctx.state.epoch, result.checkpoint, failure)
-        ctx.check_weights_in_sync()
-        return result
+        time_to_train_s = time.perf_counter() - run_start
+        ctx.events.on_run_stop("aborted", ctx.state.epoch, failure.checkpoint, failure)
+        return RunResult(status="aborted", epochs=ctx.state.epoch - 1, metric=self.metric,
+                         time_to_train_s=time_to_train_s, history=self.history, checkpoint=failure.checkpoint,
+                         failure=failure)
 
     def _train_log(self, epoch, losses, since) -> TrainLog:
         """This rank's mean loss over `losses` (waits for the last step), the LR, samples/s since `since`."""
@@ -190,13 +190,21 @@ class TrainingRun:
                         lr=float(ctx.schedule.at_step(ctx.state.global_step - 1)),
                         samples_per_s=samples / seconds if seconds > 0 else 0.0)
 
-    def _characterize(self, sample_shape) -> dict:
-        """After run_stop: FLOPs, input pipeline, memory and allreduce of this run (offline.characterize)."""
+    def characterize(self, train_ds, staging) -> dict:
+        """Every rank, after run_stop and the weights check: FLOPs, input pipeline, memory and allreduce
+        of this run (offline.characterize); {} unless runtime.characterize is on and the run completed.
+
+        Args:
+          train_ds: the training dataset the run read.
+          staging: the StageStats of data preparation, None when nothing was staged.
+        """
         ctx = self.ctx
+        if not (ctx.cfg.runtime.characterize and self.completed):
+            return {}
         ctx.events.on_characterization_start()
         return characterize_run(
-            model=ctx.model, dist=ctx.dist, sample_shape=sample_shape, history=ctx.result.history,
-            staging=ctx.result.staging, global_batch_size=ctx.info.global_batch_size,
+            model=ctx.model, dist=ctx.dist, sample_shape=train_ds.element_spec[0].shape[1:], history=self.history,
+            staging=staging_dict(staging), global_batch_size=ctx.info.global_batch_size,
             compression=ctx.cfg.runtime.gradient_compression,
             make_train_dataset=lambda: ctx.task.build_inputs(ctx.shards, ctx.mesh.group, ctx.dist.local_size)[0],
             local_batch_size=ctx.shards.local_batch_size, files_read=ctx.shards.train_files,

@@ -5,6 +5,8 @@ device by local rank, build the model, scale the LR with the global batch,
 wrap the optimizer, broadcast the initial state from rank 0, then hand the
 bound run (common.run.context) to its mode: training (common.run.train_mode),
 evaluation (common.run.evaluate_mode) or benchmark (common.run.benchmark_mode). The
+mode returns what it found as a RunResult; the trainer adds what init found and the
+end-of-run weights check, which every rank makes once, whatever the mode. The
 trainer prints nothing: it emits events, and listeners (rank 0's console,
 the MLPerf log, TensorBoard) act on them.
 """
@@ -26,6 +28,7 @@ from common.run.evaluate_mode import run_evaluation
 from common.reporting.events import RunInfo
 from common.inputs.page_cache import drop_from_page_cache
 from common.run.context import RunContext, RunState
+from common.parallel.fingerprint import variables_in_sync
 from common.run.result import RunResult
 from common.parallel.spatial import GatherSlabs, gradient_scales
 from common.run.steps import TrainStep, make_eval_step
@@ -51,23 +54,22 @@ class Trainer:
     def run(self) -> RunResult:
         """init -> (staging) -> one run mode: the order every Horovod program follows, a line a step."""
         cfg, dist, task, events = self.cfg, self.dist, self.task, self.events
-        result = RunResult()
         events.on_init_start()
         # Horovod is initialized (common.parallel.distribution); pin the device by local rank, threads, precision.
-        result.runtime = runtime_lib.configure(cfg.runtime, dist)
+        runtime = runtime_lib.configure(cfg.runtime, dist)
         tf.keras.utils.set_random_seed(cfg.train.seed)
         # Data parallelism is over groups: one rank each, or the K ranks that split each sample.
         mesh = task.mesh or dist.spatial_mesh(1)
         events.on_runtime_configured(dist.describe() + (f"; {mesh.describe()}" if mesh.is_split else ""),
-                                     result.runtime)
+                                     runtime)
         shards = task.shard(mesh.group, mesh.groups)                   # this rank's (its group's) files
         plan = _plan_epochs(shards, mesh.groups, cfg.train.gradient_accumulation_frequency)
-        model, optimizer, schedule, loss_fn, metric = self._build(result, plan)   # LR for the global batch
+        # The LR scaled for the global batch:
+        model, optimizer, schedule, loss_fn, metric = self._build(runtime["precision"], plan)
         saver = CheckpointSaver(self.output_dir / "checkpoints", model, optimizer, dist, cfg.train,
                                 plan.steps_per_epoch, task.name)
         saver.prepare()
         start = self._restore_or_start(saver, model, plan)               # rank 0 picks the checkpoint, if any
-        result.resumed_from = start.resumed_from
         self.state.global_step = start.global_step
         dist.broadcast_variables(model.variables + optimizer.variables)   # all start from rank 0's state
         if start.rank_state is not None:
@@ -75,34 +77,46 @@ class Trainer:
             for i, v in enumerate(batchnorm_statistics(model)):
                 v.assign(start.rank_state[f"bn_{i}"])
         train_step, eval_step = self._build_steps(model, optimizer, loss_fn, metric)   # gradients allreduced inside
-        info = self._run_info(result, mesh, shards, plan, model, metric, start)
+        info = self._run_info(runtime, mesh, shards, plan, model, metric, start)
         events.on_init_stop(info)
 
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
-        shards, result.staging = prepare_data(cfg, dist, shards, events, self.output_dir, task.staged_layout())
+        shards, staging = prepare_data(cfg, dist, shards, events, self.output_dir, task.staged_layout())
         train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
         self._check_specs(train_ds)
         ctx = RunContext(cfg=cfg, task=task, dist=dist, events=events, mesh=mesh, shards=shards, model=model,
                          optimizer=optimizer, schedule=schedule, metric=metric, train_step=train_step,
-                         eval_step=eval_step, saver=saver, info=info, result=result, state=self.state)
+                         eval_step=eval_step, saver=saver, info=info, precision=runtime["precision"],
+                         state=self.state)
+        training = None
         if cfg.train.evaluate_only:
-            return run_evaluation(ctx, valid_ds, start.start_epoch)
-        if cfg.train.benchmark_steps:
-            return run_benchmark(ctx, train_ds)
-        self._clear_page_cache(shards)
-        return TrainingRun(ctx, start).run(train_ds, valid_ds)           # metrics averaged; rank 0 writes
+            result = run_evaluation(ctx, valid_ds, start.start_epoch)
+        elif cfg.train.benchmark_steps:
+            result = run_benchmark(ctx, train_ds)
+        else:
+            self._clear_page_cache(shards)
+            training = TrainingRun(ctx, start)
+            result = training.run(train_ds, valid_ds)                    # metrics averaged; rank 0 writes
+        # A collective, once on every rank whatever the mode and however it ended: after run_stop,
+        # before the characterization's collectives and rank 0's report. All ranks must end with
+        # identical variables, batch-norm statistics included (common.parallel.fingerprint).
+        in_sync, compared = variables_in_sync(model.variables, dist)
+        result = dataclasses.replace(result, runtime=runtime, num_params=info.num_params,
+                                     resumed_from=start.resumed_from, staging=staging,
+                                     weights_in_sync=in_sync, weights_compared=compared)
+        if training is not None:
+            result = dataclasses.replace(result, characterization=training.characterize(train_ds, staging))
+        return result
 
     # ---------------------------------------------------------------- set-up
-    def _build(self, result, plan):
+    def _build(self, precision: str, plan):
         """(model, optimizer, schedule, loss, metric): the model under the precision policy with its
         batch-norm group, the task's optimizer wrapped for the precision and built."""
         dist, task = self.dist, self.task
-        precision = result.runtime["precision"]
         # Collective (registers a process set): every rank, same order.
         bn_group = dist.rank_group(task.batchnorm_group_size, "batchnorm_group_size")
         with runtime_lib.dtype_policy(precision):
             model = task.build_model(bn_group)
-        result.num_params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
         optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
         optimizer = runtime_lib.wrap_optimizer(optimizer, precision)   # fp16: dynamic loss scaling
         optimizer.build(model.trainable_variables)
@@ -134,17 +148,17 @@ class Trainer:
         eval_step.get_concrete_function(*specs)
         return train_step, eval_step
 
-    def _run_info(self, result, mesh, shards, plan, model, metric, start) -> RunInfo:
+    def _run_info(self, runtime, mesh, shards, plan, model, metric, start) -> RunInfo:
         cfg, dist, task = self.cfg, self.dist, self.task
         gathered = tuple(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
         return RunInfo(
             benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
-            accelerators_per_node=runtime_lib.accelerators_per_node(result.runtime["device"], dist),
+            accelerators_per_node=runtime_lib.accelerators_per_node(runtime["device"], dist),
             global_batch_size=plan.global_batch, train_samples=shards.train_set_size or shards.n_train,
             eval_samples=shards.n_valid, hyperparameters=task.mlperf_hyperparameters(plan.global_batch),
             target_name=metric.name, target=task.target, steps_per_epoch=plan.steps_per_epoch,
             n_epochs=cfg.train.n_epochs, resumed_from=start.resumed_from,
-            model_name=model.name, num_params=result.num_params,
+            model_name=model.name, num_params=int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             spatial_ranks=mesh.size, gathered_at=gathered,
             batchnorm_layers=len(batchnorm_statistics(model)) // 2, samples_per_epoch=plan.samples_per_epoch,
             shard_samples=shards.n_train, resumed_source=start.source)
