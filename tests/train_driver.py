@@ -31,11 +31,12 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from common import benchmarks  # noqa: E402
+from common.errors import ExitCode  # noqa: E402
 from common.run.launch import main  # noqa: E402
 
 TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}
 # What `sys.exit(main(Task))` in train.py turns an uncaught exception into.
-EXIT_UNCAUGHT = 1
+EXIT_UNCAUGHT = ExitCode.CRASH
 
 
 def _child(task, argv, stdout_path, stderr_path) -> None:
