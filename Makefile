@@ -58,11 +58,17 @@ weak-scaling: $(DATA_TARGET_$(BENCH))
 	  --config $(CONFIG_$(BENCH)) --data-dir $(DATA_$(BENCH))
 
 # `make test` skips the tests marked slow (pytest.ini says which); `make test-all` runs them too.
+# Both run on TEST_WORKERS pytest processes (pytest-xdist), a test file to one process so that its
+# module fixtures (a shared launch, a shared run) run once: most tests wait on a TensorFlow
+# subprocess tracing its graphs on one core, so two keep both cores busy. TEST_WORKERS=1: one
+# process (.ci/run, which runs two streams of its own).
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: install
-	@$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+	@$(PY) -m pytest tests -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 test-all: install
-	@$(PY) -m pytest tests $(PYTEST_ARGS)
+	@$(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS)
 
 # Both benchmarks' compute (oneDNN on/off, fp32/bf16) and input figures on this CPU, as one table:
 # bench/results/<ISA>.md and .json. `make bench-cosmoflow` / `make bench-deepcam`: one benchmark.

@@ -1,6 +1,10 @@
-"""Run under horovodrun by tests/test_spatial.py: one spatially split computation, its results per rank.
+"""Run under horovodrun by tests/test_spatial.py: spatially split computations, their results per rank.
 
-  horovodrun -np N python tests/spatial_probe.py layer|model|labels --spatial-ranks K --out DIR [--no-halo]
+  horovodrun -np N python tests/spatial_probe.py --out DIR [--data-dir D] JOB [JOB ...]
+
+A JOB is MODE:K[:no-halo] (e.g. `layer:2`, `model:2:no-halo`): MODE on a mesh of
+K spatial ranks, its results in DIR/JOB/rank-NNNNN.npz. One launch runs every
+job its rank count needs, one after the other (a launch costs more than most jobs).
 
 halo:   the halo exchange alone (float32 and bfloat16) against the zero-padded whole tensor.
 layer:  one SpatialConv3D on integer data: the output slab, and the gradients of a fixed
@@ -10,12 +14,12 @@ model:  the CosmoFlow model at 64^3 bound to its Task: predictions, loss, the gr
         after the train step's allreduce, and the weights after one SGD step on the
         data-parallel group's part of a fixed global batch.
 labels: two epochs of the real input pipeline (shards by group): each step's labels.
---no-halo: the halo exchange returns zeros instead of the neighbours' planes
+no-halo: the halo exchange returns zeros instead of the neighbours' planes
         (the negative control: the comparison must then fail).
-Writes DIR/rank-NNNNN.npz.
 """
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -149,22 +153,26 @@ def labels(mesh, data_dir: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("halo", "layer", "model", "labels"))
-    parser.add_argument("--spatial-ranks", type=int, required=True)
+    parser.add_argument("jobs", nargs="+", help="MODE:K[:no-halo]")
     parser.add_argument("--out", required=True)
     parser.add_argument("--data-dir")
-    parser.add_argument("--no-halo", action="store_true")
     args = parser.parse_args()
     dist = Distribution()
-    mesh = dist.spatial_mesh(args.spatial_ranks)
-    if args.no_halo:
-        _without_halo(mesh)
-    result = {"halo": lambda: halo(mesh), "layer": lambda: layer(mesh), "model": lambda: model(mesh, dist),
-              "labels": lambda: labels(mesh, args.data_dir)}[args.mode]()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / f"rank-{dist.rank:05d}.npz", index=mesh.index, **result)
-    dist.barrier()
+    meshes = {}   # one per K: registering a group's process set twice is refused
+    for job in args.jobs:
+        mode, k, *flags = job.split(":")
+        if int(k) not in meshes:
+            meshes[int(k)] = dist.spatial_mesh(int(k))
+        mesh = copy.copy(meshes[int(k)])   # a job's no-halo patch stays its own
+        if flags == ["no-halo"]:
+            _without_halo(mesh)
+        tf.keras.backend.clear_session()   # each job's layers get the names they would get alone
+        result = {"halo": lambda: halo(mesh), "layer": lambda: layer(mesh), "model": lambda: model(mesh, dist),
+                  "labels": lambda: labels(mesh, args.data_dir)}[mode]()
+        out = Path(args.out) / job
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez(out / f"rank-{dist.rank:05d}.npz", index=mesh.index, **result)
+        dist.barrier()
     return 0
 
 

@@ -16,7 +16,7 @@ class Recorder(Listener):
     def __init__(self):
         self.calls = []
 
-    def on_epoch_start(self, epoch, site):
+    def on_epoch_start(self, epoch, global_step, site):
         self.calls.append(("epoch_start", epoch, site))
 
     def on_step(self, step, site):
@@ -42,7 +42,7 @@ def test_listeners_get_the_event_and_the_callers_line_in_order():
     first, second = Recorder(), Recorder()
     events = Events([first, second])
     line = inspect.currentframe().f_lineno + 1
-    events.on_epoch_start(3)
+    events.on_epoch_start(3, 20)
     events.on_step(StepInfo(epoch=3, step=1, steps_per_epoch=10, global_step=21))
     expected_site = CallSite("tests/test_events.py", line)
     assert first.calls == second.calls
@@ -61,11 +61,11 @@ def _emit(events):
     events.on_init_start()
     events.on_init_stop(_info())
     events.on_run_start()
-    events.on_epoch_start(1)
+    events.on_epoch_start(1, 0)
     events.on_step(StepInfo(1, 8, 8, 8))
-    events.on_epoch_stop(1, EpochTrain(loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0))
+    events.on_epoch_stop(1, EpochTrain(global_step=8, loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0))
     events.on_eval_start(1)
-    events.on_eval_stop(1, 0.3, 0.7)
+    events.on_eval_stop(1, 8, 0.3, 0.7)
     events.on_run_stop("aborted", 1, None, Failure(reason=NON_FINITE_LOSS, exit_code=ExitCode.NON_FINITE_LOSS,
                                                 message="", step_num=8, loss="nan"))
     return inspect.getsourcelines(_emit)[1]
@@ -100,3 +100,20 @@ def test_lines_are_encoded_as_mllog_encodes_them():
     metadata = {"file": "a.py", "lineno": 3, "epoch_num": 2}
     ours = encode_line("INTERVAL_START", "epoch_start", None, metadata, time_ms=123)
     assert ours == _encode_log("", 123, "INTERVAL_START", "epoch_start", None, metadata)
+
+
+def test_the_log_writes_the_step_the_events_carry_and_counts_none_of_its_own(tmp_path):
+    # A resumed epoch whose steps the logger never saw (no on_step): every step_num is the one its
+    # event carries. A logger that counted on_step calls would write 0 here.
+    logger = MLPerfLogger(tmp_path, {k: "x" for k in ("benchmark", "org", "division", "status", "platform")},
+                          metric_key="eval_error")
+    events = Events([logger])
+    events.on_init_stop(_info())
+    events.on_epoch_start(3, 13)
+    events.on_epoch_stop(3, EpochTrain(global_step=24, loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0))
+    events.on_eval_stop(3, 24, 0.3, 0.7)
+    events.close()
+    records = [json.loads(line[len(":::MLLOG "):]) for line in (tmp_path / "mlperf.log").read_text().splitlines()]
+    steps = {r["key"]: r["metadata"]["step_num"] for r in records if "step_num" in r["metadata"]}
+    assert steps == {"epoch_start": 13, "epoch_stop": 24, "train_loss": 24, "learning_rate": 24,
+                     "eval_error": 24, "eval_loss": 24}

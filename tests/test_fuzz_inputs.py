@@ -36,16 +36,16 @@ from tests import helpers
 
 SEED = 20240611
 TIMEOUT_S = 120
-# (bench, target, damage, cases in the fast tier, in all): 102 cases, 19 of them fast.
+# (bench, target, damage, cases in the fast tier, in all): 102 cases, 15 of them fast.
 # A DeepCAM case that trains costs ~15-30 s here (a CosmoFlow one ~4 s): the fast tier
 # takes DeepCAM's cheap ones (stats.h5 and config damage that ends the run before the
 # first step) and leaves its damaged samples, and stats.h5 with garbage appended (HDF5
 # ignores bytes past its end, so that run trains), to the slow tier.
 PLAN = (
-    ("cosmoflow", "tfrecord", "flip", 2, 10),
-    ("cosmoflow", "tfrecord", "truncate", 2, 10),
-    ("cosmoflow", "tfrecord", "zero", 2, 10),
-    ("cosmoflow", "tfrecord", "append", 2, 10),
+    ("cosmoflow", "tfrecord", "flip", 1, 10),
+    ("cosmoflow", "tfrecord", "truncate", 1, 10),
+    ("cosmoflow", "tfrecord", "zero", 1, 10),
+    ("cosmoflow", "tfrecord", "append", 1, 10),
     ("cosmoflow", "config", "flip", 1, 7),
     ("cosmoflow", "config", "truncate", 1, 7),
     ("deepcam", "sample", "flip", 0, 3),

@@ -19,24 +19,24 @@ def launcher(request):
 def test_two_ranks_disjoint_shards_identical_weights_one_log(cosmo_data, tiny_config, tmp_path, launcher):
     out = tmp_path / "run"
     proc = helpers.LAUNCHERS[launcher](2, helpers.train_cmd(
-        "cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out, "--n-train", "1024",
-        "--n-valid", "256", "--n-epochs", "2", "--set", "runtime.record_shards=true",
+        "cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out, "--n-train", "128",
+        "--n-valid", "32", "--n-epochs", "2", "--set", "runtime.record_shards=true",
         "--set", "train.stop_at_target=false", "--stage-dir", tmp_path / "stage"))
     assert (out / "summary.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 rank(s) on 1 node(s)" in proc.stdout
 
     shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text()) for r in (0, 1)]
-    for split, total in (("train", 1024), ("valid", 256)):
+    for split, total in (("train", 128), ("valid", 32)):
         a, b = set(shards[0][split]), set(shards[1][split])
         assert len(a) == len(b) == total // 2 and not a & b
         # Each rank read its files from the node-local stage directory.
         assert all(f.startswith(str(tmp_path / "stage")) for f in a | b)
-    assert len(list((tmp_path / "stage" / "train").iterdir())) == 1024
+    assert len(list((tmp_path / "stage" / "train").iterdir())) == 128
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == 2 and summary["epochs"] == 2 and summary["controller"] == launcher
     assert summary["weights_in_sync"] is True
-    assert summary["staging"]["files"] == 1024 + 256 and summary["staging"]["bytes"] > 0
+    assert summary["staging"]["files"] == 128 + 32 and summary["staging"]["bytes"] > 0
 
     logs = sorted(p.name for p in out.iterdir() if p.name.startswith("mlperf"))
     assert logs == ["mlperf.log"]

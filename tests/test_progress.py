@@ -58,11 +58,11 @@ def test_step_progress_on_a_terminal_redraws_in_place_ten_times_a_second_and_end
     clock, stream = Clock(), Stream(tty=True)
     events = Events([StepProgress(stream=stream, every_s=30.0, clock=clock)])
     events.on_init_stop(run_info(global_batch_size=8, steps_per_epoch=64))
-    events.on_epoch_start(2)
+    events.on_epoch_start(2, 64)
     for step in range(1, 65):   # 16 steps/s: a redraw every second step (0.125 s >= 0.1 s)
         clock.t = 1000.0 + step / 16
         events.on_step(StepInfo(2, step, 64, 64 + step))
-    events.on_epoch_stop(2, EpochTrain(loss=0.1, seconds=4.0, lr=0.001, samples_per_s=128.0))
+    events.on_epoch_stop(2, EpochTrain(global_step=128, loss=0.1, seconds=4.0, lr=0.001, samples_per_s=128.0))
     out = stream.getvalue()
     assert out.endswith("\n") and out.count("\n") == 1
     shown = frames(out)
@@ -73,7 +73,7 @@ def test_step_progress_on_a_terminal_redraws_in_place_ten_times_a_second_and_end
     assert shown[-1] == "[epoch   2] [########################] 64/64 100%  128.0 samples/s  took 4s"
     assert stream.flushes >= len(shown)
     # The next epoch gets its own bar on its own line.
-    events.on_epoch_start(3)
+    events.on_epoch_start(3, 128)
     clock.t += 1 / 16
     events.on_step(StepInfo(3, 1, 64, 129))
     events.on_run_stop("aborted", 2)   # stopped mid-epoch: the bar's line is ended
@@ -85,12 +85,13 @@ def test_step_progress_off_a_terminal_prints_a_line_every_every_s():
     events = Events([StepProgress(stream=stream, every_s=30.0, clock=clock)])
     events.on_init_stop(run_info(global_batch_size=32, steps_per_epoch=200))
     for epoch in (1, 2):
-        events.on_epoch_start(epoch)
+        events.on_epoch_start(epoch, (epoch - 1) * 200)
         start = clock.t
         for step in range(1, 201):   # 2 steps/s: 64 samples/s
             clock.t = start + step / 2
             events.on_step(StepInfo(epoch, step, 200, (epoch - 1) * 200 + step))
-        events.on_epoch_stop(epoch, EpochTrain(loss=0.1, seconds=100.0, lr=0.001, samples_per_s=64.0))
+        events.on_epoch_stop(epoch, EpochTrain(global_step=epoch * 200, loss=0.1, seconds=100.0, lr=0.001,
+                                               samples_per_s=64.0))
         events.on_eval_start(epoch)
     lines = stream.getvalue().splitlines(keepends=True)
     assert "\r" not in stream.getvalue()
@@ -105,7 +106,7 @@ def test_step_progress_off_a_terminal_prints_a_line_every_every_s():
 def test_step_progress_of_a_resumed_epoch_counts_from_the_first_step_seen():
     clock, stream = Clock(), Stream(tty=False)
     listener = StepProgress(stream=stream, every_s=30.0, clock=clock)   # no RunInfo: steps/s
-    listener.on_epoch_start(4, SITE)
+    listener.on_epoch_start(4, 600, SITE)
     for step in range(101, 201):
         clock.t = 1000.0 + (step - 100) / 2
         listener.on_step(StepInfo(4, step, 200, 600 + step), SITE)

@@ -15,25 +15,46 @@ from tests import helpers
 PROBE = helpers.REPO / "tests" / "spatial_probe.py"
 
 
-def _probe(tmp_path, mode, ranks, spatial_ranks, *extra, launcher="gloo") -> list[dict]:
-    out = tmp_path / f"{mode}-{ranks}x{spatial_ranks}{'-'.join(extra)}-{launcher}"
-    cmd = [helpers.PYTHON, PROBE, mode, "--spatial-ranks", spatial_ranks, "--out", out, *extra]
-    proc = helpers.LAUNCHERS[launcher](ranks, cmd, timeout=900) if ranks > 1 else helpers.run(cmd, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = []
-    for rank in range(ranks):
-        with np.load(out / f"rank-{rank:05d}.npz") as f:
-            results.append({k: f[k] for k in f.files})
+# The probe's jobs, one launch per rank count and launcher: a launch (Python, TensorFlow and
+# Horovod start-up, the rendezvous) costs more than most jobs. A job is MODE:K[:no-halo].
+LAUNCHES = {
+    (1, "gloo"): ["model:1"],
+    (2, "gloo"): ["halo:2", "layer:2", "layer:2:no-halo", "model:2", "model:2:no-halo"],
+    (4, "gloo"): ["halo:4", "layer:4", "model:4", "model:2", "labels:2"],
+    (4, "mpi"): ["halo:4"],
+}
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory, cosmo_data):
+    """probe(ranks, job, launcher) -> each rank's results of `job`, from its launch (run once)."""
+    launched = {}
+
+    def results(ranks: int, job: str, launcher: str = "gloo") -> list[dict]:
+        key = (ranks, launcher)
+        if key not in launched:
+            out = tmp_path_factory.mktemp(f"probe-{ranks}-{launcher}")
+            cmd = [helpers.PYTHON, PROBE, "--out", out, "--data-dir", cosmo_data, *LAUNCHES[key]]
+            launch = helpers.LAUNCHERS[launcher] if ranks > 1 else (lambda _, c, timeout: helpers.run(c, timeout=timeout))
+            launched[key] = out, launch(ranks, cmd, timeout=900)
+        out, proc = launched[key]
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert job in LAUNCHES[key]
+        found = []
+        for rank in range(ranks):
+            with np.load(out / job / f"rank-{rank:05d}.npz") as f:
+                found.append({k: f[k] for k in f.files})
+        return found
+
     return results
 
 
 # ------------------------------------------------------------------ (a) the halo layer
-# 4 ranks over Gloo repeats what 2 over Gloo and 4 over MPI show apart: the slow tier runs it.
-@pytest.mark.parametrize("ranks,launcher", [(2, "gloo"), pytest.param(4, "gloo", marks=pytest.mark.slow), (4, "mpi")])
-def test_halo_exchange_gives_the_neighbours_planes_and_zeros_at_the_faces(tmp_path, ranks, launcher):
+@pytest.mark.parametrize("ranks,launcher", [(2, "gloo"), (4, "gloo"), (4, "mpi")])
+def test_halo_exchange_gives_the_neighbours_planes_and_zeros_at_the_faces(probe, ranks, launcher):
     if launcher == "mpi" and not helpers.horovod_has_mpi():
         pytest.skip("Horovod was built without MPI (install libopenmpi-dev, then `make install` rebuilds it)")
-    for r in _probe(tmp_path, "halo", ranks, ranks, launcher=launcher):
+    for r in probe(ranks, f"halo:{ranks}", launcher):
         for dtype in ("float32", "bfloat16"):   # bfloat16 crosses Horovod as float32, and comes back
             np.testing.assert_array_equal(r[f"got_{dtype}"], r["want"])
             assert str(r[f"dtype_{dtype}"]) == dtype
@@ -41,8 +62,8 @@ def test_halo_exchange_gives_the_neighbours_planes_and_zeros_at_the_faces(tmp_pa
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_halo_convolution_equals_the_padded_whole_tensor_exactly(tmp_path, ranks):
-    results = _probe(tmp_path, "layer", ranks, ranks)
+def test_halo_convolution_equals_the_padded_whole_tensor_exactly(probe, ranks):
+    results = probe(ranks, f"layer:{ranks}")
     for r in results:   # integer data: no rounding, so equality is exact
         np.testing.assert_array_equal(r["out"], r["whole_out"])
         np.testing.assert_array_equal(r["d_input"], r["whole_d_input"])
@@ -52,16 +73,16 @@ def test_halo_convolution_equals_the_padded_whole_tensor_exactly(tmp_path, ranks
     assert not np.array_equal(results[0]["d_kernel"], results[0]["whole_d_kernel"])
 
 
-def test_halo_convolution_without_the_exchange_differs_at_the_slab_faces(tmp_path):
-    r = _probe(tmp_path, "layer", 2, 2, "--no-halo")[0]
+def test_halo_convolution_without_the_exchange_differs_at_the_slab_faces(probe):
+    r = probe(2, "layer:2:no-halo")[0]
     differs = np.any(r["out"] != r["whole_out"], axis=(0, 2, 3, 4))
     assert differs[-1] and not differs[0], differs   # only the plane next to the neighbour
 
 
 # ------------------------------------------------------------------ (b, c) the whole model
 @pytest.fixture(scope="module")
-def unsplit(tmp_path_factory):
-    return _probe(tmp_path_factory.mktemp("unsplit"), "model", 1, 1)[0]
+def unsplit(probe):
+    return probe(1, "model:1")[0]
 
 
 def _relative_error(got, want) -> float:
@@ -88,11 +109,11 @@ def _worst_errors(results, reference) -> dict:
 @pytest.mark.parametrize("ranks,spatial_ranks,gathered", [(2, 2, "gather_before_flatten"),
                                                           (4, 4, "gather_before_pool5"),
                                                           (4, 2, "gather_before_flatten")])
-def test_split_model_step_equals_the_one_rank_step(tmp_path, unsplit, ranks, spatial_ranks, gathered):
+def test_split_model_step_equals_the_one_rank_step(probe, unsplit, ranks, spatial_ranks, gathered):
     # A non-trivial reference: predictions off the tanh's rails, every gradient non-zero.
     assert np.max(np.abs(unsplit["pred"])) < 1.1 and np.ptp(unsplit["pred"]) > 1e-3
     assert all(np.any(unsplit[k] != 0) for k in unsplit if k.startswith("grad_"))
-    results = _probe(tmp_path, "model", ranks, spatial_ranks)
+    results = probe(ranks, f"model:{spatial_ranks}")
     assert gathered in list(results[0]["layers"])
     assert sorted({int(r["group"]) for r in results}) == list(range(ranks // spatial_ranks))
     # The conv kernels' gradients are summed over the group (scale K before the average).
@@ -101,14 +122,14 @@ def test_split_model_step_equals_the_one_rank_step(tmp_path, unsplit, ranks, spa
     assert all(v < 1e-5 for v in worst.values()), worst
 
 
-def test_without_the_halo_the_model_comparison_fails(tmp_path, unsplit):
-    worst = _worst_errors(_probe(tmp_path, "model", 2, 2, "--no-halo"), unsplit)
+def test_without_the_halo_the_model_comparison_fails(probe, unsplit):
+    worst = _worst_errors(probe(2, "model:2:no-halo"), unsplit)
     assert worst["pred"] > 1e-3 and worst["grad"] > 1e-3, worst
 
 
 # ------------------------------------------------------------------ (e) input by group
-def test_every_rank_of_a_group_reads_the_same_samples_in_the_same_order(tmp_path, cosmo_data):
-    results = _probe(tmp_path, "labels", 4, 2, "--data-dir", str(cosmo_data))
+def test_every_rank_of_a_group_reads_the_same_samples_in_the_same_order(probe):
+    results = probe(4, "labels:2")
     by_rank = {int(r["group"]) * 2 + int(r["index"]): r for r in results}
     for first in (0, 2):
         a, b = by_rank[first], by_rank[first + 1]
@@ -146,26 +167,34 @@ def _final_weights(out) -> dict:
     return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}
 
 
-def test_spatial_run_ends_as_the_one_rank_run(cosmo_data, tiny_config, tmp_path):
+@pytest.fixture(scope="module")
+def split_run(cosmo_data, tiny_config, tmp_path_factory):
+    """The 2-rank, 2-way split run both tests below compare with (run once)."""
+    out = tmp_path_factory.mktemp("split") / "run"
+    proc, summary = _train(tiny_config, cosmo_data, out, 2, "--spatial-ranks", "2")
+    return proc, summary, out
+
+
+def test_spatial_run_ends_as_the_one_rank_run(cosmo_data, tiny_config, tmp_path, split_run):
     _, one = _train(tiny_config, cosmo_data, tmp_path / "one", 1)
-    proc, split = _train(tiny_config, cosmo_data, tmp_path / "split", 2, "--spatial-ranks", "2")
+    proc, split, split_dir = split_run
     assert "2-way spatial x 1 data-parallel group(s)" in proc.stdout
-    log = (tmp_path / "split" / "mlperf.log").read_text()
+    log = (split_dir / "mlperf.log").read_text()
     assert '"key": "global_batch_size", "value": 4' in log
     assert len(one["history"]) == len(split["history"]) == 2
     for a, b in zip(one["history"], split["history"]):
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
         assert abs(a["metric"] - b["metric"]) <= 1e-4 * abs(a["metric"]), (a, b)
-    want, got = _final_weights(tmp_path / "one"), _final_weights(tmp_path / "split")
+    want, got = _final_weights(tmp_path / "one"), _final_weights(split_dir)
     assert want.keys() == got.keys()
     for name, value in want.items():
         assert _relative_error(got[name], value) <= 1e-4, name
     assert split["weights_in_sync"]
 
 
-def test_staged_slabs_hold_one_rank_s_planes_and_train_the_same(cosmo_data, tiny_config, tmp_path):
+def test_staged_slabs_hold_one_rank_s_planes_and_train_the_same(cosmo_data, tiny_config, tmp_path, split_run):
     import tensorflow as tf
-    _, unstaged = _train(tiny_config, cosmo_data, tmp_path / "unstaged", 2, "--spatial-ranks", "2")
+    _, unstaged, _ = split_run
     stage = tmp_path / "stage"
     _, staged = _train(tiny_config, cosmo_data, tmp_path / "staged", 2, "--spatial-ranks", "2", "--stage-dir", stage)
     assert [h["loss"] for h in staged["history"]] == [h["loss"] for h in unstaged["history"]]

@@ -41,17 +41,17 @@ def run_two_epochs(listener, resume_at: int = 0):
     events.on_run_start()
     global_step = resume_at
     for epoch in (1, 2):
-        events.on_epoch_start(epoch)
+        events.on_epoch_start(epoch, global_step)
         for step in range(1, 5):
             global_step += 1
             events.on_step(StepInfo(epoch, step, 4, global_step))
             if global_step % 2 == 0:
                 events.on_train_log(TrainLog(epoch, global_step, loss=1.0 / global_step, lr=0.001 * epoch,
                                              samples_per_s=100.0 + global_step))
-        events.on_epoch_stop(epoch, EpochTrain(loss=0.5 / epoch, seconds=1.0, lr=0.001,
+        events.on_epoch_stop(epoch, EpochTrain(global_step=global_step, loss=0.5 / epoch, seconds=1.0, lr=0.001,
                                                samples_per_s=90.0 + epoch))
         events.on_eval_start(epoch)
-        events.on_eval_stop(epoch, 0.3 / epoch)
+        events.on_eval_stop(epoch, global_step, 0.3 / epoch)
     events.on_run_stop("success", 2)
     events.close()
 
@@ -90,7 +90,7 @@ def test_config_and_hyperparameters_are_text(tmp_path):
     assert "resumed_from" not in run   # None: left out
 
 
-def test_resumed_run_writes_at_the_global_step_and_eval_before_any_step_falls_back(tmp_path):
+def test_resumed_run_writes_at_the_global_step_the_events_carry(tmp_path):
     run_two_epochs(TensorBoardListener(tmp_path / "resumed", CONFIG), resume_at=40)
     got = read_events(tmp_path / "resumed")
     assert [s for s, _ in got["eval/eval_error"]] == [44, 48]
@@ -99,8 +99,11 @@ def test_resumed_run_writes_at_the_global_step_and_eval_before_any_step_falls_ba
     listener = TensorBoardListener(tmp_path / "eval", CONFIG)
     events = Events([listener])
     events.on_init_stop(INFO)
-    events.on_eval_stop(3, 0.25)   # no step seen: epoch x steps_per_epoch
+    # An evaluation right after a resume, before any step: at the step eval_stop carries, which
+    # is not a multiple of the epoch's steps (a mid-epoch checkpoint's), so no fallback could
+    # have guessed it.
+    events.on_eval_stop(3, 13, 0.25)
     events.close()
     listener.close()   # a second close is harmless
-    assert read_events(tmp_path / "eval")["eval/eval_error"] == [(12, pytest.approx(0.25))]
+    assert read_events(tmp_path / "eval")["eval/eval_error"] == [(13, pytest.approx(0.25))]
 

@@ -5,9 +5,9 @@ done) holding
   ckpt.*            model, optimizer (step count included) and the random
                     generators' states (tf.train.Checkpoint, written by rank 0);
   state.json        where the run stood: epoch, steps done in it, ranks;
-  rank-NNNNN.npz    mid-epoch only: each rank's own state (its batch-norm
-                    running statistics, the epoch's losses so far), which differs
-                    between ranks until the end of the epoch.
+  rank-NNNNN.npz    mid-epoch only: each rank's own state, which differs
+                    between ranks until the end of the epoch
+                    (common.checkpoints.rank_state: written, read and applied there).
 Everything is written to `step-N.tmp/` and renamed once complete, so a job
 killed mid-write leaves only a .tmp folder, which `latest` ignores and the
 next run removes. Rank 0's save copies the variables to host memory and
@@ -24,20 +24,16 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 
 from common.inputs import epochs
 from common.errors import InputError
 from common.files import replace_folder, write_text_atomic
 from common.checkpoints.model_weights import holds_training_state, restore_model_weights
+from common.checkpoints.rank_state import RankState
 
 _NAME = re.compile(r"^step-(\d{10})$")
 STATE_FILE = "state.json"
-
-
-def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.npz"
 
 
 class Checkpointer:
@@ -104,15 +100,6 @@ class Checkpointer:
         copy = getattr(helper, "_copy_to_cpu", None)
         if copy is not None:
             copy()   # traced and run once: its first run also optimizes the graph (1.6 s more)
-
-    def write_rank_state(self, global_step: int, rank: int, arrays: dict) -> None:
-        """Every rank, before rank 0's save: this rank's own arrays (temporary name, then rename)."""
-        folder = self.staging_folder(global_step)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / (rank_file(rank) + ".tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, folder / rank_file(rank))
 
     def save(self, global_step: int, state: dict) -> float:
         """Rank 0: starts writing the checkpoint after `global_step` steps; returns the
@@ -181,15 +168,6 @@ def read_state(folder) -> dict:
     return json.loads((Path(folder) / STATE_FILE).read_text())
 
 
-def read_rank_state(folder, rank: int):
-    """The arrays a rank saved in a mid-epoch checkpoint (dict), or None if there are none."""
-    path = Path(folder) / rank_file(rank)
-    if not path.is_file():
-        return None
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
-
-
 @dataclasses.dataclass(frozen=True)
 class ResumePoint:
     """Where a run starts: from scratch (the default), a training checkpoint or model-only weights.
@@ -199,8 +177,8 @@ class ResumePoint:
       global_step: optimizer steps done, over the whole run (resumes included).
       start_epoch: the epoch the checkpoint was written in (0 from scratch or from weights).
       epoch_losses: this rank's losses of the epoch in progress (a mid-epoch checkpoint).
-      rank_state: this rank's arrays of a mid-epoch checkpoint ("bn_<i>": its batch-norm
-        statistics), None otherwise.
+      rank_state: this rank's part of a mid-epoch checkpoint (its batch-norm statistics and
+        losses so far), None otherwise.
       resumed_from: {"checkpoint", "epoch", "step", "global_step"} of a training checkpoint ("step":
         optimizer steps of that epoch already done), {"checkpoint", "epoch": 0, "weights_only": True}
         of model-only weights; None from scratch. The run's RunInfo (the MLPerf log's resumed_from,
@@ -211,7 +189,7 @@ class ResumePoint:
     global_step: int = 0
     start_epoch: int = 0
     epoch_losses: tuple = ()
-    rank_state: dict | None = None
+    rank_state: RankState | None = None
     resumed_from: dict | None = None
     source: str | None = None
 
@@ -246,10 +224,8 @@ def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks:
         if state["ranks"] != ranks:
             raise InputError(f"{source}: a mid-epoch checkpoint of {state['ranks']} ranks; resume it with "
                              f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end")
-        rank_state = read_rank_state(source, rank)
-        if rank_state is None:
-            raise InputError(f"{source}: rank {rank}'s state is missing ({rank_file(rank)})")
-        losses = tuple(rank_state["losses"])
+        rank_state = RankState.read(source, rank)
+        losses = tuple(rank_state.losses)
         position = epochs.Position(epoch, done * accumulation)
     return ResumePoint(position=position, global_step=state["global_step"], start_epoch=epoch,
                        epoch_losses=losses, rank_state=rank_state, source=str(source),

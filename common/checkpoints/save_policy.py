@@ -5,15 +5,14 @@ A run saves
   - after every `train.checkpoint_every`-th epoch;
   - when the ranks agreed to stop (SIGUSR1/SIGTERM, common.run.termination), waiting for the write;
   - at the end of a run that saves at all (the final state, unless just saved).
-A mid-epoch checkpoint also holds each rank's own state (its batch-norm running statistics,
-the epoch's losses so far), written by every rank before rank 0 publishes the folder.
+A mid-epoch checkpoint also holds each rank's own state (common.checkpoints.rank_state),
+written by every rank before rank 0 publishes the folder.
 """
 
 import numpy as np
-import tensorflow as tf
 
 from common.checkpoints.checkpointer import Checkpointer, random_generators
-from common.parallel.sync_batchnorm import batchnorm_statistics
+from common.checkpoints.rank_state import RankState
 
 
 class CheckpointSaver:
@@ -65,10 +64,8 @@ class CheckpointSaver:
                 self.checkpointer.wait()
             return
         if steps_done < self.steps_per_epoch:
-            arrays = {"losses": tf.stack(epoch_losses).numpy() if len(epoch_losses) else np.zeros(0, np.float32)}
-            for i, v in enumerate(batchnorm_statistics(self.model)):
-                arrays[f"bn_{i}"] = v.numpy()
-            self.checkpointer.write_rank_state(global_step, self.dist.rank, arrays)
+            RankState.of(self.model, epoch_losses).write(self.checkpointer.staging_folder(global_step),
+                                                         self.dist.rank)
             self.dist.barrier()   # every rank's part is on disk before rank 0 publishes the folder
         if self.dist.is_root:
             state = {"global_step": global_step, "epoch": epoch, "steps_done": steps_done,

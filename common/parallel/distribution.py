@@ -79,6 +79,8 @@ class Distribution:
 
     def broadcast_variables(self, variables, root_rank: int = 0) -> None:
         """Gives every rank rank 0's initial weights."""
+        if self.size == 1:   # nothing to send; Horovod would still build a broadcast per variable (3 s for DeepCAM)
+            return
         hvd.broadcast_variables(variables, root_rank=root_rank)
 
     def average_gradients(self, grads, compression: str = "none"):

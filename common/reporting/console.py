@@ -66,8 +66,8 @@ class Console(Listener):
     def on_run_start(self, site):
         self.run_start = time.time()
 
-    def on_epoch_start(self, epoch, site):
-        self.steps.on_epoch_start(epoch, site)
+    def on_epoch_start(self, epoch, global_step, site):
+        self.steps.on_epoch_start(epoch, global_step, site)
 
     def on_step(self, step, site):
         self.steps.on_step(step, site)
@@ -79,7 +79,7 @@ class Console(Listener):
     def on_eval_start(self, epoch, site):
         self.steps.on_eval_start(epoch, site)
 
-    def on_eval_stop(self, epoch, value, loss, site):
+    def on_eval_stop(self, epoch, global_step, value, loss, site):
         t = self.train
         loss, samples_per_s, lr = (t.loss, t.samples_per_s, t.lr) if t is not None else (float("nan"), 0, 0)
         self.print(f"[epoch {epoch:3d}] train_loss {loss:.4f}  "
@@ -208,7 +208,7 @@ class StepProgress(Listener):
     def on_init_stop(self, info, site):
         self.batch = info.global_batch_size
 
-    def on_epoch_start(self, epoch, site):
+    def on_epoch_start(self, epoch, global_step, site):
         self._end()
         self.epoch, self.first, self.step = epoch, None, None
         self.epoch_start = self.clock()
@@ -217,7 +217,7 @@ class StepProgress(Listener):
     def on_step(self, step, site):
         now = self.clock()
         if self.line is None:     # steps without an epoch start (not from the trainer): still draw
-            self.on_epoch_start(step.epoch, site)
+            self.on_epoch_start(step.epoch, step.global_step - step.step, site)
         self.step = step
         if self.first is None:
             self.first = (step.step, now)

@@ -11,6 +11,11 @@ spelled wrong is an error at construction instead of a method that never runs.
 Each event carries the trainer's call site (`CallSite`), taken once where the
 trainer calls `Events`: the file:line an MLPerf log line names does not depend
 on how deep the listeners sit.
+
+The run's global step (optimizer steps done, resumes included) is counted once,
+by the trainer (common.run.context.RunState), and travels in the events that
+stand at a step: `StepInfo` and `TrainLog`, `epoch_start`, `EpochTrain` and
+`eval_stop`. No listener counts steps of its own.
 """
 
 import dataclasses
@@ -83,6 +88,7 @@ class TrainLog:
 @dataclasses.dataclass(frozen=True)
 class EpochTrain:
     """An epoch's training figures (common.run.train_mode), at epoch_stop."""
+    global_step: int          # steps done in the whole run at the epoch's end
     loss: float               # mean of the epoch's step losses over all ranks
     seconds: float            # this rank's, for the steps of the epoch this process ran (a resume's: the rest)
     lr: float                 # the LR of the epoch's first step
@@ -106,13 +112,15 @@ class Listener:
     def on_staging_stop(self, stats: "StageStats", site: CallSite): ...
     def on_caches_cleared(self, cleared: bool, files: int, site: CallSite): ...
     def on_run_start(self, site: CallSite): ...
-    def on_epoch_start(self, epoch: int, site: CallSite): ...
+    # global_step: the steps done in the whole run before the epoch's first.
+    def on_epoch_start(self, epoch: int, global_step: int, site: CallSite): ...
     def on_step(self, step: StepInfo, site: CallSite): ...
     def on_train_log(self, log: TrainLog, site: CallSite): ...
     def on_epoch_stop(self, epoch: int, train: EpochTrain, site: CallSite): ...
     def on_eval_start(self, epoch: int, site: CallSite): ...
-    # loss: the per-sample mean validation loss (eval_loss), None where not computed.
-    def on_eval_stop(self, epoch: int, value: float, loss: float | None, site: CallSite): ...
+    # global_step: the steps done when the model was evaluated; loss: the per-sample mean
+    # validation loss (eval_loss), None where not computed.
+    def on_eval_stop(self, epoch: int, global_step: int, value: float, loss: float | None, site: CallSite): ...
     # failure: why a run that could not go on stopped (non-finite input or loss: common.run.failures), else None.
     def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: "Failure | None",
                     site: CallSite): ...
@@ -194,10 +202,10 @@ class Events:
         for listener in self.listeners:
             listener.on_run_start(site)
 
-    def on_epoch_start(self, epoch: int):
+    def on_epoch_start(self, epoch: int, global_step: int):
         site = _caller()
         for listener in self.listeners:
-            listener.on_epoch_start(epoch, site)
+            listener.on_epoch_start(epoch, global_step, site)
 
     def on_step(self, step: StepInfo):
         site = _caller()
@@ -219,10 +227,10 @@ class Events:
         for listener in self.listeners:
             listener.on_eval_start(epoch, site)
 
-    def on_eval_stop(self, epoch: int, value: float, loss: float | None = None):
+    def on_eval_stop(self, epoch: int, global_step: int, value: float, loss: float | None = None):
         site = _caller()
         for listener in self.listeners:
-            listener.on_eval_stop(epoch, value, loss, site)
+            listener.on_eval_stop(epoch, global_step, value, loss, site)
 
     def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: "Failure | None" = None):
         site = _caller()

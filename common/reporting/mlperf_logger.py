@@ -57,7 +57,6 @@ class MLPerfLogger(Listener):
         self._file = open(self.partial, "a", encoding="utf-8")
         self._submission = dict(submission)
         self._closed = False
-        self._step = 0   # optimizer steps done (on_step), the step_num the references log with epochs and evals
         # SIGTERM closes the log from another thread (common.run.termination) while
         # the main thread may be writing a line: one at a time, none after close.
         self._lock = threading.RLock()
@@ -95,7 +94,6 @@ class MLPerfLogger(Listener):
         self._event("eval_samples", info.eval_samples, site)
         for key, value in info.hyperparameters.items():
             self._event(key, value, site)
-        self._step = (info.resumed_from or {}).get("global_step", 0)
         if info.resumed_from:
             # Not an MLPerf key: a resumed run is no benchmark result, and scoring refuses it.
             self._event(RESUMED_KEY, info.resumed_from, site)
@@ -116,29 +114,27 @@ class MLPerfLogger(Listener):
     def on_run_start(self, site):
         self._start("run_start", site)
 
-    def on_epoch_start(self, epoch, site):
-        self._start("epoch_start", site, epoch_num=epoch, step_num=self._step)
-
-    def on_step(self, step, site):
-        self._step = step.global_step
+    # step_num: the run's global step, which the references log with epochs and evaluations.
+    def on_epoch_start(self, epoch, global_step, site):
+        self._start("epoch_start", site, epoch_num=epoch, step_num=global_step)
 
     def on_epoch_stop(self, epoch, train, site):
-        self._end("epoch_stop", site, epoch_num=epoch, step_num=self._step)
+        self._end("epoch_stop", site, epoch_num=epoch, step_num=train.global_step)
         # train_loss: the mean of the epoch's step losses over all ranks, where DeepCAM's reference
         # logs its last batch's (driver/trainer.py); learning_rate: the LR of the epoch's first
         # step (the reference's: of its last).
-        self._event("train_loss", train.loss, site, epoch_num=epoch, step_num=self._step)
-        self._event("learning_rate", train.lr, site, epoch_num=epoch, step_num=self._step)
+        self._event("train_loss", train.loss, site, epoch_num=epoch, step_num=train.global_step)
+        self._event("learning_rate", train.lr, site, epoch_num=epoch, step_num=train.global_step)
         self._event("tracked_stats", {"throughput": train.samples_per_s}, site, step=epoch)
 
     def on_eval_start(self, epoch, site):
         self._start("eval_start", site, epoch_num=epoch)
 
-    def on_eval_stop(self, epoch, value, loss, site):
+    def on_eval_stop(self, epoch, global_step, value, loss, site):
         self._end("eval_stop", site, epoch_num=epoch)
-        self._event(self.metric_key, value, site, epoch_num=epoch, step_num=self._step)
+        self._event(self.metric_key, value, site, epoch_num=epoch, step_num=global_step)
         if loss is not None:
-            self._event("eval_loss", loss, site, epoch_num=epoch, step_num=self._step)
+            self._event("eval_loss", loss, site, epoch_num=epoch, step_num=global_step)
 
     def on_run_stop(self, status, epoch, checkpoint, failure, site):
         # A run stopped on request says where it can go on from (aborted-with-checkpoint); one

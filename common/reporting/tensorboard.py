@@ -10,10 +10,9 @@ trainer (Orbit) writes its evaluation summaries:
   train/epoch_loss, train/epoch_samples_per_s             each epoch's end
   eval/<RunInfo.target_name> (eval/eval_error, ...)       each evaluation
 
-An epoch's scalars go at the last global step seen (from on_step or
-on_train_log): the step that ended the epoch. With no step seen (an
-evaluation right after a resume), epoch x RunInfo.steps_per_epoch, which is
-the same number when every epoch has the same steps.
+An epoch's scalars go at the global step that ended it (EpochTrain's), an
+evaluation's at the step it evaluated (eval_stop's): the step the trainer
+counts, read from the events (common.reporting.events).
 
 At init_stop, three text summaries at step 0: `config` (the resolved YAML as
 a markdown code block), `hyperparameters` and `run` (RunInfo's facts) as
@@ -53,7 +52,6 @@ class TensorBoardListener(Listener):
         self._writer = None
         self.config_text = config_text
         self.info: RunInfo | None = None
-        self.global_step: int | None = None   # the last one seen
         self.closed = False
 
     @property
@@ -69,13 +67,6 @@ class TensorBoardListener(Listener):
             for tag, value in values.items():
                 tf.summary.scalar(tag, float(value), step=step)
 
-    def _epoch_step(self, epoch: int) -> int:
-        if self.global_step is not None:
-            return self.global_step
-        if self.info is not None and self.info.steps_per_epoch:
-            return epoch * self.info.steps_per_epoch
-        return epoch
-
     def on_init_stop(self, info, site):
         self.info = info
         facts = dataclasses.asdict(info)
@@ -86,21 +77,17 @@ class TensorBoardListener(Listener):
                             step=0)
         self.writer.flush()
 
-    def on_step(self, step, site):
-        self.global_step = step.global_step
-
     def on_train_log(self, log, site):
-        self.global_step = log.global_step
         self._scalars(log.global_step, {"train/loss": log.loss, "train/learning_rate": log.lr,
                                         "train/samples_per_s": log.samples_per_s})
 
     def on_epoch_stop(self, epoch, train, site):
-        self._scalars(self._epoch_step(epoch), {"train/epoch_loss": train.loss,
+        self._scalars(train.global_step, {"train/epoch_loss": train.loss,
                                                 "train/epoch_samples_per_s": train.samples_per_s})
 
-    def on_eval_stop(self, epoch, value, loss, site):
+    def on_eval_stop(self, epoch, global_step, value, loss, site):
         name = self.info.target_name if self.info is not None else "metric"
-        self._scalars(self._epoch_step(epoch), {f"eval/{name}": value} | ({} if loss is None else {"eval/loss": loss}))
+        self._scalars(global_step, {f"eval/{name}": value} | ({} if loss is None else {"eval/loss": loss}))
         self.writer.flush()   # the curve people watch: on disk at once, not at the next 2-minute flush
 
     def on_run_stop(self, status, epoch, checkpoint, failure, site):

@@ -21,7 +21,9 @@ if TYPE_CHECKING:   # names for the annotations only: importing them here would 
 class RunState:
     """Where the run stands now: the training loop advances it, common.run.launch reads it on a crash."""
     epoch: int = 0          # the epoch in progress (the last one started); 0 before the first
-    global_step: int = 0    # optimizer steps done, over the whole run (resumes included)
+    # Optimizer steps done, over the whole run (resumes included): the run's one count of steps;
+    # listeners read it from the events that carry it (common.reporting.events).
+    global_step: int = 0
     started: bool = False   # run_start was logged: a crash must close the log as aborted
 
 

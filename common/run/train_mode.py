@@ -56,7 +56,7 @@ class TrainingRun:
         stopped = False
         for epoch in range(self.start.position.epoch, t.n_epochs + 1):
             state.epoch = epoch
-            events.on_epoch_start(epoch)
+            events.on_epoch_start(epoch, state.global_step)
             train = self._epoch(train_iter, epoch)
             if train is None:   # stopped on request mid-epoch, checkpoint written
                 stopped = True
@@ -74,7 +74,7 @@ class TrainingRun:
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
                 value, eval_loss = evaluate(ctx, valid_ds, epoch)
-                events.on_eval_stop(epoch, value, eval_loss)
+                events.on_eval_stop(epoch, state.global_step, value, eval_loss)
                 self.metric = record["metric"] = value
                 record["eval_loss"] = eval_loss
             record["time_s"] = time.perf_counter() - run_start
@@ -146,7 +146,8 @@ class TrainingRun:
         seconds = time.perf_counter() - start
         loss = float(ctx.dist.allreduce_mean([loss])[0])
         steps = per_epoch - first
-        return EpochTrain(loss=loss, seconds=seconds, lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
+        return EpochTrain(global_step=ctx.state.global_step, loss=loss, seconds=seconds,
+                          lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
                           samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds)
 
     def _agree(self, epoch, step, losses, flags) -> bool:

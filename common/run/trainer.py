@@ -74,8 +74,7 @@ class Trainer:
         dist.broadcast_variables(model.variables + optimizer.variables)   # all start from rank 0's state
         if start.rank_state is not None:
             # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
-            for i, v in enumerate(batchnorm_statistics(model)):
-                v.assign(start.rank_state[f"bn_{i}"])
+            start.rank_state.restore_batchnorm(model, start.source)
         train_step, eval_step = self._build_steps(model, optimizer, loss_fn, metric)   # gradients allreduced inside
         info = self._run_info(runtime, mesh, shards, plan, model, metric, start)
         events.on_init_stop(info)
