@@ -83,7 +83,7 @@ class TensorBoardListener(Listener):
 
     def on_epoch_stop(self, epoch, train, site):
         self._scalars(train.global_step, {"train/epoch_loss": train.loss,
-                                                "train/epoch_samples_per_s": train.samples_per_s})
+                                          "train/epoch_samples_per_s": train.samples_per_s})
 
     def on_eval_stop(self, epoch, global_step, value, loss, site):
         name = self.info.target_name if self.info is not None else "metric"
