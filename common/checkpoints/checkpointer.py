@@ -176,7 +176,6 @@ class ResumePoint:
       position: the next local batch this rank reads.
       global_step: optimizer steps done, over the whole run (resumes included).
       start_epoch: the epoch the checkpoint was written in (0 from scratch or from weights).
-      epoch_losses: this rank's losses of the epoch in progress (a mid-epoch checkpoint).
       rank_state: this rank's part of a mid-epoch checkpoint (its batch-norm statistics and
         losses so far), None otherwise.
       resumed_from: {"checkpoint", "epoch", "step", "global_step"} of a training checkpoint ("step":
@@ -188,7 +187,6 @@ class ResumePoint:
     position: epochs.Position = epochs.Position()
     global_step: int = 0
     start_epoch: int = 0
-    epoch_losses: tuple = ()
     rank_state: RankState | None = None
     resumed_from: dict | None = None
     source: str | None = None
@@ -217,7 +215,7 @@ def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks:
     if per_epoch != steps_per_epoch:
         raise InputError(f"{source}: written with {per_epoch} steps per epoch, this run has "
                          f"{steps_per_epoch} (other samples, ranks or batch size)")
-    rank_state, losses = None, ()
+    rank_state = None
     if done >= per_epoch:   # written after the epoch's end (statistics averaged, evaluated)
         position = epochs.Position(epoch + 1, 0)
     else:
@@ -225,9 +223,8 @@ def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks:
             raise InputError(f"{source}: a mid-epoch checkpoint of {state['ranks']} ranks; resume it with "
                              f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end")
         rank_state = RankState.read(source, rank)
-        losses = tuple(rank_state.losses)
         position = epochs.Position(epoch, done * accumulation)
     return ResumePoint(position=position, global_step=state["global_step"], start_epoch=epoch,
-                       epoch_losses=losses, rank_state=rank_state, source=str(source),
+                       rank_state=rank_state, source=str(source),
                        resumed_from={"checkpoint": resolved, "epoch": epoch, "step": done,
                                      "global_step": state["global_step"]})

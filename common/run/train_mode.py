@@ -31,7 +31,8 @@ class TrainingRun:
     def __init__(self, ctx, start):
         self.ctx = ctx
         self.start = start
-        self.epoch_losses = [tf.constant(v) for v in start.epoch_losses]   # of the epoch in progress
+        # This rank's losses of the epoch in progress (a mid-epoch checkpoint's, resumed).
+        self.epoch_losses = [tf.constant(v) for v in start.rank_state.losses] if start.rank_state else []
         # What a failed run still reports: the epochs done and the last evaluation.
         self.history = []   # one record per epoch (RunResult.history)
         self.metric = float("nan")
