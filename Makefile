@@ -4,6 +4,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 VARIANT ?= cpu
+# Which pinned stack `make install` installs: tf2.21 (requirements.txt) or tf2.15 (requirements-tf2.15.txt).
+STACK ?= tf2.21
 
 NP ?= 1
 # How NP ranks are started on this machine: one runs alone, more under horovodrun over Gloo (no MPI
@@ -14,12 +16,12 @@ LAUNCH = $(if $(filter 1,$(NP)),,$(or $(shell $(PY) -m common.launchers horovodr
 
 # WHEELHOUSE=DIR make install: from the files of DIR only, no network (tools/install.sh).
 install:
-	@VENV=$(VENV) VARIANT=$(VARIANT) bash tools/install.sh
+	@VENV=$(VENV) VARIANT=$(VARIANT) STACK=$(STACK) bash tools/install.sh
 
 # Every package `make install` takes from PyPI, for this platform and Python, into wheelhouse/ (or
 # WHEELHOUSE=DIR), with SHA256SUMS: for a machine without internet, and for the images.
 wheelhouse:
-	@WHEELHOUSE=$(or $(WHEELHOUSE),$(CURDIR)/wheelhouse) VARIANT=$(VARIANT) bash tools/wheelhouse.sh
+	@WHEELHOUSE=$(or $(WHEELHOUSE),$(CURDIR)/wheelhouse) VARIANT=$(VARIANT) STACK=$(STACK) bash tools/wheelhouse.sh
 
 # Per benchmark, from its entry in common/benchmarks.py (`python -m common.benchmarks make` prints
 # them): <PREFIX>_DATA, <PREFIX>_CONFIG and the run directory variable (COSMO_*, RUN_DIR; DEEPCAM_*,

@@ -49,7 +49,10 @@ def test_install_script_turns_the_cpu_pin_into_the_gpu_wheel_at_the_same_version
     script = (helpers.REPO / "tools" / "install.sh").read_text()
     assert 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' in script
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in script
-    assert PINS["tensorflow-cpu"] == "2.15.1" and PINS["horovod"] == "0.28.1"
+    assert PINS["tensorflow-cpu"] == "2.21.0" and PINS["horovod"] == "0.28.1"
+    older = dict(line.split("==", 1) for line in (helpers.REPO / "requirements-tf2.15.txt").read_text().splitlines()
+                 if "==" in line and not line.startswith("#"))
+    assert older["tensorflow-cpu"] == "2.15.1" and older["horovod"] == PINS["horovod"]
 
 
 def built_tags() -> dict:
@@ -120,7 +123,8 @@ def test_dockerfiles_lint_clean(hadolint, dockerfile, tmp_path):
 
 def test_shell_scripts_lint_clean(shellcheck):
     scripts = [*sorted((helpers.REPO / "slurm").glob("*.sbatch")), helpers.REPO / "slurm" / "env.sh",
-               helpers.REPO / "tools" / "local_slurm.sh", helpers.REPO / "tools" / "install.sh"]
+               helpers.REPO / "tools" / "local_slurm.sh", helpers.REPO / "tools" / "install.sh",
+               helpers.REPO / "tools" / "wheelhouse.sh"]
     proc = subprocess.run([str(shellcheck), "-x", *map(str, scripts)], cwd=helpers.REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -4,10 +4,12 @@ one is not redone."""
 import shutil
 import subprocess
 
+import pytest
+
 from tests.helpers import REPO
 
 BASH = shutil.which("bash")   # by its full path: some tests give the script a PATH without it
-WAYS_ON = ("`uv python install 3.11`", "`pyenv install 3.11`", "docker/Dockerfile.cpu")
+WAYS_ON = ("`uv python install 3.13`", "`pyenv install 3.13`", "docker/Dockerfile.cpu")
 
 
 def install(env_overrides, tmp_path):
@@ -27,39 +29,68 @@ def fake_python(folder, name: str, version: str):
     return fake
 
 
+def fake_shim(folder, name: str):
+    """What pyenv puts on PATH for a version that is installed but not active: found, and failing."""
+    folder.mkdir(exist_ok=True)
+    shim = folder / name
+    shim.write_text(f"#!/bin/sh\necho 'pyenv: {name}: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    return shim
+
+
 def test_unsupported_python_names_the_step(tmp_path):
-    fake = fake_python(tmp_path, "python3.13", "3.13.0")
+    fake = fake_python(tmp_path, "python3.14", "3.14.0")
     proc = install({"PYTHON": str(fake), "VENV": str(tmp_path / "venv")}, tmp_path)
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith('[install] FAILED at step "python": TensorFlow 2.15.1 needs Python 3.9-3.11; '
-                               f"PYTHON={fake} is Python 3.13")
+    assert lines[0].startswith('[install] FAILED at step "python": TensorFlow 2.21.0 (STACK=tf2.21) needs '
+                               f"Python 3.10-3.13; PYTHON={fake} is Python 3.14")
     assert all(way in lines[0] for way in WAYS_ON)
     assert not (tmp_path / "venv").exists()
 
 
-def test_a_path_with_only_python3_12_gets_one_line_with_the_ways_on(tmp_path):
-    bin_dir = tmp_path / "bin"
-    fake_python(bin_dir, "python3.12", "3.12.3")
-    proc = install({"PATH": str(bin_dir), "VENV": str(tmp_path / "venv")}, tmp_path)
+def test_an_unknown_stack_is_one_line_naming_the_known_ones(tmp_path):
+    proc = install({"STACK": "tf2.16", "VENV": str(tmp_path / "venv")}, tmp_path)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        '[install] FAILED at step "python": TensorFlow 2.15.1 needs Python 3.9-3.11; no python3.11, python3.10 or '
-        "python3.9 on PATH (found: python3.12 = Python 3.12); ways on: `uv python install 3.11` then "
-        "PYTHON=$(uv python find 3.11), or `pyenv install 3.11` then PYTHON=$(pyenv prefix 3.11)/bin/python3, "
-        "or the CPU image (docker build -f docker/Dockerfile.cpu .)"]
+        '[install] FAILED at step "stack": STACK=tf2.16 is not a stack; known: tf2.21 (the default), tf2.15']
+
+
+def test_the_older_stack_on_a_path_with_only_python3_12_gets_one_line_with_the_ways_on(tmp_path):
+    bin_dir = tmp_path / "bin"
+    fake_python(bin_dir, "python3.12", "3.12.3")
+    proc = install({"PATH": str(bin_dir), "STACK": "tf2.15", "VENV": str(tmp_path / "venv")}, tmp_path)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        '[install] FAILED at step "python": TensorFlow 2.15.1 (STACK=tf2.15) needs Python 3.9-3.11; none of '
+        "python3.11, python3.10, python3.9 runs on PATH (found: python3.12 = Python 3.12); ways on: "
+        "`uv python install 3.11` then PYTHON=$(uv python find 3.11), or `pyenv install 3.11` then "
+        "PYTHON=$(pyenv prefix 3.11)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"]
     assert not (tmp_path / "venv").exists()
 
 
-def test_without_python_the_newest_supported_on_path_is_taken(tmp_path):
+def path_with_pythons(tmp_path, pythons, shims=()):
     bin_dir = tmp_path / "bin"
-    for name, version in (("python3.9", "3.9.18"), ("python3.10", "3.10.13"), ("python3.12", "3.12.3")):
+    for name, version in pythons:
         fake_python(bin_dir, name, version)
+    for name in shims:
+        fake_shim(bin_dir, name)
     for tool in ("cat", "sha256sum", "cut", "dirname", "mktemp", "rm"):   # what the script runs before the venv
         (bin_dir / tool).symlink_to(shutil.which(tool))
-    proc = install({"PATH": str(bin_dir), "VENV": str(tmp_path / "venv")}, tmp_path)
-    assert "[install] python: python3.10 (Python 3.10.13)" in proc.stdout, proc.stdout + proc.stderr
+    return bin_dir
+
+
+@pytest.mark.parametrize("stack, taken", [(None, "python3.12 (Python 3.12.3)"),
+                                          ("tf2.15", "python3.10 (Python 3.10.13)")])
+def test_without_python_the_newest_supported_that_runs_is_taken(tmp_path, stack, taken):
+    # python3.13 is a pyenv shim of a version that is not active: found on PATH, but it does not run.
+    bin_dir = path_with_pythons(tmp_path, (("python3.9", "3.9.18"), ("python3.10", "3.10.13"),
+                                           ("python3.12", "3.12.3")), shims=("python3.13",))
+    env = {"PATH": str(bin_dir), "VENV": str(tmp_path / "venv"), **({"STACK": stack} if stack else {})}
+    proc = install(env, tmp_path)
+    assert f"[install] stack {stack or 'tf2.21'} " in proc.stdout and f"python: {taken}" in proc.stdout, \
+        proc.stdout + proc.stderr
     # The fake cannot make a venv: the install stops at the next step, naming it.
     assert proc.returncode == 1 and 'FAILED at step "venv"' in proc.stderr
 
@@ -76,7 +107,7 @@ def test_second_call_returns_at_once():
     assert proc.returncode == 0 and proc.stdout == ""  # the stamp matched: nothing installed again
 
 
-def wheelhouse(tmp_path, files=(), listed=(), python_version=None, variant="cpu"):
+def wheelhouse(tmp_path, files=(), listed=(), python_version=None, variant="cpu", stack="tf2.21"):
     """A wheelhouse as tools/wheelhouse.sh writes it: `files` (name: bytes) and a SHA256SUMS listing `listed` too."""
     import hashlib
     import sys
@@ -89,7 +120,7 @@ def wheelhouse(tmp_path, files=(), listed=(), python_version=None, variant="cpu"
     sums += [f"{'0' * 64}  {name}" for name in listed]
     (folder / "SHA256SUMS").write_text("".join(line + "\n" for line in sums))
     version = python_version or "%d.%d" % sys.version_info[:2]
-    (folder / "MADE_FOR").write_text(f"python {version} x\nplatform linux-x86_64\nvariant {variant}\n")
+    (folder / "MADE_FOR").write_text(f"python {version} x\nplatform linux-x86_64\nvariant {variant}\nstack {stack}\n")
     return folder
 
 
@@ -100,7 +131,7 @@ def install_from(folder, tmp_path):
 
 
 def test_a_file_the_wheelhouse_lost_is_named_on_one_line(tmp_path):
-    name = "tensorflow_cpu-2.15.1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    name = "tensorflow_cpu-2.21.0-cp311-cp311-manylinux_2_27_x86_64.whl"
     folder = wheelhouse(tmp_path, files={"six-1.17.0-py2.py3-none-any.whl": b"six"}, listed=[name])
     proc = install_from(folder, tmp_path)
     assert proc.returncode == 1

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs the pinned stack of requirements.txt.
+# Creates .venv (if missing) and installs a pinned stack: requirements.txt (the default,
+# TensorFlow 2.21 + tf-keras) or, with STACK=tf2.15, requirements-tf2.15.txt (TensorFlow 2.15.1).
 #
-#   tools/install.sh              # CPU TensorFlow
+#   tools/install.sh              # CPU TensorFlow 2.21, Horovod 0.28.1 built against it
+#   STACK=tf2.15 tools/install.sh # the older stack, for sites whose drivers or containers are older
 #   VARIANT=gpu tools/install.sh  # tensorflow[and-cuda] at the same pin, Horovod with NCCL
-#   PYTHON=/opt/python3.11/bin/python3 tools/install.sh   # this interpreter, not the first on PATH
+#   PYTHON=/opt/python3.12/bin/python3 tools/install.sh   # this interpreter, not the first that runs
 #   WHEELHOUSE=DIR tools/install.sh   # no network: only the files of DIR (tools/wheelhouse.sh made it)
 #
-# Without PYTHON, the venv is made with the first of python3.11, python3.10, python3.9 on PATH:
-# the pins (TensorFlow 2.15.1) have wheels for those only, and newer hosts (Python 3.12, 3.13)
-# must be pointed at one. Idempotent: a stamp file records the hash of requirements.txt and this
-# script, so a second call returns at once. Each step says what failed.
+# Without PYTHON, the venv is made with the first of python3.13, python3.12, python3.11, python3.10
+# (STACK=tf2.15: python3.11, python3.10, python3.9) that runs: the stack's TensorFlow has wheels for
+# those only. Horovod is built from its sdist, edited for this TensorFlow, compiler and CMake by
+# tools/horovod_source.py; the wheel is kept in the venv's folder, so a later install with the same
+# TensorFlow, Python and edits does not compile again. Idempotent: a stamp file records the hash of
+# the requirements and these scripts, so a second call returns at once. Each step says what failed.
 set -euo pipefail
 
 step() { printf '[install] %s\n' "$*"; }
@@ -19,23 +23,24 @@ fail() { printf '[install] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
 # usable Python gets one line and nothing else. (${BASH_SOURCE%/*}: dirname may not be on PATH.)
 # shellcheck source=tools/select_python.sh
 source "${BASH_SOURCE[0]%/*}/select_python.sh"
+select_stack || exit 1
 select_python || exit 1
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$root/.venv}"
 variant="${VARIANT:-cpu}"
-reqs="$root/requirements.txt"
+reqs="$root/$stack_reqs"
 stamp="$venv/.installed"
 # Horovod is rebuilt when OpenMPI appears or goes, so the MPI controller follows the machine.
 has_mpi=no
 if command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then has_mpi=yes; fi
-want="$(cat "$reqs" "$0" | sha256sum | cut -d' ' -f1)-$variant-mpi:$has_mpi"
+want="$(cat "$reqs" "$0" "$root/tools/select_python.sh" "$root/tools/horovod_source.py" | sha256sum | cut -d' ' -f1)-$stack-$variant-mpi:$has_mpi"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
 fi
 
-step "python: $python ($("$python" --version 2>&1))"
+step "stack $stack ($stack_reqs), python: $python ($("$python" --version 2>&1))"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -53,8 +58,9 @@ if [[ -n "${WHEELHOUSE:-}" ]]; then
   [[ -z "$damaged" ]] || fail "wheelhouse" "$wheelhouse/$damaged does not match its hash in SHA256SUMS (a damaged copy?)"
   made_for="$(sed -n 's/^python \([0-9.]*\).*/\1/p' "$wheelhouse/MADE_FOR" 2>/dev/null || true)"
   made_variant="$(sed -n 's/^variant //p' "$wheelhouse/MADE_FOR" 2>/dev/null || true)"
-  [[ "$made_for" == "$python_version" && "$made_variant" == "$variant" ]] || fail "wheelhouse" \
-    "$wheelhouse was made for Python ${made_for:-?}, variant ${made_variant:-?}; this install is Python $python_version ($python), variant $variant: make it with PYTHON=$python VARIANT=$variant make wheelhouse"
+  made_stack="$(sed -n 's/^stack //p' "$wheelhouse/MADE_FOR" 2>/dev/null || true)"
+  [[ "$made_for" == "$python_version" && "$made_variant" == "$variant" && "$made_stack" == "$stack" ]] || fail "wheelhouse" \
+    "$wheelhouse was made for Python ${made_for:-?}, variant ${made_variant:-?}, stack ${made_stack:-?}; this install is Python $python_version ($python), variant $variant, stack $stack: make it with PYTHON=$python VARIANT=$variant STACK=$stack make wheelhouse"
   step "installing from the wheelhouse $wheelhouse only (no index)"
   # Only the wheelhouse: no index, and none of the find-links, extra indexes or constraints a
   # pip.conf or PIP_* variable of this host adds (they would hide a file the wheelhouse lacks).
@@ -62,11 +68,13 @@ if [[ -n "${WHEELHOUSE:-}" ]]; then
   source_args=(--no-index --find-links "$wheelhouse")
 fi
 
-# pip_install STEP ARGS...: pip install from PyPI or the wheelhouse. A package the wheelhouse has
-# no file for is named on one line; any other failure shows the end of pip's output.
-pip_install() {
-  local what=$1; shift
-  if "${pip[@]}" install "${source_args[@]}" "$@" 2> "$work/pip.err"; then
+# pip_install STEP ARGS...: pip install from PyPI or the wheelhouse (pip_from_source STEP download
+# ARGS...: pip download likewise). A package the wheelhouse has no file for is named on one line;
+# any other failure shows the end of pip's output.
+pip_install() { pip_from_source "$1" install "${@:2}"; }
+pip_from_source() {
+  local what=$1 verb=$2; shift 2
+  if "${pip[@]}" "$verb" "${source_args[@]}" "$@" 2> "$work/pip.err"; then
     return 0
   fi
   local missing
@@ -86,15 +94,21 @@ pip_install "pip upgrade" -q --upgrade pip wheel setuptools
 
 tf_pin="$(grep -E '^tensorflow-cpu==' "$reqs")"
 hvd_pin="$(grep -E '^horovod==' "$reqs")"
-[[ -n "$tf_pin" && -n "$hvd_pin" ]] || fail "requirements" "requirements.txt must pin tensorflow-cpu and horovod"
+keras_pin="$(grep -E '^tf-keras==' "$reqs" || true)"
+[[ -n "$tf_pin" && -n "$hvd_pin" ]] || fail "requirements" "$stack_reqs must pin tensorflow-cpu and horovod"
 base_reqs="$work/requirements.txt"
-grep -vE '^horovod==' "$reqs" > "$base_reqs"
+grep -vE '^(horovod|tf-keras)==' "$reqs" > "$base_reqs"
 if [[ "$variant" == gpu ]]; then
   sed -i "s/^tensorflow-cpu==/tensorflow[and-cuda]==/" "$base_reqs"
 fi
 
 step "installing Python packages (TensorFlow ${tf_pin#*==}, $variant)"
-pip_install "pip install -r requirements.txt" -q -r "$base_reqs"
+pip_install "pip install -r $stack_reqs" -q -r "$base_reqs"
+if [[ -n "$keras_pin" ]]; then
+  # tf-keras requires `tensorflow`, which tensorflow-cpu does not provide: without --no-deps pip
+  # would install a second, full TensorFlow over the CPU one.
+  pip_install "pip install $keras_pin" -q --no-deps "$keras_pin"
+fi
 
 hvd_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
 if [[ "$has_mpi" == yes ]]; then
@@ -135,34 +149,68 @@ fi
 command -v cmake >/dev/null 2>&1 || fail "horovod" "cmake is required to build Horovod (apt-get install cmake)"
 command -v g++ >/dev/null 2>&1 || fail "horovod" "a C++ compiler is required to build Horovod (apt-get install g++)"
 
-# Horovod is rebuilt only when what it links against changes (TensorFlow pin,
-# variant, MPI present or not), not for every edit of requirements.txt.
+# Horovod's wheel is built once per TensorFlow, Python, set of source edits (the cache key
+# tools/horovod_source.py prints), variant and MPI setting, and kept in the venv's folder: a later
+# install that changes another pin, or re-creates the stack in this venv, installs it again without
+# compiling. The stamp says which of the kept wheels is the installed one.
+hvd_key_err="$work/horovod-key.err"
+hvd_key="$("$venv/bin/python" "$root/tools/horovod_source.py" cache-key 2> "$hvd_key_err")" \
+  || fail "horovod edits" "$(tail -n1 "$hvd_key_err")"
+hvd_key="$hvd_key-$variant-mpi_$has_mpi"
+hvd_cache="$venv/horovod-wheels/$hvd_key"
 hvd_stamp="$venv/.horovod-built"
-hvd_want="$hvd_pin $tf_pin $variant mpi:$has_mpi"
-if [[ -f "$hvd_stamp" && "$(cat "$hvd_stamp")" == "$hvd_want" ]] \
+log="$venv/horovod-build.log"
+hvd_wheel="$(compgen -G "$hvd_cache/horovod-*.whl" | head -n1 || true)"
+if [[ -f "$hvd_stamp" && "$(cat "$hvd_stamp")" == "$hvd_key" ]] \
     && "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
-  step "${hvd_pin} already built for this TensorFlow and MPI setting"
+  step "${hvd_pin} already installed ($hvd_key)"
 else
-  step "building ${hvd_pin} from source against TensorFlow, Gloo $mpi_note (about 5 minutes on 2 cores)"
-  log="$venv/horovod-build.log"
-  if ! env "${hvd_env[@]}" MAKEFLAGS="-j$(nproc)" "${pip[@]}" install "${source_args[@]}" -v --no-build-isolation \
-        --no-cache-dir --force-reinstall --no-deps "$hvd_pin" > "$log" 2>&1; then
-    tail -n 30 "$log" >&2
-    fail "horovod build" "full log in $log"
+  if [[ -n "$hvd_wheel" ]]; then
+    step "installing ${hvd_pin} from the wheel built before: $hvd_wheel"
+  else
+    step "building ${hvd_pin} from its sdist against TensorFlow, Gloo $mpi_note (about 5 minutes on 2 cores)"
+    pip_from_source "horovod sdist" download -q --no-deps --no-binary horovod -d "$work/sdist" "$hvd_pin"
+    sdist="$(compgen -G "$work/sdist/horovod-*.tar.gz" | head -n1 || true)"
+    [[ -n "$sdist" ]] || fail "horovod sdist" "pip download $hvd_pin brought no horovod-*.tar.gz"
+    # One line per edit, in the install's output and at the top of the build log.
+    if ! "$venv/bin/python" "$root/tools/horovod_source.py" prepare "$sdist" "$work/src" > "$log" 2> "$work/edit.err"; then
+      fail "horovod edits" "$(tail -n1 "$work/edit.err")"
+    fi
+    cat "$log"
+    src="$work/src/horovod-${hvd_pin#*==}"
+    rm -rf "$hvd_cache.partial" && mkdir -p "$hvd_cache.partial"
+    if ! env "${hvd_env[@]}" MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}" "${pip[@]}" wheel -v --no-build-isolation \
+          --no-deps --no-cache-dir -w "$hvd_cache.partial" "$src" >> "$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      fail "horovod build" "full log in $log"
+    fi
+    rm -rf "$hvd_cache" && mv "$hvd_cache.partial" "$hvd_cache"
+    hvd_wheel="$(compgen -G "$hvd_cache/horovod-*.whl" | head -n1)"
   fi
-  "$venv/bin/python" -c 'import horovod.tensorflow as hvd; hvd.init(); assert hvd.size() == 1' \
-    || fail "horovod check" "horovod.tensorflow does not import; full build log in $log"
+  pip_install "horovod install" -q --force-reinstall --no-deps "$hvd_wheel"
+  # A library built against other headers than the TensorFlow it loads with fails here, at import.
+  if ! "$venv/bin/python" -c 'import horovod.tensorflow as hvd; hvd.init(); assert hvd.size() == 1' 2> "$work/check.err"; then
+    missing="$(grep -o 'undefined symbol: [^ ]*' "$work/check.err" | head -n1 || true)"
+    rm -rf "$hvd_cache"   # not kept: the next install builds again
+    fail "horovod check" "horovod.tensorflow does not import${missing:+ ($missing)}: $(tail -n1 "$work/check.err"); build log in $log"
+  fi
   if [[ "$variant" == gpu ]]; then
     "$venv/bin/python" -c 'import horovod.tensorflow as hvd; import sys; sys.exit(0 if hvd.nccl_built() else 1)' \
       || fail "horovod check" "Horovod was built without NCCL; full build log in $log"
   fi
-  echo "$hvd_want" > "$hvd_stamp"
+  echo "$hvd_key" > "$hvd_stamp"
 fi
 # The build above wants the newest setuptools; TensorBoard 2.15's command line
 # (`tensorboard --logdir runs/`) imports pkg_resources, which setuptools 81 dropped.
+# setuptools also brings distutils back on Python 3.12+, which horovodrun imports.
 pip_install "setuptools<81 (TensorBoard needs pkg_resources)" -q 'setuptools<81'
+# tf-keras's requirement of `tensorflow` is met by tensorflow-cpu, which pip check cannot know.
+if ! "${pip[@]}" check > "$work/pip-check.txt" 2>&1; then
+  broken="$(grep -vE '^tf-keras [^ ]+ requires tensorflow, which is not installed\.$' "$work/pip-check.txt" || true)"
+  [[ -z "$broken" ]] || fail "pip check" "$(head -n1 <<< "$broken")"
+fi
 step "horovod controllers and frameworks:"
-TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build | sed -n '/Available Controllers/,$p'
+TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build 2>/dev/null | sed -n '/Available Controllers/,$p'
 
 echo "$want" > "$stamp"
 step "done: $venv"

@@ -1,39 +1,59 @@
 # shellcheck shell=bash
-# Sourced by tools/install.sh and tools/wheelhouse.sh: which Python the pinned stack is installed
-# for. Bash builtins only (a host's PATH may hold nothing but a Python that does not fit).
+# Sourced by tools/install.sh and tools/wheelhouse.sh: which stack is installed, and for which
+# Python. Bash builtins only (a host's PATH may hold nothing but a Python that does not fit).
 #
-# select_python sets `python` to $PYTHON if given, else to the first of python3.11, python3.10,
-# python3.9 on PATH, and `python_version` to its X.Y. When none fits it calls fail (defined by the
-# caller) with one line: the versions the pins need, what was found, and the ways on.
+# select_stack reads STACK (default tf2.21) and sets `stack`, `stack_reqs` (its requirements file,
+# relative to the repository), `stack_tf` (the TensorFlow it pins, for messages) and
+# SUPPORTED_PYTHONS (newest first). select_python then sets `python` to $PYTHON if given, else to
+# the first of SUPPORTED_PYTHONS that runs, and `python_version` to its X.Y. When either does not
+# fit it calls fail (defined by the caller) with one line: what was asked, what was found, the ways on.
 
-# TensorFlow 2.15.1 publishes wheels for these only; newest first, the one taken when several exist.
-SUPPORTED_PYTHONS=(3.11 3.10 3.9)
+select_stack() {
+  stack=${STACK:-tf2.21}
+  case "$stack" in
+    # TensorFlow 2.21 publishes wheels for Python 3.10-3.13; tf-keras gives it the Keras 2 the code is.
+    tf2.21) stack_reqs=requirements.txt; stack_tf="TensorFlow 2.21.0"; SUPPORTED_PYTHONS=(3.13 3.12 3.11 3.10) ;;
+    # The older stack, for sites whose drivers or containers are older: wheels for 3.9-3.11 only.
+    tf2.15) stack_reqs=requirements-tf2.15.txt; stack_tf="TensorFlow 2.15.1"; SUPPORTED_PYTHONS=(3.11 3.10 3.9) ;;
+    *) fail "stack" "STACK=$stack is not a stack; known: tf2.21 (the default), tf2.15"; return 1 ;;
+  esac
+}
+
+# python_version_of NAME: X.Y of the interpreter NAME by running it; nothing if it does not run.
+# (A pyenv shim answers `command -v python3.12` for a version that is not active, then fails.)
+python_version_of() {
+  "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
+}
 
 select_python() {
-  local v name found others=""
+  local v name found others="" names="" oldest newest
   python=""
+  python_version=""
   if [[ -n "${PYTHON:-}" ]]; then
     python=$PYTHON
+    if command -v "$python" >/dev/null 2>&1; then python_version=$(python_version_of "$python"); fi
   else
     for v in "${SUPPORTED_PYTHONS[@]}"; do
-      if command -v "python$v" >/dev/null 2>&1; then python="python$v"; break; fi
+      if command -v "python$v" >/dev/null 2>&1 && [[ "$(python_version_of "python$v")" == "$v" ]]; then
+        python="python$v"; python_version=$v; break
+      fi
     done
   fi
-  python_version=""
-  if [[ -n "$python" ]] && command -v "$python" >/dev/null 2>&1; then
-    python_version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
-  fi
-  if [[ " ${SUPPORTED_PYTHONS[*]} " == *" $python_version "* ]]; then
+  if [[ -n "$python_version" && " ${SUPPORTED_PYTHONS[*]} " == *" $python_version "* ]]; then
     return 0
   fi
+  newest=${SUPPORTED_PYTHONS[0]}
+  oldest=${SUPPORTED_PYTHONS[${#SUPPORTED_PYTHONS[@]}-1]}
   if [[ -n "${PYTHON:-}" ]]; then
     found="PYTHON=$python is ${python_version:+Python }${python_version:-not a working Python}"
   else
     while read -r name; do
       [[ $name =~ ^python3(\.[0-9]+)?$ && " $others " != *" $name "* ]] || continue
-      others+="${others:+, }$name = Python $("$name" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo '?')"
+      v=$(python_version_of "$name")
+      others+="${others:+, }$name = ${v:+Python }${v:-does not run}"
     done < <(compgen -c python3)
-    found="no python3.11, python3.10 or python3.9 on PATH (found: ${others:-no python3 at all})"
+    for v in "${SUPPORTED_PYTHONS[@]}"; do names+="${names:+, }python$v"; done
+    found="none of $names runs on PATH (found: ${others:-no python3 at all})"
   fi
-  fail "python" "TensorFlow 2.15.1 needs Python 3.9-3.11; $found; ways on: \`uv python install 3.11\` then PYTHON=\$(uv python find 3.11), or \`pyenv install 3.11\` then PYTHON=\$(pyenv prefix 3.11)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"
+  fail "python" "$stack_tf (STACK=$stack) needs Python $oldest-$newest; $found; ways on: \`uv python install $newest\` then PYTHON=\$(uv python find $newest), or \`pyenv install $newest\` then PYTHON=\$(pyenv prefix $newest)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"
 }
