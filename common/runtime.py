@@ -1,6 +1,8 @@
 """Runtime knobs (device, threads, precision), set in one place and reported."""
 
 import contextlib
+import importlib
+import platform
 
 import tensorflow as tf
 
@@ -25,7 +27,18 @@ def configure(runtime, dist) -> dict:
         tf.config.experimental.enable_op_determinism()
     return {"device": device, "cpu": cpu.describe(), "intra_op_threads": intra, "deterministic": runtime.deterministic,
             "inter_op_threads": inter, "threads_note": threads_note, "precision": precision, "precision_note": why,
-            "xla": runtime.xla, "gradient_compression": runtime.gradient_compression}
+            "xla": runtime.xla, "gradient_compression": runtime.gradient_compression, "stack": software_stack()}
+
+
+def software_stack() -> str:
+    """The TensorFlow, Keras and Python a run computes with (two stacks are supported: tools/install.sh),
+    for its console and summary.json: 'TensorFlow 2.21.0, Keras 2.21.0 (tf_keras), Python 3.12.1'."""
+    # tf.keras is tf_keras's API on TF >= 2.16 (common/legacy_keras.py), keras 2's on TF 2.15. The
+    # package is read off a class it defines: the API module's own name can be TensorFlow's alias
+    # ("tensorflow.keras", once a module did `import tensorflow.keras`), and carries no version.
+    package = tf.keras.layers.Layer.__module__.split(".")[0]
+    keras_version = importlib.import_module(package).__version__
+    return f"TensorFlow {tf.__version__}, Keras {keras_version} ({package}), Python {platform.python_version()}"
 
 
 def _size_thread_pools(intra: int, inter: int) -> tuple[int, int, str]:

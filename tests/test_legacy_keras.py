@@ -60,3 +60,15 @@ def test_tf_keras_used_before_the_project_is_keras_3_and_says_so():
     assert out.returncode == 0, out.stderr
     assert not out.stdout.split()[-1].startswith("tf_keras")
     assert "warning: tf.keras was used before this project could set TF_USE_LEGACY_KERAS=1" in out.stderr
+
+
+def test_the_stack_line_names_the_keras_that_runs():
+    # After what train.py imports, tf.keras's own __name__ can be TensorFlow's alias ("tensorflow.keras"):
+    # the line must name the package the layers come from.
+    from common.run import launch  # noqa: F401
+    import tensorflow as tf
+    from common import runtime
+    line = runtime.software_stack()
+    package = "tf_keras" if TF_KERAS else "keras"
+    assert line.startswith(f"TensorFlow {tf.__version__}, Keras ") and f"({package})" in line, line
+    assert tf.keras.layers.Dense.__module__.startswith(package)

@@ -104,7 +104,7 @@ class Console(Listener):
             self.print(line)
 
 
-_NOTES = ("cpu", "precision_note", "threads_note")   # runtime entries said on lines of their own
+_NOTES = ("cpu", "stack", "precision_note", "threads_note")   # runtime entries said on lines of their own
 
 
 def runtime_lines(job: str, rt: dict) -> list[str]:
@@ -113,6 +113,8 @@ def runtime_lines(job: str, rt: dict) -> list[str]:
     cpu = rt.get("cpu")
     if cpu:
         lines.append(f"CPU {cpu['cpu']}: {cpu['isa']}, bf16 {cpu['bf16']}, oneDNN {cpu['onednn']}")
+    if rt.get("stack"):
+        lines.append(rt["stack"])
     return lines + [rt[note] for note in ("precision_note", "threads_note") if rt.get(note)]
 
 
