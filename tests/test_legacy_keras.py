@@ -25,6 +25,19 @@ def test_not_set_without_tf_keras_where_tf_keras_is_keras_2_already():
     assert not legacy_keras.prefer_legacy_keras(env, tf_keras_installed=False) and env == {}
 
 
+def test_an_inherited_setting_is_dropped_only_where_tensorflow_s_own_keras_is_keras_2(capsys):
+    # A shell that ran the default stack, then the older one: TF 2.15 would fail to import Keras.
+    env = {legacy_keras.LEGACY_KERAS_ENV: "1"}
+    assert not legacy_keras.prefer_legacy_keras(env, tf_keras_installed=False, tf_version="2.15.1")
+    assert env == {} and "TF_USE_LEGACY_KERAS=1 is set but tf-keras is not installed" in capsys.readouterr().err
+    # Kept where TensorFlow's own Keras is 3 (2.21 without tf-keras) and where tf-keras is installed.
+    for installed, version in ((False, "2.21.0"), (True, "2.15.1"), (True, "2.21.0")):
+        env = {legacy_keras.LEGACY_KERAS_ENV: "1"}
+        assert not legacy_keras.prefer_legacy_keras(env, tf_keras_installed=installed, tf_version=version)
+        assert env == {legacy_keras.LEGACY_KERAS_ENV: "1"}, (installed, version)
+    assert capsys.readouterr().err == ""
+
+
 def test_tf_keras_is_keras_2_once_the_project_is_imported_first():
     env = helpers.env()
     env.pop(legacy_keras.LEGACY_KERAS_ENV, None)

@@ -25,6 +25,10 @@ fail() { printf '[install] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
 source "${BASH_SOURCE[0]%/*}/select_python.sh"
 select_stack || exit 1
 select_python || exit 1
+# The checks below import TensorFlow as the project runs it: Keras 2 from tf-keras on the default
+# stack (common/legacy_keras.py), TensorFlow 2.15's own on the older, which a TF_USE_LEGACY_KERAS=1
+# inherited from a shell of the default stack would break ("Keras cannot be imported").
+if [[ "$stack" == tf2.15 ]]; then unset TF_USE_LEGACY_KERAS; else export TF_USE_LEGACY_KERAS=1; fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$root/.venv}"
