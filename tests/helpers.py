@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,6 +175,18 @@ LAUNCHERS = {"gloo": horovodrun, "mpi": mpirun}
 
 def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if "error:" in line]
+
+
+# TensorFlow's C++ log lines (`I0000 00:00:1796188453.009072   25257 port.cc:153] ...`) and abseil's
+# notice before them: TF >= 2.20 logs through abseil before its log level is read, so
+# TF_CPP_MIN_LOG_LEVEL does not hide the first few (oneDNN's notice at import).
+_TF_LOG_LINE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
+                          r"|[IWEF]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] )")
+
+
+def own_lines(stderr: str) -> list[str]:
+    """The lines of `stderr` that are not TensorFlow's C++ log: what the project itself wrote."""
+    return [line for line in stderr.strip().splitlines() if not _TF_LOG_LINE.match(line)]
 
 
 def _rank_pid(rank: int, marker: bytes):
