@@ -12,7 +12,7 @@ NP ?= 1
 # needed), as common/launchers.py builds it. Expanded when a recipe runs, after `install` made $(PY).
 LAUNCH = $(if $(filter 1,$(NP)),,$(or $(shell $(PY) -m common.launchers horovodrun $(NP)),$(error cannot build the launch command: $(PY) -m common.launchers horovodrun $(NP) failed)))
 
-.PHONY: install wheelhouse result-set weak-scaling test test-all bench bench-budgets clean
+.PHONY: install wheelhouse result-set weak-scaling test test-all bench bench-stacks bench-budgets clean
 
 # WHEELHOUSE=DIR make install: from the files of DIR only, no network (tools/install.sh).
 install:
@@ -76,6 +76,12 @@ test-all: install
 # bench/results/<ISA>.md and .json. `make bench-cosmoflow` / `make bench-deepcam`: one benchmark.
 bench: install
 	@$(PY) bench/report.py
+
+# The default stack (.venv) and the older one (.venv-tf2.15) side by side on this CPU: training-step
+# samples/s and `make run`'s time to train; bench/results/stacks-<ISA>.md (docs/figures.md).
+bench-stacks: install
+	@$(MAKE) --no-print-directory install STACK=tf2.15 VENV=.venv-tf2.15
+	@$(PY) bench/stacks.py --venv $(VENV) --venv .venv-tf2.15
 
 # `make run` training and `make test` wall time against their budgets on this CPU.
 bench-budgets: install
