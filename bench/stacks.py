@@ -5,8 +5,9 @@ the older (STACK=tf2.15: TensorFlow 2.15.1), each from its own venv, oneDNN on i
   python bench/stacks.py --venv .venv --venv /opt/other-venv --rounds 5 --skip-run
 
 Per venv and round it runs, with that venv's Python:
-  - bench/cosmoflow_throughput.py at 64^3 x 4, batch 4, fp32: training samples/s of train.py --benchmark;
-  - bench/deepcam_throughput.py at 192x288, batch 1, fp32 (the full-width model): likewise;
+  - each benchmark's throughput script with its stack_bench_args (common.benchmarks: CosmoFlow at
+    64^3 x 4, batch 4; the full DeepCAM model at 192x288, batch 1), fp32: training samples/s of
+    train.py --benchmark;
   - what `make run` runs (CosmoFlow's synthetic CPU config on its synthetic data, one rank) to the
     target: its time to train (summary.json), unless --skip-run.
 Rounds alternate the order of the venvs (A B, then B A, ...), so a drift of the machine during the
@@ -28,14 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from common import benchmarks, cpu  # noqa: E402
 
-STEPS = [
-    ("cosmoflow 64^3x4, batch 4, fp32", "bench/cosmoflow_throughput.py",
-     ["--size", "64", "--batch-size", "4", "--n-samples", "32", "--modes", "fp32", "--warmup-steps", "5",
-      "--steps", "40", "--data-dir", "data/bench_stacks_cosmoflow"]),
-    ("deepcam 192x288, batch 1, fp32", "bench/deepcam_throughput.py",
-     ["--height", "192", "--width", "288", "--batch-size", "1", "--modes", "fp32", "--warmup-steps", "5",
-      "--steps", "30", "--data-dir", "data/bench_stacks_deepcam"]),
-]
+
+def step_benches() -> list[tuple[str, str, list]]:
+    """(label, script, arguments) of each benchmark's training-step measurement (common.benchmarks)."""
+    return [(f"{b.name} {' '.join(b.stack_bench_args)}, fp32", b.throughput_bench,
+             [*b.stack_bench_args, "--modes", "fp32", "--data-dir", f"data/bench_stacks_{b.name}"])
+            for b in benchmarks.BENCHMARKS if b.throughput_bench and b.stack_bench_args]
+
+
+def make_run_benchmark():
+    """The benchmark `make run` trains (the one whose make targets carry no suffix)."""
+    return next(b for b in benchmarks.BENCHMARKS if b.make_suffix == "")
 
 
 def stack_of(python: Path) -> str:
@@ -64,7 +68,7 @@ def step_figure(python: Path, script: str, args: list, workdir: Path) -> float:
 
 def time_to_train(python: Path, workdir: Path) -> float:
     """Minutes to the target of what `make run` runs (one rank), from its summary.json."""
-    entry = benchmarks.get("cosmoflow")
+    entry = make_run_benchmark()
     data = REPO / entry.synthetic_data
     if not (data / "train").is_dir():
         subprocess.run([str(python), "-m", entry.generator, "--output-dir", str(data), *entry.generator_args],
@@ -96,7 +100,8 @@ def main(argv=None) -> int:
             p.error(f"{venv}: no bin/python (make install STACK=tf2.15 VENV={venv} makes the older one)")
         pythons.append(python.absolute())
     stacks = [stack_of(python) for python in pythons]
-    names = [name for name, _, _ in STEPS] + ([] if args.skip_run else ["make run: minutes to the target"])
+    steps = step_benches()
+    names = [name for name, _, _ in steps] + ([] if args.skip_run else ["make run: minutes to the target"])
     figures = {s: {n: [] for n in names} for s in stacks}
     for rnd in range(args.rounds):
         order = list(zip(pythons, stacks))
@@ -104,7 +109,7 @@ def main(argv=None) -> int:
             order.reverse()
         for python, stack in order:
             print(f"[stacks] round {rnd + 1}/{args.rounds}: {stack}", flush=True)
-            for name, script, script_args in STEPS:
+            for name, script, script_args in steps:
                 with tempfile.TemporaryDirectory(prefix="stacks.") as tmp:
                     figures[stack][name].append(step_figure(python, script, script_args, Path(tmp)))
             if not args.skip_run:
