@@ -8,7 +8,6 @@ the input pipeline feeding the step, and the Horovod allreduce when there are se
 """
 
 import argparse
-import importlib.metadata
 import json
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from common import benchmarks, launchers
+from common.legacy_keras import installed_tensorflow_version
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,12 +142,7 @@ def machine(runs) -> str:
 
 
 def _tensorflow_version() -> str:
-    for package in ("tensorflow", "tensorflow-cpu", "intel-tensorflow"):
-        try:
-            return importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "?"
+    return installed_tensorflow_version() or "?"
 
 
 def report(benchmark: str, sample: str, args, runs, table_rows) -> None:

@@ -61,7 +61,7 @@ def prefer_legacy_keras(environ=None, tf_keras_installed=None, tf_version=None) 
 def installed_tensorflow_version() -> str:
     """The installed TensorFlow's version from its package metadata ('' when none is found)."""
     from importlib import metadata
-    for package in ("tensorflow", "tensorflow-cpu", "tensorflow-intel"):
+    for package in ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "intel-tensorflow"):
         try:
             return metadata.version(package)
         except metadata.PackageNotFoundError:
