@@ -10,12 +10,15 @@ from common import cpu
 
 
 def configure(runtime, dist) -> dict:
-    """Applies a RuntimeConfig before any TensorFlow op runs; returns what was set.
+    """Applies a RuntimeConfig; returns what was set. Must run before any TensorFlow op.
 
+    The launcher calls it right after Horovod's init (which pinned the device:
+    `dist.device`) and before the first collective, since TensorFlow's thread pools
+    are made by its first op and cannot be resized after (the threads note says so).
     Threads default to this node's cores divided among its local ranks, so two
     ranks on one node do not each spawn a pool as large as the machine.
     """
-    device = dist.pin_device()
+    device = dist.device
     intra, inter, threads_note = _size_thread_pools(
         runtime.intra_op_threads or max(1, cpu.cores() // dist.local_size), runtime.inter_op_threads)
     precision, why = choose_precision(runtime, device)
@@ -27,7 +30,8 @@ def configure(runtime, dist) -> dict:
         tf.config.experimental.enable_op_determinism()
     return {"device": device, "cpu": cpu.describe(), "intra_op_threads": intra, "deterministic": runtime.deterministic,
             "inter_op_threads": inter, "threads_note": threads_note, "precision": precision, "precision_note": why,
-            "xla": runtime.xla, "gradient_compression": runtime.gradient_compression, "stack": software_stack()}
+            "xla": runtime.xla, "gradient_compression": runtime.gradient_compression,
+            "gradient_allreduce": runtime.gradient_allreduce, "stack": software_stack()}
 
 
 def software_stack() -> str:

@@ -15,6 +15,7 @@ from common.errors import ConfigError
 class OneRankDistribution:
     rank, size, local_rank, local_size, node_rank, num_nodes = 0, 1, 0, 1, 0, 1
     is_root = True
+    device = "cpu"
 
     def __init__(self):
         self.hostname = socket.gethostname()
@@ -25,9 +26,6 @@ class OneRankDistribution:
 
     def controller(self) -> str:
         return "none (in-process)"
-
-    def pin_device(self) -> str:
-        return "cpu"
 
     def barrier(self) -> None:
         self._called()
@@ -53,7 +51,7 @@ class OneRankDistribution:
     def broadcast_variables(self, variables, root_rank: int = 0) -> None:
         self._called()
 
-    def average_gradients(self, grads, compression: str = "none"):
+    def average_gradients(self, grads, compression: str = "none", grouped: bool = False):
         return grads
 
     def average_variables(self, variables) -> None:

@@ -4,6 +4,7 @@ the run modes, the events in order, a resume, and no line printed by anything bu
 import pytest
 
 from common.config_loading import load_config
+from common.runtime import configure
 from common.reporting.console import Console
 from common.reporting.events import Events, Listener
 from common.run.trainer import Trainer
@@ -39,7 +40,7 @@ def _trainer(cosmo_data, tiny_config, run_dir, listeners, **overrides):
     cfg = load_config(CosmoFlowTask.config_class, tiny_config,
                       {"data.data_dir": str(cosmo_data), **SMALL, **overrides})
     dist = OneRankDistribution()
-    return Trainer(CosmoFlowTask(cfg), dist, Events(listeners), run_dir), dist
+    return Trainer(CosmoFlowTask(cfg), dist, Events(listeners), run_dir, configure(cfg.runtime, dist)), dist
 
 
 def test_a_run_emits_its_events_in_order_prints_nothing_and_resumes(cosmo_data, tiny_config, tmp_path, capsys):

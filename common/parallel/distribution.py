@@ -34,6 +34,10 @@ class Distribution:
         self.node_rank = hvd.cross_rank()
         self.num_nodes = hvd.cross_size()
         self.hostname = socket.gethostname()
+        # Before any TensorFlow op (the first one initializes TensorFlow on every visible GPU,
+        # after which neither the visible devices nor memory growth can change, and the thread
+        # pools are fixed): every collective below is such an op.
+        self.device = self._pin_device()
 
     @property
     def is_root(self) -> bool:
@@ -43,8 +47,8 @@ class Distribution:
         """Which Horovod controller wires the ranks: 'mpi' or 'gloo'."""
         return "mpi" if hvd.mpi_enabled() else "gloo"
 
-    def pin_device(self) -> str:
-        """Makes the local rank's GPU the only visible one; returns the device kind."""
+    def _pin_device(self) -> str:
+        """Makes the local rank's GPU the only visible one; returns the device kind ('gpu' or 'cpu')."""
         gpus = tf.config.list_physical_devices("GPU")
         if not gpus:
             return "cpu"
@@ -83,16 +87,25 @@ class Distribution:
             return
         hvd.broadcast_variables(variables, root_rank=root_rank)
 
-    def average_gradients(self, grads, compression: str = "none"):
-        """Averages a list of gradients over all ranks in one grouped allreduce.
+    def average_gradients(self, grads, compression: str = "none", grouped: bool = False):
+        """Averages a list of gradients over all ranks. Usable inside tf.function.
 
-        Usable inside tf.function. `compression='fp16'` halves the bytes on the
-        wire, as Horovod's Compression.fp16 does.
+        By default each gradient gets its own allreduce, named by its index (every rank
+        builds the same names), which depends on that gradient alone: in the step's graph
+        it starts as soon as backward has produced it, while backward goes on with the
+        layers below, and Horovod's background thread fuses the tensors that meet in one
+        cycle (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME), as its DistributedGradientTape
+        does. `grouped`: one grouped allreduce, which waits for every gradient. An
+        XLA-compiled backward (runtime.xla) emits all gradients at once, so both start
+        together then. `compression='fp16'` halves the bytes on the wire, as Horovod's
+        Compression.fp16 does.
         """
         if self.size == 1:
             return grads
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
-        return hvd.grouped_allreduce(grads, op=hvd.Average, compression=comp)
+        if grouped:
+            return hvd.grouped_allreduce(grads, op=hvd.Average, compression=comp)
+        return [hvd.allreduce(g, op=hvd.Average, compression=comp, name=f"gradient_{i}") for i, g in enumerate(grads)]
 
     def average_variables(self, variables) -> None:
         """Sets each variable to its mean over all ranks (sum / size), in one grouped allreduce.

@@ -18,7 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from common import benchmarks
+from common import benchmarks, runtime as runtime_lib
 from common.config_loading import dump_config, load_config, replace, yaml_text
 from common.parallel.distribution import Distribution, launcher_env
 from common.errors import ConfigError, ExitCode, InputError
@@ -132,10 +132,12 @@ def main(task, argv=None) -> int:
     termination.on_signals(terminated)
     try:
         config_path, overrides = parse_overrides(task, argv)
-        dist = Distribution()
+        dist = Distribution()   # Horovod's init, the device pinned by local rank
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
         cfg, note = load_run_config(task, config_path, overrides, dist.size)
         termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
+        # Threads and precision, before the first TensorFlow op: the collective below is one.
+        runtime = runtime_lib.configure(cfg.runtime, dist)
         # Collective (registers the groups' process sets when samples are split): every rank, here.
         mesh = dist.spatial_mesh(cfg.parallel.spatial_ranks)
         bound = task(cfg, mesh if mesh.is_split else None)
@@ -149,7 +151,7 @@ def main(task, argv=None) -> int:
             dump_config(cfg, run_dir / "config.yaml")
             listeners = _listeners(bound, cfg, run_dir, console)
         events = Events(listeners)
-        trainer = Trainer(bound, dist, events, run_dir)
+        trainer = Trainer(bound, dist, events, run_dir, runtime)
         result = trainer.run()
         events.close()
         if dist.is_root:

@@ -34,6 +34,7 @@ from common.parallel.spatial import GatherSlabs, gradient_scales
 from common.run.steps import TrainStep, make_eval_step
 from common.parallel.sync_batchnorm import batchnorm_statistics
 from common.run.train_mode import TrainingRun
+from common.run.warmup import state_variables, warm_up
 
 
 class Trainer:
@@ -44,10 +45,13 @@ class Trainer:
       dist: the Distribution (rank, size, collectives).
       events: the Events that the listeners get.
       run_dir: the run's folder (checkpoints/, shards/).
+      runtime: what common.runtime.configure set (device, threads, precision): the launcher
+        configures it right after Horovod's init, before any TensorFlow op.
     """
 
-    def __init__(self, task, dist, events, run_dir):
+    def __init__(self, task, dist, events, run_dir, runtime: dict):
         self.task, self.cfg, self.dist, self.events = task, task.cfg, dist, events
+        self.runtime = runtime
         self.output_dir = Path(run_dir)
         self.state = RunState()   # where the run stands (common.run.launch reads it on a crash)
 
@@ -55,8 +59,9 @@ class Trainer:
         """init -> (staging) -> one run mode: the order every Horovod program follows, a line a step."""
         cfg, dist, task, events = self.cfg, self.dist, self.task, self.events
         events.on_init_start()
-        # Horovod is initialized (common.parallel.distribution); pin the device by local rank, threads, precision.
-        runtime = runtime_lib.configure(cfg.runtime, dist)
+        # Horovod is initialized and the device pinned (common.parallel.distribution), threads and
+        # precision set (common.runtime.configure), all before the first op.
+        runtime = self.runtime
         tf.keras.utils.set_random_seed(cfg.train.seed)
         # Data parallelism is over groups: one rank each, or the K ranks that split each sample.
         mesh = task.mesh or dist.spatial_mesh(1)
@@ -76,7 +81,10 @@ class Trainer:
             # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
             start.rank_state.restore_batchnorm(model, start.source)
         train_step, eval_step = self._build_steps(model, optimizer, loss_fn, metric)   # gradients allreduced inside
-        info = self._run_info(runtime, mesh, shards, plan, model, metric, start)
+        # Compile and autotune on synthetic batches, the state put back: not in the timed region.
+        warmup = warm_up(train_step, eval_step, task.input_specs(), state_variables(model, optimizer, train_step),
+                         0 if cfg.train.evaluate_only else cfg.train.warmup_steps)
+        info = self._run_info(runtime, mesh, shards, plan, model, metric, start, warmup)
         events.on_init_stop(info)
 
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
@@ -140,14 +148,15 @@ class Trainer:
         rt = cfg.runtime
         train_step = TrainStep(model, optimizer, loss_fn, self.dist, rt.gradient_compression, rt.xla,
                                cfg.train.gradient_accumulation_frequency, preprocess=task.preprocess_batch,
-                               gradient_scales=gradient_scales(model))
+                               gradient_scales=gradient_scales(model),
+                               grouped_allreduce=rt.gradient_allreduce == "grouped")
         eval_step = make_eval_step(model, metric, rt.xla, preprocess=task.preprocess_batch, loss_fn=loss_fn)
         specs = task.input_specs()
         train_step.trace(specs)
         eval_step.get_concrete_function(*specs)
         return train_step, eval_step
 
-    def _run_info(self, runtime, mesh, shards, plan, model, metric, start) -> RunInfo:
+    def _run_info(self, runtime, mesh, shards, plan, model, metric, start, warmup) -> RunInfo:
         cfg, dist, task = self.cfg, self.dist, self.task
         gathered = tuple(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
         return RunInfo(
@@ -160,7 +169,8 @@ class Trainer:
             model_name=model.name, num_params=int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             spatial_ranks=mesh.size, gathered_at=gathered,
             batchnorm_layers=len(batchnorm_statistics(model)) // 2, samples_per_epoch=plan.samples_per_epoch,
-            shard_samples=shards.n_train, resumed_source=start.source)
+            shard_samples=shards.n_train, resumed_source=start.source, warmup_steps=warmup.steps,
+            warmup_s=warmup.seconds)
 
     def _check_specs(self, train_ds):
         """The graphs traced at init are the ones training runs: no tracing inside the timed region."""
