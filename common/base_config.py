@@ -28,6 +28,10 @@ class TrainLoopConfig:
     # real loop (staging, input pipeline, Horovod), print samples/s, no MLPerf log (0: off).
     benchmark_steps: int = 0
     benchmark_warmup_steps: int = 5  # steps of benchmark mode left out of the figures
+    # Before run_start, optimizer steps on synthetic batches through the real train and eval steps,
+    # the state put back after (common.run.warmup): the first timed step pays no compile or
+    # autotune. Not in evaluation mode (0: none).
+    warmup_steps: int = 2
     # Evaluate the (restored or imported, see --checkpoint) model once on the
     # validation set and stop: no training, no MLPerf log.
     evaluate_only: bool = False
@@ -49,6 +53,10 @@ class RuntimeConfig:
     intra_op_threads: int = 0        # 0 = this node's cores divided by its local ranks
     inter_op_threads: int = 2
     gradient_compression: Literal["none", "fp16"] = "none"
+    # How gradients are averaged over the ranks: 'overlap', an allreduce per gradient, each started
+    # as soon as backward produces it (Horovod fuses those that meet in one cycle), so communication
+    # runs beside the rest of backward; 'grouped', one grouped allreduce once backward is done.
+    gradient_allreduce: Literal["overlap", "grouped"] = "overlap"
     record_shards: bool = False      # write each rank's file list to shards/ (tests, audits)
     # Op determinism and in-order reading: a run resumed from a checkpoint ends
     # with the weights of an uninterrupted one, bit for bit (slower input pipeline).
@@ -145,10 +153,17 @@ def check_shared_sections(cfg) -> None:
                               ("train.log_every_steps", t.log_every_steps, 0),
                               ("train.benchmark_steps", t.benchmark_steps, 0),
                               ("train.benchmark_warmup_steps", t.benchmark_warmup_steps, 0),
+                              ("train.warmup_steps", t.warmup_steps, 0),
                               ("runtime.sigterm_grace_s", r.sigterm_grace_s, 0),
                               ("parallel.spatial_ranks", cfg.parallel.spatial_ranks, 1)):
         if value < least:
             raise ConfigError(f"config key '{key}' must be >= {least}, got {value}")
+    if r.xla and cfg.parallel.spatial_ranks > 1:
+        # The halo exchange and the gather sit inside the forward pass, and Horovod's alltoall and
+        # allgather have no XLA kernel on any device: the compiled step would fail at its first run,
+        # after run_start. Refused here, before anything runs.
+        raise ConfigError("config keys 'runtime.xla' and 'parallel.spatial_ranks' > 1 cannot go together "
+                          "(the halo exchange's alltoall and allgather have no XLA kernel)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

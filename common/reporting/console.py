@@ -75,6 +75,9 @@ class Console(Listener):
     def on_epoch_stop(self, epoch, train, site):
         self.steps.on_epoch_stop(epoch, train, site)
         self.train = train
+        if train.first_step_s is not None:
+            self.print(f"[timing] first step {train.first_step_s:.3f} s, median {train.median_step_s:.3f} s "
+                       f"({train.first_step_s / train.median_step_s:.2f}x) over the epoch's steps, rank 0")
 
     def on_eval_start(self, epoch, site):
         self.steps.on_eval_start(epoch, site)
@@ -131,6 +134,9 @@ def init_lines(info) -> list[str]:
         lines.append(f"spatial: each rank holds 1/{info.spatial_ranks} of every sample's depth; slabs "
                      f"gathered at {', '.join(info.gathered_at)}, the layers after it run whole on every rank "
                      f"of a group")
+    if info.warmup_steps:
+        lines.append(f"warm-up: {info.warmup_steps} synthetic step(s) in {info.warmup_s:.2f} s (compile, autotune), "
+                     f"the state put back; before run_start, outside the timed region")
     if info.batchnorm_layers and info.ranks > 1:
         lines.append(f"batch norm: running statistics of {info.batchnorm_layers} layers averaged over the "
                      f"{info.ranks} ranks after every epoch")

@@ -57,6 +57,8 @@ class RunInfo:
     samples_per_epoch: int = 0        # all ranks, in whole steps
     shard_samples: int = 0            # the training samples of the shards (n_train)
     resumed_source: str | None = None  # the checkpoint folder as named
+    warmup_steps: int = 0             # synthetic steps run before run_start, the state put back after
+    warmup_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +95,10 @@ class EpochTrain:
     seconds: float            # this rank's, for the steps of the epoch this process ran (a resume's: the rest)
     lr: float                 # the LR of the epoch's first step
     samples_per_s: float      # all ranks, over the steps this process ran
+    # The first epoch this process runs only (None after): its first step's time beside the median
+    # of its steps, each waited for (the first step pays what warm-up did not).
+    first_step_s: float | None = None
+    median_step_s: float | None = None
 
 
 class Listener:

@@ -62,8 +62,9 @@ class TrainStep:
     """
 
     def __init__(self, model, optimizer, loss_fn, dist, compression: str = "none", xla: bool = False,
-                 accumulation: int = 1, preprocess=None, gradient_scales=None):
+                 accumulation: int = 1, preprocess=None, gradient_scales=None, grouped_allreduce: bool = False):
         self.model, self.optimizer, self.dist = model, optimizer, dist
+        self._grouped = grouped_allreduce   # else an allreduce per gradient, overlapping backward
         # Per trainable variable, a factor applied before the allreduce average: the group
         # size for the layers that hold a slab of each sample (common.parallel.spatial.gradient_scales).
         self._gradient_scales = None
@@ -106,7 +107,7 @@ class TrainStep:
         over the spatial group first)."""
         if self._gradient_scales is not None:
             grads = [g * s if s != 1.0 else g for g, s in zip(grads, self._gradient_scales)]
-        return self.dist.average_gradients(grads, self._compression)
+        return self.dist.average_gradients(grads, self._compression, grouped=self._grouped)
 
     def _apply(self, grads):
         grads = self.reduce_gradients(grads)
@@ -146,6 +147,11 @@ class TrainStep:
         losses, flags = zip(*[self._accumulate(*next(batches)) for _ in range(self.accumulation)])
         self._apply_sums()
         return StepResult(tf.add_n(list(losses)) / self.accumulation, tf.reduce_all(tf.stack(flags)))
+
+    def state_variables(self) -> list:
+        """The variables the step keeps of its own (the accumulated gradients), beside the model's and
+        the optimizer's."""
+        return list(self._sums) if self.accumulation > 1 else []
 
     def trace(self, element_spec) -> None:
         """Builds the graphs without running them (init work under the MLPerf rules)."""

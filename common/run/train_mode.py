@@ -37,6 +37,7 @@ class TrainingRun:
         self.history = []   # one record per epoch (RunResult.history)
         self.metric = float("nan")
         self.completed = False   # ended at the target or the last epoch: neither stopped nor failed
+        self.timed_epochs = 0    # epochs whose steps were each timed (the first this process runs)
 
     def run(self, train_ds, valid_ds) -> RunResult:
         """Every rank: the timed run, to its run_stop; what it found."""
@@ -71,6 +72,8 @@ class TrainingRun:
             average_batchnorm_statistics(ctx.model, ctx.dist)
             events.on_epoch_stop(epoch, train)
             record = {"epoch": epoch, "loss": train.loss, "samples_per_s": train.samples_per_s, "lr": train.lr}
+            if train.first_step_s is not None:
+                record.update(first_step_s=train.first_step_s, median_step_s=train.median_step_s)
             self.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
@@ -117,10 +120,18 @@ class TrainingRun:
         flags = []                   # each step's StepResult.inputs_finite, from step first + 1
         checked = first              # losses[:checked] went through an agreement
         log_from, log_start = first, start   # the steps and time since the last TrainLog
+        # The first epoch's steps are each waited for and timed, so that its first step (what warm-up
+        # left to pay) can be read beside the median; later steps run ahead of their reads.
+        step_times = [] if self.timed_epochs == 0 else None
+        self.timed_epochs += 1
         with naming_bad_files(ctx.task, ctx.shards.train_files):
             for step in range(first + 1, per_epoch + 1):
+                step_start = time.perf_counter()
                 # Keep the tensors: reading one would wait for its step.
                 result = ctx.train_step(train_iter)
+                if step_times is not None:
+                    result.loss.numpy()
+                    step_times.append(time.perf_counter() - step_start)
                 losses.append(result.loss)
                 flags.append(result.inputs_finite)
                 state.global_step += 1
@@ -149,7 +160,9 @@ class TrainingRun:
         steps = per_epoch - first
         return EpochTrain(global_step=ctx.state.global_step, loss=loss, seconds=seconds,
                           lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
-                          samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds)
+                          samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds,
+                          first_step_s=step_times[0] if step_times else None,
+                          median_step_s=float(np.median(step_times)) if step_times else None)
 
     def _agree(self, epoch, step, losses, flags) -> bool:
         """The agreement of the steps since the last one (`losses`, `flags`: this rank's): True on

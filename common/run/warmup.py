@@ -1,0 +1,112 @@
+"""Warm-up before run_start: synthetic steps through the real train and eval steps, then the state put back.
+
+Tracing at init builds the graphs but runs nothing: the first step that runs pays grappler's
+rewrites, oneDNN's primitive creation (cuDNN's autotuning and the Keras optimizer's XLA compile
+on a GPU, `--xla`'s compile anywhere), and the first collectives' negotiation. Under the MLPerf
+rules that belongs before run_start, and touching no training data (NVIDIA's v3.0 code runs
+synthetic warm-up steps before run_start too). So the warm-up runs `train.warmup_steps`
+optimizer steps on synthetic batches of the training batches' shapes and dtypes (the same
+graphs: no retrace), one eval step, and then puts back every variable the steps changed:
+weights, optimizer slots and step count, batch-norm statistics, the dropout generators'
+states, the accumulated gradients, a loss scale. A deterministic run with warm-up ends with
+the weights of one without, bit for bit (tests/test_warmup.py).
+
+The first step that runs is also where TensorFlow finds an op without a kernel for the device and
+dtype (tracing does not look): warm-up turns that into one line and exit 2, before run_start.
+"""
+
+import dataclasses
+import re
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from common.checkpoints.checkpointer import random_generators
+from common.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupResult:
+    steps: int          # optimizer steps run (each of `accumulation` micro-batches)
+    seconds: float      # wall time of the steps and of putting the state back
+    variables: int      # variables put back
+
+
+def state_variables(model, optimizer, train_step) -> list:
+    """Every variable a train or eval step can change, each once: the model's (weights, batch-norm
+    statistics), the optimizer's (slots, iterations, a loss scale), the dropout generators' states,
+    the train step's accumulation sums."""
+    found, seen = [], set()
+    for variable in (list(model.variables) + list(optimizer.variables) + train_step.state_variables()
+                     + [g.state for g in random_generators(model)]):
+        if variable.ref() not in seen:
+            seen.add(variable.ref())
+            found.append(variable)
+    return found
+
+
+def synthetic_batch(specs, seed: int = 0) -> tuple:
+    """Tensors of the specs' shapes and dtypes, finite and in range for every task's preprocessing:
+    integers in [0, 3) (counts, class ids of DeepCAM's 3 classes), floats in [0, 1). NumPy's own
+    generator makes them, so TensorFlow's random state is not touched."""
+    rng = np.random.default_rng(seed)
+    batch = []
+    for spec in specs:
+        dtype = spec.dtype.as_numpy_dtype
+        shape = tuple(spec.shape)
+        values = rng.integers(0, 3, shape) if spec.dtype.is_integer else rng.random(shape)
+        batch.append(tf.constant(values.astype(dtype)))
+    return tuple(batch)
+
+
+def warm_up(train_step, eval_step, specs, variables, steps: int) -> WarmupResult:
+    """Runs `steps` optimizer steps and one eval step on a synthetic batch, then sets `variables`
+    (state_variables) back to their values before; every rank runs it, in the same order (the
+    steps hold the collectives)."""
+    if steps <= 0:
+        return WarmupResult(0, 0.0, 0)
+    start = time.perf_counter()
+    saved = [tf.identity(v) for v in variables]   # copies: a variable's read can alias its buffer
+    batch = synthetic_batch(specs)
+
+    def batches():
+        while True:
+            yield batch
+
+    feed = batches()
+    loss = None
+    try:
+        for _ in range(steps):
+            loss = train_step(feed).loss
+        eval_step(*batch).numpy()
+        float(loss)   # the steps are done before the state goes back
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
+        missing = _missing_kernel(e.message)
+        if missing is None:
+            raise
+        raise ConfigError(missing) from None
+    for variable, value in zip(variables, saved):
+        variable.assign(value)
+    return WarmupResult(steps, time.perf_counter() - start, len(variables))
+
+
+def _missing_kernel(message: str) -> str | None:
+    """The one line for an op this device cannot run in this dtype or form (float16 pooling on a CPU,
+    float16 dilated convolutions' gradients on a CPU), which the first step that runs meets and
+    tracing does not; None for any other error."""
+    advice = "(on a CPU: --set runtime.amp_dtype=bfloat16, or --xla, whose kernels cover float16)"
+    found = re.search(r"No OpKernel was registered to support Op '(\w+)'", message)
+    if found:
+        dtype = re.search(r"\bT=DT_(\w+)", message)
+        devices = re.search(r"Registered devices: \[([^\]]*)\]", message)
+        return (f"warm-up: TensorFlow has no kernel for {found.group(1)}"
+                f"{' in ' + dtype.group(1).lower() if dtype else ''} on this host's devices "
+                f"({devices.group(1) if devices else 'unknown'}): this precision and device cannot train the "
+                f"model {advice}")
+    found = re.search(r"(Current CPU implementations do not yet support [^\n]*)", message)
+    if found:
+        node = re.search(r"\{\{node ([^}]+)\}\}", message)
+        return (f"warm-up: {found.group(1).rstrip('.')} ({node.group(1) if node else 'an op'}): this precision "
+                f"and device cannot train the model {advice}")
+    return None

@@ -1,0 +1,115 @@
+"""Warm-up before run_start (common.run.warmup): synthetic steps through the real steps, then every
+variable they changed put back, so that a run with warm-up is the run without it, bit for bit."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.checkpoints.checkpointer import random_generators
+from common.run.steps import TrainStep, make_eval_step
+from common.run.warmup import state_variables, synthetic_batch, warm_up
+from tests import helpers
+
+SPECS = (tf.TensorSpec((4, 8, 8, 2), tf.int16), tf.TensorSpec((4, 3), tf.float32))
+
+
+class _Mean:
+    """The eval metric's part make_eval_step uses: per-batch sums of |error|."""
+    def update(self, y, pred):
+        return tf.reduce_sum(tf.abs(y - pred), axis=0)
+
+
+def _mse(y, pred):
+    return tf.reduce_mean(tf.square(y - tf.cast(pred, tf.float32)))
+
+
+@pytest.fixture
+def run_parts():
+    """A model with every kind of state a step changes: weights, batch-norm statistics, a dropout
+    generator; Adam's slots and step count; accumulated gradients (2 micro-batches a step)."""
+    tf.keras.backend.experimental.enable_tf_random_generator()   # as common.runtime.configure does
+    tf.keras.utils.set_random_seed(3)
+    inputs = tf.keras.Input(SPECS[0].shape[1:])
+    x = tf.keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    x = tf.keras.layers.BatchNormalization()(x)
+    x = tf.keras.layers.Dropout(0.5)(x)
+    outputs = tf.keras.layers.Dense(3)(tf.keras.layers.GlobalAveragePooling2D()(x))
+    model = tf.keras.Model(inputs, outputs)
+    optimizer = tf.keras.optimizers.Adam(0.01)
+
+    def preprocess(x, y):
+        return tf.math.log1p(tf.cast(x, tf.float32)), y
+
+    step = TrainStep(model, optimizer, _mse, helpers.SingleProcess(), accumulation=2, preprocess=preprocess)
+    step.trace(SPECS)
+    eval_step = make_eval_step(model, _Mean(), preprocess=preprocess, loss_fn=_mse)
+    return model, optimizer, step, eval_step
+
+
+def _values(variables) -> list:
+    return [v.numpy().copy() for v in variables]
+
+
+def test_warm_up_puts_back_every_variable_its_steps_changed(run_parts):
+    model, optimizer, step, eval_step = run_parts
+    variables = state_variables(model, optimizer, step)
+    names = {v.name.split("/")[-1].split(":")[0] for v in variables}
+    assert {"kernel", "moving_mean", "moving_variance", "iteration", "StateVar", "grad_sum"} <= names, names
+    before = _values(variables)
+    result = warm_up(step, eval_step, SPECS, variables, steps=2)
+    assert result.steps == 2 and result.variables == len(variables) and result.seconds > 0
+    for variable, value in zip(variables, before):
+        assert np.array_equal(variable.numpy(), value), variable.name
+
+    # The negative control: the same steps without putting the state back change all of it.
+    batch = synthetic_batch(SPECS)
+    for _ in range(2):
+        step(iter([batch, batch]))
+    step._accumulate(*batch)   # leaves a micro-batch in the sums, as a step half done would
+    changed = {v.name for v, value in zip(variables, before) if not np.array_equal(v.numpy(), value)}
+    assert changed == {v.name for v in variables}, sorted({v.name for v in variables} - changed)
+    assert len(random_generators(model)) == 1
+
+
+def test_synthetic_batches_have_the_specs_and_finite_values_in_range():
+    x, y = synthetic_batch(SPECS)
+    assert (x.shape, x.dtype, y.shape, y.dtype) == (SPECS[0].shape, tf.int16, SPECS[1].shape, tf.float32)
+    assert 0 <= int(tf.reduce_min(x)) and int(tf.reduce_max(x)) < 3
+    assert np.isfinite(y.numpy()).all() and float(tf.reduce_max(y)) < 1.0
+
+
+# A deterministic CosmoFlow run with warm-up ends as the one without it, bit for bit.
+RUN = ["--n-train", "16", "--n-valid", "8", "--batch-size", "4", "--n-epochs", "2", "--deterministic",
+       "--set", "model.dropout=0.5", "--set", "train.stop_at_target=false", "--set", "train.checkpoint_every=2",
+       "--set", "target_mae=10"]
+
+
+def _final_weights(out) -> dict:
+    folder = sorted((out / "checkpoints").iterdir())[-1]
+    reader = tf.train.load_checkpoint(str(folder / "ckpt"))
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if not n.startswith("_CHECKPOINT")}
+
+
+def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config, tmp_path):
+    runs = {}
+    for steps in (0, 3):
+        out = tmp_path / f"warmup{steps}"
+        proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out,
+                                             *RUN, "--set", f"train.warmup_steps={steps}"))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[steps] = (proc.stdout, out)
+    with_warmup, without = runs[3], runs[0]
+    assert "[init] warm-up: 3 synthetic step(s) in" in with_warmup[0]
+    assert "warm-up:" not in without[0]
+    # Each run times its first epoch's steps; the line and summary.json agree.
+    for stdout, out in runs.values():
+        history = json.loads((out / "summary.json").read_text())["history"]
+        assert "first_step_s" in history[0] and "first_step_s" not in history[1]
+        assert f"[timing] first step {history[0]['first_step_s']:.3f} s, median {history[0]['median_step_s']:.3f} s" \
+            in stdout
+    want, got = _final_weights(without[1]), _final_weights(with_warmup[1])
+    assert want.keys() == got.keys() and any("optimizer" in n for n in want) and any("rng" in n for n in want)
+    unequal = [n for n in want if not np.array_equal(want[n], got[n])]
+    assert not unequal, unequal
