@@ -74,7 +74,7 @@ def _ours(args) -> dict:
         size = 1
 
         @staticmethod
-        def average_gradients(grads, compression="none"):
+        def average_gradients(grads, compression="none", grouped=False):
             del compression
             return grads
 

@@ -294,5 +294,5 @@ class SingleProcess:
     size = 1
 
     @staticmethod
-    def average_gradients(grads, compression="none"):
+    def average_gradients(grads, compression="none", grouped=False):
         return grads

@@ -61,7 +61,7 @@ def allreduce_seconds(dist, variables, compression: str, repeats: int = 5) -> fl
     if dist.size == 1:
         return 0.0
     grads = [tf.ones_like(v) for v in variables]
-    reduce = tf.function(lambda g: dist.average_gradients(g, compression))
+    reduce = tf.function(lambda g: dist.average_gradients(g, compression, grouped=True))
     tf.nest.map_structure(lambda t: t.numpy(), reduce(grads))   # warm-up: negotiation, buffers
     start = time.perf_counter()
     for _ in range(repeats):
