@@ -148,3 +148,22 @@ def test_a_normal_step_on_random_values_is_the_fp32_step_within_the_fp16_roundin
     # It did compute in float16: the update differs from float32's, by about float16's precision.
     update = np.abs(k32 - start_k).astype(np.float64)
     assert 1e-5 < (kernel_err / update).max() < 20 * U16, kernel_err / update
+
+
+@pytest.mark.parametrize("device, native_bf16, expected", [
+    ("gpu", False, "mixed_float16"), ("cpu", True, "mixed_bfloat16"), ("cpu", False, "float32")])
+def test_the_closed_cosmoflow_configs_run_amp_and_the_init_line_names_its_precision(device, native_bf16, expected):
+    from common import benchmarks
+    from common.config_loading import load_config
+    from common.reporting.console import runtime_lines
+    from common.runtime import choose_precision
+    from cosmoflow.config import CosmoFlowConfig
+    for path in benchmarks.closed_configs("cosmoflow"):
+        runtime = load_config(CosmoFlowConfig, path, {"data.data_dir": "unused"}).runtime
+        assert runtime.amp and runtime.amp_dtype == "auto", path
+        precision, why = choose_precision(runtime, device, native_bf16=native_bf16)
+        assert precision == expected
+        lines = runtime_lines("1 rank", {"device": device, "precision": precision, "precision_note": why})
+        # Named on the runtime line whichever it is; the fallback to fp32 also says why, on a line of its own.
+        assert f"'precision': '{expected}'" in lines[0] and "precision_note" not in lines[0]
+        assert lines[1:] == ([why] if expected == "float32" else []) and bool(why) is (expected == "float32")
