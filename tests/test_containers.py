@@ -1,5 +1,6 @@
-"""Container recipes: one source of truth for versions, hadolint-clean Dockerfiles, and .def files
-that name the images the Dockerfiles produce.
+"""Container recipes: one source of truth for versions, hadolint-clean Dockerfiles, .def files
+that name the images the Dockerfiles produce, and the GPU images' apt packages (InfiniBand verbs
+beside OpenMPI; NCCL from the TensorFlow wheel, not apt).
 
 These tests check the recipes without building them; tests/test_images.py builds and runs
 docker/Dockerfile.cpu (slow tier). The GPU image's CUDA base is on a registry the test machines
@@ -82,6 +83,33 @@ def apt_layers(stage: list[str]) -> list[set[str]]:
     return layers
 
 
+# The InfiniBand userspace NCCL's and UCX's transports between nodes need (docker/Dockerfile says why).
+INFINIBAND = {"libibverbs1", "ibverbs-providers", "librdmacm1", "ibverbs-utils"}
+
+
+def infiniband_missing_beside_openmpi(dockerfile: str) -> set[str]:
+    """What of INFINIBAND the image's (last stage's) OpenMPI layer does not install; all of it without one."""
+    mpi_layers = [layer for layer in apt_layers(instructions(dockerfile)[-1]) if "openmpi-bin" in layer]
+    return INFINIBAND - set().union(*mpi_layers)
+
+
+def test_the_gpu_image_installs_the_infiniband_userspace_in_its_openmpi_layer():
+    text = (DOCKER / "Dockerfile").read_text()
+    assert infiniband_missing_beside_openmpi(text) == set()
+    # The parser, on texts without them: one package dropped; all of them in a layer of their own;
+    # only in the build stage, which the image does not keep.
+    ib_line = "\\\n       libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils "
+    assert text.count(ib_line) == 1
+    assert infiniband_missing_beside_openmpi(text.replace(" ibverbs-providers", "")) == {"ibverbs-providers"}
+    apart = text.replace(ib_line, "") + "RUN apt-get install -y libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils\n"
+    assert infiniband_missing_beside_openmpi(apart) == INFINIBAND
+    build_openmpi = "git \\\n       libopenmpi-dev openmpi-bin "
+    assert text.count(build_openmpi) == 1
+    build_stage_only = text.replace(ib_line, "").replace(
+        build_openmpi, build_openmpi + "libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils ")
+    assert infiniband_missing_beside_openmpi(build_stage_only) == INFINIBAND
+
+
 def post_packages(definition: str) -> tuple[set[str], str]:
     """(what a .def file's %post installs with apt-get, its %post commands without comments)."""
     post = definition.split("\n%post\n", 1)[1].split("\n%", 1)[0].replace("\\\n", " ")
@@ -89,9 +117,9 @@ def post_packages(definition: str) -> tuple[set[str], str]:
     return set().union(*apt_layers(["RUN " + " && ".join(commands)])), "\n".join(commands)
 
 
-def test_the_standalone_apptainer_image_takes_nccl_from_the_tensorflow_wheel():
+def test_the_standalone_apptainer_image_installs_as_the_gpu_dockerfile():
     packages, commands = post_packages((DOCKER / "mlperf-hpc-standalone.def").read_text())
-    assert "openmpi-bin" in packages
+    assert {"openmpi-bin", *INFINIBAND} <= packages
     assert not any(p.startswith("libnccl") for p in packages) and "HOROVOD_NCCL_HOME" not in commands
     control, _ = post_packages("From: x\n%post\n    apt-get install -y openmpi-bin \\\n        libnccl2\n%environment\n")
     assert control == {"openmpi-bin", "libnccl2"}
