@@ -1,5 +1,6 @@
-"""Container recipes: one source of truth for versions, hadolint-clean Dockerfiles, and .def files
-that name the images the Dockerfiles produce.
+"""Container recipes: one source of truth for versions, hadolint-clean Dockerfiles, .def files
+that name the images the Dockerfiles produce, and the GPU images' apt packages (InfiniBand verbs
+beside OpenMPI; NCCL from the TensorFlow wheel, not apt).
 
 These tests check the recipes without building them; tests/test_images.py builds and runs
 docker/Dockerfile.cpu (slow tier). The GPU image's CUDA base is on a registry the test machines
@@ -40,9 +41,104 @@ def test_recipe_installs_the_pins_of_requirements_txt(recipe):
         base = name.split("[")[0]
         assert PINS.get(base) == version or PINS.get(f"{base}-cpu") == version, f"{recipe.name}: {name}=={version}"
     if "Dockerfile" in recipe.name and recipe.name != "Dockerfile.cpu":
-        assert "VARIANT=gpu" in text and "nvidia/cuda:12" in text and "libnccl-dev" in text
+        assert "VARIANT=gpu" in text and "nvidia/cuda:12" in text
     if recipe.name == "Dockerfile.cpu":
         assert "VARIANT=cpu" in text and "libopenmpi-dev" in text
+
+
+def instructions(dockerfile: str) -> list[list[str]]:
+    """Per FROM stage of a Dockerfile's text, its instructions: continuation lines joined, comments dropped."""
+    joined, current = [], ""
+    for line in dockerfile.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):   # Docker drops comment lines inside a continued instruction too
+            continue
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        joined.append(current + line)
+        current = ""
+    stages = []
+    for instruction in joined:
+        if instruction.split()[0].upper() == "FROM":
+            stages.append([])
+        elif stages:
+            stages[-1].append(instruction)
+    return stages
+
+
+def apt_layers(stage: list[str]) -> list[set[str]]:
+    """The packages each RUN instruction of a stage names to `apt-get install` (RUNs without one left out)."""
+    layers = []
+    for instruction in stage:
+        if instruction.split()[0].upper() != "RUN":
+            continue
+        packages = set()
+        for command in re.split(r"&&|\|\||;", instruction[len("RUN"):]):
+            words = command.split()
+            if words[:2] == ["apt-get", "install"]:
+                packages |= {w for w in words[2:] if not w.startswith("-")}
+        if packages:
+            layers.append(packages)
+    return layers
+
+
+# The InfiniBand userspace NCCL's and UCX's transports between nodes need (docker/Dockerfile says why).
+INFINIBAND = {"libibverbs1", "ibverbs-providers", "librdmacm1", "ibverbs-utils"}
+
+
+def infiniband_missing_beside_openmpi(dockerfile: str) -> set[str]:
+    """What of INFINIBAND the image's (last stage's) OpenMPI layer does not install; all of it without one."""
+    mpi_layers = [layer for layer in apt_layers(instructions(dockerfile)[-1]) if "openmpi-bin" in layer]
+    return INFINIBAND - set().union(*mpi_layers)
+
+
+def test_the_gpu_image_installs_the_infiniband_userspace_in_its_openmpi_layer():
+    text = (DOCKER / "Dockerfile").read_text()
+    assert infiniband_missing_beside_openmpi(text) == set()
+    # The parser, on texts without them: one package dropped; all of them in a layer of their own;
+    # only in the build stage, which the image does not keep.
+    ib_line = "\\\n       libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils "
+    assert text.count(ib_line) == 1
+    assert infiniband_missing_beside_openmpi(text.replace(" ibverbs-providers", "")) == {"ibverbs-providers"}
+    apart = text.replace(ib_line, "") + "RUN apt-get install -y libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils\n"
+    assert infiniband_missing_beside_openmpi(apart) == INFINIBAND
+    build_openmpi = "git \\\n       libopenmpi-dev openmpi-bin "
+    assert text.count(build_openmpi) == 1
+    build_stage_only = text.replace(ib_line, "").replace(
+        build_openmpi, build_openmpi + "libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils ")
+    assert infiniband_missing_beside_openmpi(build_stage_only) == INFINIBAND
+
+
+def post_packages(definition: str) -> tuple[set[str], str]:
+    """(what a .def file's %post installs with apt-get, its %post commands without comments)."""
+    post = definition.split("\n%post\n", 1)[1].split("\n%", 1)[0].replace("\\\n", " ")
+    commands = [line.strip() for line in post.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return set().union(*apt_layers(["RUN " + " && ".join(commands)])), "\n".join(commands)
+
+
+def test_the_standalone_apptainer_image_installs_as_the_gpu_dockerfile():
+    packages, commands = post_packages((DOCKER / "mlperf-hpc-standalone.def").read_text())
+    assert {"openmpi-bin", *INFINIBAND} <= packages
+    assert not any(p.startswith("libnccl") for p in packages) and "HOROVOD_NCCL_HOME" not in commands
+    control, _ = post_packages("From: x\n%post\n    apt-get install -y openmpi-bin \\\n        libnccl2\n%environment\n")
+    assert control == {"openmpi-bin", "libnccl2"}
+
+
+def test_the_gpu_image_takes_nccl_from_the_tensorflow_wheel():
+    # No NCCL from apt in any stage and no HOROVOD_NCCL_HOME: tools/install.sh then links Horovod to
+    # the nvidia-nccl-cu12 wheel tensorflow[and-cuda] installs, the one NCCL of the image.
+    text = (DOCKER / "Dockerfile").read_text()
+    stages = instructions(text)
+    assert len(stages) == 2
+    for stage in stages:
+        assert not any(p.startswith("libnccl") for layer in apt_layers(stage) for p in layer)
+        assert not any("HOROVOD_NCCL_HOME" in i for i in stage if i.split()[0].upper() in ("ENV", "ARG", "RUN"))
+    assert apt_layers(instructions("FROM x\nRUN apt-get install -y libnccl2 \\\n    libnccl-dev\n")[0]) == \
+        [{"libnccl2", "libnccl-dev"}]   # the parser sees them where they are
+    script = (helpers.REPO / "tools" / "install.sh").read_text()
+    assert 'nccl_home="${HOROVOD_NCCL_HOME:-$venv/nccl-from-wheel}"' in script
+    assert "HOROVOD_NCCL_LINK=SHARED" in script and "-Wl,-rpath,$nv/nccl/lib" in script
 
 
 def test_install_script_turns_the_cpu_pin_into_the_gpu_wheel_at_the_same_version():

@@ -5,6 +5,11 @@ step exactly where the maths says they agree exactly, and within a derived round
 bound elsewhere. The layer keeps float32 variables and computes in float16 (the Keras
 mixed policy); TrainStep scales the loss by the loss scale S before the backward pass
 and divides the gradients by S before applying them.
+
+Then CosmoFlow, whose closed configs run --amp (fp16 on a GPU), on the trainer's own path: the
+gradients handed to the allreduce are unscaled (a negative control leaves them scaled), an Inf
+arriving with the averaged gradients skips the update and halves S, and S doubles after Keras'
+growth steps of good steps. Last, what --amp picks from those configs and how [init] names it.
 """
 
 import numpy as np
@@ -148,3 +153,137 @@ def test_a_normal_step_on_random_values_is_the_fp32_step_within_the_fp16_roundin
     # It did compute in float16: the update differs from float32's, by about float16's precision.
     update = np.abs(k32 - start_k).astype(np.float64)
     assert 1e-5 < (kernel_err / update).max() < 20 * U16, kernel_err / update
+
+
+# ------------------------------------------------------------------ CosmoFlow under fp16
+# The closed configs run --amp, which is fp16 on a GPU. The tests above prove the loss scaling on one
+# Dense layer; these run the trainer's own path for CosmoFlow (common.run.trainer._build: the model
+# under common.runtime.dtype_policy, the task's SGD with momentum, wrap_optimizer, TrainStep with the
+# task's preprocessing) on a small CosmoFlow model, and look at what reaches the allreduce.
+
+# The tests' tiny config, smaller still: 16^3 x 4 samples, two conv layers of 4 and 8 filters.
+COSMO_OVERRIDES = {"data.data_dir": "unused", "data.sample_shape": "16,16,16,4", "data.batch_size": "4",
+                   "train.global_batch_size": "4", "model.conv_size": "4", "model.n_conv_layers": "2"}
+# Norm-wise relative error of each fp16 gradient against the fp32 one. fp16's rounding moved the first
+# conv layer's gradients by 3.7% here (sums of 11-bit products over 4 x 16^3 positions); a gradient
+# left scaled is off by S0 - 1, one unscaled by a wrong power of two by at least 50%.
+GRAD_TOLERANCE = 0.1
+
+
+class RecordingDistribution(helpers.SingleProcess):
+    """One process that keeps a copy of the gradients TrainStep hands to the allreduce, and can make
+    the "averaged" gradients hold an Inf, as the sum would when another rank's fp16 step overflowed."""
+
+    def __init__(self, variables, inject_inf: bool = False):
+        self.seen = [tf.Variable(tf.zeros_like(v), trainable=False) for v in variables]
+        self._inject_inf = inject_inf
+
+    def average_gradients(self, grads, compression="none"):
+        for slot, g in zip(self.seen, grads):
+            slot.assign(g)
+        if self._inject_inf:
+            grads = [grads[0] + np.inf, *grads[1:]]
+        return grads
+
+
+@pytest.fixture(scope="module")
+def cosmoflow_start():
+    """(task, initial weights, one batch as the input pipeline yields it: int16 counts, float32 targets)."""
+    from common.config_loading import load_config
+    from cosmoflow.config import CosmoFlowConfig
+    from cosmoflow.task import CosmoFlowTask
+    task = CosmoFlowTask(load_config(CosmoFlowConfig, helpers.REPO / "tests/configs/cosmoflow_tiny.yaml",
+                                     COSMO_OVERRIDES))
+    weights = task.build_model(None).get_weights()
+    rng = np.random.default_rng(3)
+    x = rng.poisson(4.0, (4, 16, 16, 16, 4)).astype(np.int16)
+    y = rng.uniform(-1, 1, (4, 4)).astype(np.float32)
+    return task, weights, (tf.constant(x), tf.constant(y))
+
+
+def cosmoflow_train_step(start, policy: str, inject_inf: bool = False, skip_unscaling: bool = False):
+    """CosmoFlow's TrainStep under `policy`, from the start's weights, built as the trainer builds it;
+    returns (step, model, optimizer, distribution). `skip_unscaling` leaves the gradients scaled (the
+    negative control). XLA-compiled: TensorFlow has no float16 MaxPool3D kernel for the CPU (XLA has)."""
+    from common.runtime import dtype_policy
+    task, weights, _ = start
+    with dtype_policy(policy):
+        model = task.build_model(None)
+    model.set_weights(weights)
+    optimizer, _ = task.build_optimizer(4, 1)
+    optimizer = wrap_optimizer(optimizer, policy)
+    if skip_unscaling:
+        optimizer.get_unscaled_gradients = lambda grads: grads
+    dist = RecordingDistribution(model.trainable_variables, inject_inf)
+    step = TrainStep(model, optimizer, task.build_losses(), dist, xla=True, preprocess=task.preprocess_batch)
+    return step, model, optimizer, dist
+
+
+def cosmoflow_step(start, policy: str, **kwargs):
+    """One step of cosmoflow_train_step(start, policy, **kwargs) on the start's batch: (model, optimizer, distribution)."""
+    step, model, optimizer, dist = cosmoflow_train_step(start, policy, **kwargs)
+    step(iter([start[2]]))
+    return model, optimizer, dist
+
+
+def relative_errors(grads, reference) -> list:
+    """Per variable, ||g - g_ref|| / ||g_ref||."""
+    return [float(np.linalg.norm(g.numpy() - r.numpy()) / np.linalg.norm(r.numpy())) for g, r in zip(grads, reference)]
+
+
+def test_cosmoflow_fp16_gradients_reach_the_allreduce_unscaled(cosmoflow_start):
+    _, fp32_opt, fp32_dist = cosmoflow_step(cosmoflow_start, "float32")
+    model, opt, dist = cosmoflow_step(cosmoflow_start, "mixed_float16")
+    assert model.get_layer("conv1").compute_dtype == "float16" and model.get_layer("conv1").kernel.dtype == tf.float32
+    assert isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer) and opt.inner_optimizer.momentum == 0.9
+    assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1   # applied: no overflow at S0
+    assert not isinstance(fp32_opt, tf.keras.mixed_precision.LossScaleOptimizer)
+    errors = relative_errors(dist.seen, fp32_dist.seen)
+    assert max(errors) < GRAD_TOLERANCE, errors
+    assert min(errors) > U32, errors   # it did compute in float16
+    assert any(not np.array_equal(w, w0) for w, w0 in zip(model.get_weights(), cosmoflow_start[1]))
+    # Negative control: the same step with the unscaling left out hands S0 x the gradients to the
+    # allreduce, and the comparison above fails.
+    _, _, scaled = cosmoflow_step(cosmoflow_start, "mixed_float16", skip_unscaling=True)
+    errors = relative_errors(scaled.seen, fp32_dist.seen)
+    assert min(errors) > GRAD_TOLERANCE and np.allclose(errors, S0 - 1, rtol=GRAD_TOLERANCE), errors
+
+
+def test_cosmoflow_fp16_step_with_an_inf_after_the_allreduce_is_skipped_and_lowers_the_loss_scale(cosmoflow_start):
+    model, opt, dist = cosmoflow_step(cosmoflow_start, "mixed_float16", inject_inf=True)
+    assert np.all(np.isfinite(dist.seen[0].numpy()))   # finite on this rank: the Inf came with the sum
+    for w, w0 in zip(model.get_weights(), cosmoflow_start[1]):
+        np.testing.assert_array_equal(w, w0)   # not updated
+    momenta = opt.inner_optimizer.momentums
+    assert len(momenta) == len(model.trainable_variables) and not any(m.numpy().any() for m in momenta)
+    assert float(opt.loss_scale) == S0 / 2 and int(opt.dynamic_counter) == 0
+    assert int(opt.iterations) == 1   # counted, as every rank skips the same step (the Inf is in every sum)
+
+
+def test_cosmoflow_fp16_loss_scale_grows_after_its_growth_steps_of_good_steps(cosmoflow_start):
+    # Keras doubles the scale after dynamic_growth_steps (2000) finite steps in a row. The count is
+    # started 2 below that here, so that two steps show whether TrainStep's updates drive it.
+    step, _, opt, _ = cosmoflow_train_step(cosmoflow_start, "mixed_float16")
+    opt.dynamic_counter.assign(opt.dynamic_growth_steps - 2)
+    step(iter([cosmoflow_start[2]]))
+    assert float(opt.loss_scale) == S0 and int(opt.dynamic_counter) == opt.dynamic_growth_steps - 1
+    step(iter([cosmoflow_start[2]]))
+    assert float(opt.loss_scale) == 2 * S0 and int(opt.dynamic_counter) == 0 and int(opt.iterations) == 2
+
+@pytest.mark.parametrize("device, native_bf16, expected", [
+    ("gpu", False, "mixed_float16"), ("cpu", True, "mixed_bfloat16"), ("cpu", False, "float32")])
+def test_the_closed_cosmoflow_configs_run_amp_and_the_init_line_names_its_precision(device, native_bf16, expected):
+    from common import benchmarks
+    from common.config_loading import load_config
+    from common.reporting.console import runtime_lines
+    from common.runtime import choose_precision
+    from cosmoflow.config import CosmoFlowConfig
+    for path in benchmarks.closed_configs("cosmoflow"):
+        runtime = load_config(CosmoFlowConfig, path, {"data.data_dir": "unused"}).runtime
+        assert runtime.amp and runtime.amp_dtype == "auto", path
+        precision, why = choose_precision(runtime, device, native_bf16=native_bf16)
+        assert precision == expected
+        lines = runtime_lines("1 rank", {"device": device, "precision": precision, "precision_note": why})
+        # Named on the runtime line whichever it is; the fallback to fp32 also says why, on a line of its own.
+        assert f"'precision': '{expected}'" in lines[0] and "precision_note" not in lines[0]
+        assert lines[1:] == ([why] if expected == "float32" else []) and bool(why) is (expected == "float32")
