@@ -8,6 +8,7 @@ Every collective here must be called by every rank, in the same order. Never
 call one inside `if dist.is_root:`: the other ranks would wait forever.
 """
 
+import contextlib
 import os
 import socket
 
@@ -118,6 +119,17 @@ class Distribution:
         sums = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Sum)
         for variable, total in zip(variables, sums):
             variable.assign(total / self.size)
+
+    @contextlib.contextmanager
+    def timeline(self, path):
+        """Records Horovod's timeline (Chrome trace JSON, rank 0 writes it) of what runs inside the
+        block: each tensor's negotiation and reduction, with its name. Every rank enters it.
+        Horovod allows it when HOROVOD_TIMELINE=DYNAMIC was set at its init."""
+        hvd.start_timeline(str(path), mark_cycles=False)
+        try:
+            yield
+        finally:
+            hvd.stop_timeline()
 
     def rank_group(self, group_size: int, what: str = "group size") -> "RankGroup":
         """This rank's group of `group_size` consecutive ranks (for sync batch norm).

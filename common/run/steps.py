@@ -79,7 +79,12 @@ class TrainStep:
         # (as the LossScaleOptimizer does; a no-op for a built optimizer).
         with tf.init_scope():
             optimizer.build(model.trainable_variables)
-        self._loss_and_grads = tf.function(self._loss_and_grads_py, jit_compile=xla)
+        # With XLA, forward and backward are one compiled function, the allreduce outside it. Without,
+        # they are traced into the step's own graph, not called as a nested function: a function call
+        # hands back all its outputs at once, at its end, which would hold each gradient's allreduce
+        # until backward is done (no overlap; seen in Horovod's timeline, tests/test_gradient_overlap.py).
+        self._loss_and_grads = (tf.function(self._loss_and_grads_py, jit_compile=True) if xla
+                                else self._loss_and_grads_py)
         if self.accumulation == 1:
             self._fused = tf.function(self._fused_py)
         else:

@@ -1,0 +1,67 @@
+"""Gradients averaged as backward produces them (runtime.gradient_allreduce=overlap, the default):
+the order, from a Horovod timeline of one step on 2 ranks, and the result, equal bit for bit to
+the grouped allreduce after backward (tests/overlap_probe.py runs the three variants in one launch).
+
+Gloo over loopback shares these 2 cores with the backward pass, so what overlap buys in time is
+not judged here (bench/gradient_overlap.py measures it)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests import helpers
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("overlap")
+    proc = helpers.horovodrun(2, [helpers.PYTHON, helpers.REPO / "tests" / "overlap_probe.py", "--out", out])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def _timeline(path) -> dict:
+    """Per tensor: when rank 0 submitted it (negotiation begins), when every rank had (it ends), and
+    when its reduction began."""
+    text = path.read_text().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")   # a stopped timeline may lack its "]"
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]}
+    tensors = {}
+    open_activity = {}
+    for e in sorted((e for e in events if e.get("ph") in ("B", "E")), key=lambda e: e["ts"]):
+        t = tensors.setdefault(names[e["pid"]], {})
+        if e["ph"] == "B":
+            open_activity.setdefault(e["pid"], []).append(e["name"])
+            t.setdefault(e["name"] + "_begin", e["ts"])
+        else:
+            name = open_activity[e["pid"]].pop()
+            t.setdefault(name + "_end", e["ts"])
+    return tensors
+
+
+def test_allreduces_start_while_backward_still_produces_gradients(probe):
+    overlap, grouped = _timeline(probe / "overlap" / "timeline.json"), _timeline(probe / "grouped" / "timeline.json")
+    # Overlap: a tensor each, submitted in reverse layer order (the head's first), some reduced
+    # before the last gradient was ready on every rank, i.e. while backward was still running.
+    assert sorted(overlap) == sorted(f"gradient_{i}" for i in range(14))
+    first_reduced = min(t["ALLREDUCE_begin"] for t in overlap.values())
+    all_submitted = max(t["NEGOTIATE_ALLREDUCE_end"] for t in overlap.values())
+    assert first_reduced < all_submitted, overlap
+    assert overlap["gradient_13"]["NEGOTIATE_ALLREDUCE_begin"] < overlap["gradient_0"]["NEGOTIATE_ALLREDUCE_begin"]
+    # The grouped allreduce, the control: no reduction begins before every gradient is submitted.
+    assert len(grouped) == 14
+    assert min(t["ALLREDUCE_begin"] for t in grouped.values()) > max(t["NEGOTIATE_ALLREDUCE_end"]
+                                                                      for t in grouped.values())
+
+
+def test_overlapped_and_grouped_allreduces_give_the_same_weights_bit_for_bit(probe):
+    weights = {v: [np.load(probe / v / f"rank-{r:05d}.npz") for r in (0, 1)]
+               for v in ("overlap", "grouped", "overlap-fp16")}
+    names = weights["overlap"][0].files
+    assert len(names) == 14
+    for rank in (0, 1):
+        assert all(np.array_equal(weights["overlap"][rank][n], weights["grouped"][rank][n]) for n in names)
+        assert all(np.array_equal(weights["overlap"][rank][n], weights["overlap"][0][n]) for n in names)
+    # The negative control: fp16 on the wire rounds the averages, and the comparison sees it.
+    assert not any(np.array_equal(weights["overlap"][0][n], weights["overlap-fp16"][0][n]) for n in names)
