@@ -96,9 +96,11 @@ class EpochTrain:
     lr: float                 # the LR of the epoch's first step
     samples_per_s: float      # all ranks, over the steps this process ran
     # The first epoch this process runs only (None after): its first step's time beside the median
-    # of its steps, each waited for (the first step pays what warm-up did not).
+    # of its steps, each waited for, without their wait for input (the first step pays what warm-up
+    # did not); and the first step's wait for its batch (cold reads, a shuffle buffer filling).
     first_step_s: float | None = None
     median_step_s: float | None = None
+    first_input_wait_s: float | None = None
 
 
 class Listener:

@@ -73,7 +73,8 @@ class TrainingRun:
             events.on_epoch_stop(epoch, train)
             record = {"epoch": epoch, "loss": train.loss, "samples_per_s": train.samples_per_s, "lr": train.lr}
             if train.first_step_s is not None:
-                record.update(first_step_s=train.first_step_s, median_step_s=train.median_step_s)
+                record.update(first_step_s=train.first_step_s, median_step_s=train.median_step_s,
+                              first_input_wait_s=train.first_input_wait_s)
             self.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
@@ -120,18 +121,23 @@ class TrainingRun:
         flags = []                   # each step's StepResult.inputs_finite, from step first + 1
         checked = first              # losses[:checked] went through an agreement
         log_from, log_start = first, start   # the steps and time since the last TrainLog
-        # The first epoch's steps are each waited for and timed, so that its first step (what warm-up
-        # left to pay) can be read beside the median; later steps run ahead of their reads.
-        step_times = [] if self.timed_epochs == 0 else None
+        # The first epoch's steps are each waited for and timed, their wait for input apart, so that
+        # the first step's compute (what warm-up left to pay) can be read beside the median, and its
+        # wait for the first batch (cold reads, a shuffle buffer filling) beside it; later steps run
+        # ahead of their reads.
+        batches = _TimedBatches(train_iter) if self.timed_epochs == 0 else train_iter
+        step_times, input_waits = [], []
         self.timed_epochs += 1
         with naming_bad_files(ctx.task, ctx.shards.train_files):
             for step in range(first + 1, per_epoch + 1):
                 step_start = time.perf_counter()
                 # Keep the tensors: reading one would wait for its step.
-                result = ctx.train_step(train_iter)
-                if step_times is not None:
+                result = ctx.train_step(batches)
+                if isinstance(batches, _TimedBatches):
                     result.loss.numpy()
-                    step_times.append(time.perf_counter() - step_start)
+                    waited = batches.take_wait()
+                    step_times.append(time.perf_counter() - step_start - waited)
+                    input_waits.append(waited)
                 losses.append(result.loss)
                 flags.append(result.inputs_finite)
                 state.global_step += 1
@@ -162,7 +168,8 @@ class TrainingRun:
                           lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
                           samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds,
                           first_step_s=step_times[0] if step_times else None,
-                          median_step_s=float(np.median(step_times)) if step_times else None)
+                          median_step_s=float(np.median(step_times)) if step_times else None,
+                          first_input_wait_s=input_waits[0] if input_waits else None)
 
     def _agree(self, epoch, step, losses, flags) -> bool:
         """The agreement of the steps since the last one (`losses`, `flags`: this rank's): True on
@@ -224,6 +231,29 @@ class TrainingRun:
             make_train_dataset=lambda: ctx.task.build_inputs(ctx.shards, ctx.mesh.group, ctx.dist.local_size)[0],
             local_batch_size=ctx.shards.local_batch_size, files_read=ctx.shards.train_files,
             samples_read=len(ctx.shards.train_files))
+
+
+class _TimedBatches:
+    """The training iterator, counting the seconds its callers wait in next() (for input)."""
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+        self._waited = 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        try:
+            return next(self._iterator)
+        finally:
+            self._waited += time.perf_counter() - start
+
+    def take_wait(self) -> float:
+        """The seconds waited since the last call."""
+        waited, self._waited = self._waited, 0.0
+        return waited
 
 
 def _mean(losses) -> float:
