@@ -43,6 +43,7 @@ def main(argv=None) -> int:
                  "data.batch_size": args.batch_size, "data.n_train": n_train, "data.n_valid": n_valid,
                  # A closed config accepts its RCP global batch only; this one is not a result.
                  "mlperf.division": "open"}
+    overrides |= precision_modes.extra_overrides(p, args)
     runs = precision_modes.run_modes("cosmoflow", args.config, overrides, modes, args.steps, args.warmup_steps,
                                     args.np, args.output_dir)
     rows = precision_modes.rows(runs, "input pipeline alone (TFRecord -> int16 batches)",

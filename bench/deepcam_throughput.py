@@ -46,6 +46,7 @@ def main(argv=None) -> int:
                  "data.n_train": n_train, "data.n_valid": 0,
                  # A closed config accepts its RCP global batch only; this one is not a result.
                  "mlperf.division": "open"}
+    overrides |= precision_modes.extra_overrides(p, args)
     runs = precision_modes.run_modes("deepcam", args.config, overrides, modes, args.steps, args.warmup_steps,
                                     args.np, args.output_dir)
     mb = os.path.getsize(next((data_dir / "train").glob("*.h5"))) / 1e6

@@ -66,6 +66,16 @@ def add_arguments(parser, warmup_steps: int, steps: int) -> None:
     parser.add_argument("--output-dir", default=None,
                         help="keep each mode's run folder (config.yaml, summary.json) here; default: a temporary dir")
     parser.add_argument("--json", default=None, help="also write the table and the machine here (make bench reads it)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more config override for every run, as train.py's --set (repeatable)")
+
+
+def extra_overrides(parser, args) -> dict:
+    """{key: value} of the --set flags (bench/gradient_overlap.py passes runtime.gradient_allreduce so)."""
+    bad = [item for item in args.sets if "=" not in item]
+    if bad:
+        parser.error(f"--set expects KEY=VALUE, got {bad[0]!r}")
+    return dict(item.split("=", 1) for item in args.sets)
 
 
 def parse_modes(parser, value: str) -> list[str]:
