@@ -2,22 +2,28 @@
 
 import contextlib
 import importlib
+import os
 import platform
 
 import tensorflow as tf
 
 from common import cpu
+from common.parallel import binding
 
 
 def configure(runtime, dist) -> dict:
     """Applies a RuntimeConfig before any TensorFlow op runs; returns what was set.
 
-    Threads default to this node's cores divided among its local ranks, so two
-    ranks on one node do not each spawn a pool as large as the machine.
+    Intra-op threads default to the rank's own CPUs (its affinity), divided among the node's
+    ranks only where they share them (common.parallel.binding): a task the launcher bound keeps
+    its cores, and two unbound ranks on one node do not each spawn a pool as large as the machine.
     """
     device = dist.pin_device()
-    intra, inter, threads_note = _size_thread_pools(
-        runtime.intra_op_threads or max(1, cpu.cores() // dist.local_size), runtime.inter_op_threads)
+    threads = binding.intra_op_threads(os.environ, cpu.affinity(), dist.local_size)
+    intra, inter, kept = _size_thread_pools(runtime.intra_op_threads or threads.threads, runtime.inter_op_threads)
+    rule = (f"runtime.intra_op_threads={runtime.intra_op_threads} (the default would be {threads.threads}: "
+            f"{threads.rule})" if runtime.intra_op_threads else threads.rule)
+    threads_note = "; ".join(filter(None, [kept, f"intra-op threads {intra}: {rule}"]))
     precision, why = choose_precision(runtime, device)
     # Random layers (dropout) draw from a tf.random.Generator, whose state a
     # checkpoint can hold (common.checkpoints.checkpointer), not from stateful ops whose
