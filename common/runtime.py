@@ -17,6 +17,7 @@ def configure(runtime, dist) -> dict:
     Intra-op threads default to the rank's own CPUs (its affinity), divided among the node's
     ranks only where they share them (common.parallel.binding): a task the launcher bound keeps
     its cores, and two unbound ranks on one node do not each spawn a pool as large as the machine.
+    Then every rank checks that no two of a host use one GPU (a collective: after the pools).
     """
     device = dist.pin_device()
     threads = binding.intra_op_threads(os.environ, cpu.affinity(), dist.local_size)
@@ -24,6 +25,7 @@ def configure(runtime, dist) -> dict:
     rule = (f"runtime.intra_op_threads={runtime.intra_op_threads} (the default would be {threads.threads}: "
             f"{threads.rule})" if runtime.intra_op_threads else threads.rule)
     threads_note = "; ".join(filter(None, [kept, f"intra-op threads {intra}: {rule}"]))
+    dist.check_one_rank_per_gpu()
     precision, why = choose_precision(runtime, device)
     # Random layers (dropout) draw from a tf.random.Generator, whose state a
     # checkpoint can hold (common.checkpoints.checkpointer), not from stateful ops whose

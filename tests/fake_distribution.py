@@ -29,6 +29,9 @@ class OneRankDistribution:
     def pin_device(self) -> str:
         return "cpu"
 
+    def check_one_rank_per_gpu(self) -> None:
+        self._called()
+
     def barrier(self) -> None:
         self._called()
 
