@@ -9,7 +9,10 @@ from common.parallel.binding import cpu_list, intra_op_threads
 from tests import helpers
 
 FOUR = frozenset(range(4))
-# srun with SLURM's task/affinity: what it exports for 2 tasks of 2 CPUs each (--cpu-bind=cores).
+# srun with SLURM's task/affinity: what it exports for 2 tasks of 2 CPUs each (--cpu-bind=cores). On this
+# 2-CPU host's one-node SLURM 22.05 switched to task/affinity, `srun -n 2 --cpu-bind=cores env` gave
+# SLURM_CPU_BIND_TYPE=mask_cpu: and SLURM_CPU_BIND_LIST=0x1,0x2 (the same without --cpu-bind: its
+# automatic binding), --cpu-bind=sockets gave 0x3,0x3, and each task's affinity was its mask.
 SRUN_CORES = {"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0x3,0xC", "SLURM_CPU_BIND": "quiet,mask_cpu:0x3,0xC"}
 
 
@@ -22,10 +25,17 @@ SRUN_CORES = {"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0x3,0x
     (SRUN_CORES | {"SLURM_LOCALID": "0"}, {0, 1}, 2, 2, "srun bound each task (mask_cpu 0-1)"),
     (SRUN_CORES | {"SLURM_LOCALID": "1"}, {2, 3}, 2, 2, "the task's own 2 CPUs, not divided"),
     # --cpu-bind=sockets, or no binding (one mask for every task): the tasks share it.
+    ({"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0x3,0x3", "SLURM_LOCALID": "1"}, {0, 1}, 2, 1,
+     "overlapping CPUs"),
     ({"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0xF", "SLURM_LOCALID": "1"}, FOUR, 2, 2,
      "overlapping CPUs"),
     ({"SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND_LIST": "2,3", "SLURM_LOCALID": "0"}, {2}, 2, 1,
      "srun bound each task (map_cpu 2)"),
+    # A site's GPU-local NUMA domains, one per task, or two tasks per domain.
+    ({"SLURM_CPU_BIND_TYPE": "map_ldom:", "SLURM_CPU_BIND_LIST": "3,2,1,0", "SLURM_LOCALID": "1"}, FOUR, 4, 4,
+     "srun bound each task (map_ldom NUMA node(s) 2)"),
+    ({"SLURM_CPU_BIND_TYPE": "map_ldom:", "SLURM_CPU_BIND_LIST": "0,0,1,1", "SLURM_LOCALID": "1"}, FOUR, 4, 2,
+     "the same NUMA nodes"),
     # The option without a plugin applying it (task/none: tools/local_slurm.sh), and --cpu-bind=none.
     ({"SLURM_CPU_BIND_TYPE": "cores", "SLURM_CPU_BIND_LIST": "cores", "SLURM_LOCALID": "0"}, FOUR, 2, 2,
      "no task plugin applied"),

@@ -12,7 +12,8 @@ exports; the mask's size cannot tell, since a job-wide cgroup (SLURM's task/cgro
   (--cpu-bind=sockets; or one mask for all when it binds nothing). SLURM_CPU_BIND_TYPE=cores (the
   option itself, not a mask) means no plugin applied it: the one-node SLURM of
   tools/local_slurm.sh (task/none) exports it, says "cluster configuration lacks support for cpu
-  binding" and leaves every task on all CPUs.
+  binding" and leaves every task on all CPUs. --cpu-bind=map_ldom:/mask_ldom: (a site binding each
+  task to its GPU's NUMA domain) stays as written: tasks given the same domain share it.
 - mpirun (Open MPI 4): OMPI_MCA_orte_bound_at_launch=1 when it bound the process, with
   OMPI_MCA_hwloc_base_binding_policy when --bind-to was given (seen on Open MPI 4.1.4). core and
   hwthread give each rank CPUs of its own; socket, numa, a cache or board bind a domain that the
@@ -91,6 +92,8 @@ def _slurm(environ: Mapping, bind_type: str, cpus: frozenset, local_size: int) -
     if bind_type == "none":
         return _divided(n, local_size, "srun bound no CPUs (--cpu-bind=none)")
     kind = bind_type.rstrip(":")
+    if kind in ("map_ldom", "mask_ldom"):
+        return _numa(environ, kind, n, local_size)
     if kind not in ("mask_cpu", "map_cpu"):
         return _divided(n, local_size, f"SLURM_CPU_BIND_TYPE={bind_type} names a binding no task plugin "
                                        f"applied (it would be a mask_cpu: list)")
@@ -114,10 +117,31 @@ def _slurm(environ: Mapping, bind_type: str, cpus: frozenset, local_size: int) -
                     who="its")
 
 
+def _numa(environ: Mapping, kind: str, n: int, local_size: int) -> ThreadChoice:
+    """--cpu-bind=map_ldom:/mask_ldom: (a site's GPU-local NUMA domains): a task shares its domains with the
+    local tasks given overlapping ones. The entries name NUMA nodes, not CPUs: nothing to hold the affinity to."""
+    try:
+        domains = [_cpu_set(kind, entry) for entry in environ.get("SLURM_CPU_BIND_LIST", "").split(",")
+                   if entry.strip()]
+        local_id = int(environ["SLURM_LOCALID"])
+    except (KeyError, ValueError):
+        domains = []
+    if not domains:
+        return _divided(n, local_size, f"SLURM_CPU_BIND_TYPE={kind}: without a readable SLURM_CPU_BIND_LIST "
+                                       f"and SLURM_LOCALID")
+    mine = domains[local_id % len(domains)]
+    sharing = sum(1 for r in range(local_size) if domains[r % len(domains)] & mine)
+    where = f"{kind} NUMA node(s) {cpu_list(mine)}"
+    if sharing <= 1:
+        return _own(n, f"srun bound each task ({where})")
+    return _divided(n, sharing, f"srun bound local tasks to the same NUMA nodes ({where})", who="its")
+
+
 def _cpu_set(kind: str, entry: str) -> frozenset:
-    """The CPUs of one SLURM_CPU_BIND_LIST entry: a hex mask (mask_cpu) or a CPU number (map_cpu)."""
+    """The members of one SLURM_CPU_BIND_LIST entry: a hex mask (mask_cpu, mask_ldom) or one number
+    (map_cpu, map_ldom) of CPUs or NUMA nodes."""
     entry = entry.strip().lower()
-    if kind == "map_cpu":
+    if kind.startswith("map_"):
         return frozenset([int(entry, 16) if entry.startswith("0x") else int(entry)])
     bits = int(entry, 16)
     return frozenset(i for i in range(bits.bit_length()) if bits >> i & 1)
