@@ -49,7 +49,10 @@ SRUN_CORES = {"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0x3,0x
      {0, 1}, 2, 2, "mpirun bound each rank (--bind-to core)"),
     ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_orte_bound_at_launch": "1",
       "OMPI_MCA_hwloc_base_binding_policy": "socket"}, FOUR, 2, 2, "a socket domain"),
-    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_orte_bound_at_launch": "1"}, {0}, 2, 1, "its default policy"),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_orte_bound_at_launch": "1"}, {0}, 2, 1,
+     "its default for up to 2 processes"),
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_MCA_orte_bound_at_launch": "1"}, FOUR, 4, 1,
+     "its default for more than 2 processes"),
     ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_hwloc_base_binding_policy": "none"}, FOUR, 2, 2,
      "mpirun bound no CPUs (--bind-to none)"),
 ])

@@ -17,7 +17,8 @@ exports; the mask's size cannot tell, since a job-wide cgroup (SLURM's task/cgro
 - mpirun (Open MPI 4): OMPI_MCA_orte_bound_at_launch=1 when it bound the process, with
   OMPI_MCA_hwloc_base_binding_policy when --bind-to was given (seen on Open MPI 4.1.4). core and
   hwthread give each rank CPUs of its own; socket, numa, a cache or board bind a domain that the
-  node's ranks may share, and so does Open MPI's default (core for 2 ranks, else a domain).
+  node's ranks may share. Its default (no --bind-to) is core for up to 2 processes, socket for more,
+  none when oversubscribed (mpirun(1)).
 - horovodrun (Gloo) binds nothing and exports nothing about it.
 A mask the launcher says it applied is believed only if it is this process's affinity: variables
 inherited from an enclosing step (a launcher started inside an srun task) describe another process.
@@ -81,9 +82,11 @@ def _open_mpi(environ: Mapping, n: int, local_size: int) -> ThreadChoice:
         return _divided(n, local_size, f"mpirun bound no CPUs{f' (--bind-to {policy})' if policy else ''}")
     if policy in _OMPI_OWN:
         return _own(n, f"mpirun bound each rank (--bind-to {policy})")
-    if not policy:
-        return _divided(n, local_size, "mpirun bound the rank by its default policy (core for up to 2 ranks, "
-                                       "else a domain they may share)")
+    if not policy:   # mpirun(1) of Open MPI 4: "Bind to core: when the number of processes is <= 2"; else socket
+        if int(environ.get("OMPI_COMM_WORLD_SIZE", "0") or 0) in (1, 2):
+            return _own(n, "mpirun bound each rank to a core (its default for up to 2 processes)")
+        return _divided(n, local_size, "mpirun bound the rank to a socket (its default for more than 2 processes) "
+                                       "the node's ranks may share")
     return _divided(n, local_size, f"mpirun bound the rank to a {policy} domain the node's ranks may share")
 
 
