@@ -12,7 +12,7 @@ NP ?= 1
 # needed), as common/launchers.py builds it. Expanded when a recipe runs, after `install` made $(PY).
 LAUNCH = $(if $(filter 1,$(NP)),,$(or $(shell $(PY) -m common.launchers horovodrun $(NP)),$(error cannot build the launch command: $(PY) -m common.launchers horovodrun $(NP) failed)))
 
-.PHONY: install wheelhouse result-set weak-scaling test test-all bench bench-stacks bench-budgets clean
+.PHONY: install wheelhouse result-set weak-scaling preflight test test-all bench bench-stacks bench-budgets clean
 
 # WHEELHOUSE=DIR make install: from the files of DIR only, no network (tools/install.sh).
 install:
@@ -58,6 +58,13 @@ weak-scaling: $(DATA_TARGET_$(BENCH))
 	$(check_bench)
 	@$(PY) -m offline.weak_scaling --bench $(BENCH) --instances $(M) --ranks $(NP) --output $(WEAK_DIR) \
 	  --config $(CONFIG_$(BENCH)) --data-dir $(DATA_$(BENCH))
+
+# The first thing to run on a new machine (common/preflight): every rank's device, GPU, CPUs and threads, an
+# allreduce sweep, a 20-step benchmark beside its projection. NP ranks, as `make run`; e.g.
+#   make preflight NP=2 PREFLIGHT_ARGS="--machine machines/eos-h100.yaml --expect-gpus 8"
+PREFLIGHT_ARGS ?=
+preflight: install
+	@$(LAUNCH) $(PY) -m common.preflight $(PREFLIGHT_ARGS)
 
 # `make test` skips the tests marked slow (pytest.ini says which); `make test-all` runs them too.
 # Both run on TEST_WORKERS pytest processes (pytest-xdist), a test file to one process so that its

@@ -50,7 +50,7 @@ class RuntimeConfig:
     amp: bool = False
     amp_dtype: Literal["auto", "bfloat16", "float16"] = "auto"
     xla: bool = False                # jit_compile the train step
-    intra_op_threads: int = 0        # 0 = this node's cores divided by its local ranks
+    intra_op_threads: int = 0        # 0 = the rank's own CPUs, divided among ranks sharing them (parallel.binding)
     inter_op_threads: int = 2
     gradient_compression: Literal["none", "fp16"] = "none"
     # How gradients are averaged over the ranks: 'overlap', an allreduce per gradient, each started

@@ -58,9 +58,14 @@ def _cpuinfo() -> tuple[str, frozenset]:
     return model, flags
 
 
+def affinity() -> frozenset:
+    """The CPUs this process may run on: its affinity mask, as a SLURM task or container sees it."""
+    return frozenset(os.sched_getaffinity(0))
+
+
 def cores() -> int:
-    """CPU cores this process may run on: its affinity mask, as a SLURM task or container sees it."""
-    return len(os.sched_getaffinity(0))
+    """How many CPUs this process may run on (its affinity)."""
+    return len(affinity())
 
 
 def isa(flags=None) -> str:

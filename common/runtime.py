@@ -2,25 +2,33 @@
 
 import contextlib
 import importlib
+import os
 import platform
 
 import tensorflow as tf
 
 from common import cpu
+from common.parallel import binding
 
 
 def configure(runtime, dist) -> dict:
-    """Applies a RuntimeConfig; returns what was set. Must run before any TensorFlow op.
+    """Applies a RuntimeConfig; returns what was set. Must run before any other TensorFlow op.
 
     The launcher calls it right after Horovod's init (which pinned the device:
     `dist.device`) and before the first collective, since TensorFlow's thread pools
     are made by its first op and cannot be resized after (the threads note says so).
-    Threads default to this node's cores divided among its local ranks, so two
-    ranks on one node do not each spawn a pool as large as the machine.
+    Intra-op threads default to the rank's own CPUs (its affinity), divided among the node's
+    ranks only where they share them (common.parallel.binding): a task the launcher bound keeps
+    its cores, and two unbound ranks on one node do not each spawn a pool as large as the machine.
+    Then every rank checks that no two of a host use one GPU (a collective: after the pools).
     """
     device = dist.device
-    intra, inter, threads_note = _size_thread_pools(
-        runtime.intra_op_threads or max(1, cpu.cores() // dist.local_size), runtime.inter_op_threads)
+    threads = binding.intra_op_threads(os.environ, cpu.affinity(), dist.local_size)
+    intra, inter, kept = _size_thread_pools(runtime.intra_op_threads or threads.threads, runtime.inter_op_threads)
+    rule = (f"runtime.intra_op_threads={runtime.intra_op_threads} (the default would be {threads.threads}: "
+            f"{threads.rule})" if runtime.intra_op_threads else threads.rule)
+    threads_note = "; ".join(filter(None, [kept, f"intra-op threads {intra}: {rule}"]))
+    dist.check_one_rank_per_gpu()
     precision, why = choose_precision(runtime, device)
     # Random layers (dropout) draw from a tf.random.Generator, whose state a
     # checkpoint can hold (common.checkpoints.checkpointer), not from stateful ops whose

@@ -13,6 +13,11 @@
 #   CONTAINER   an Apptainer/Singularity image: ranks run in `apptainer exec --nv $CONTAINER`
 #   VENV        otherwise a virtual environment to activate (default: $REPO/.venv)
 #   SRUN_MPI    srun's PMI plugin (default: pmix; `srun --mpi=list` shows yours)
+#   CPUS_PER_TASK  CPUs bound to each rank (default: the CPUs the job holds on a node / its tasks there)
+#   CPU_BIND    srun's --cpu-bind (default: cores, each rank its own cores). Where the site knows
+#               which cores sit next to which GPU, it gives the binding that keeps each local rank on
+#               its GPU's NUMA domain, e.g. map_ldom:3,2,1,0 or mask_cpu:0xff000000,... (local rank
+#               i uses GPU i); none: no binding. See docs/scaling.md#gpus-and-cpu-binding.
 #   EXTRA_ARGS  more train.py flags, e.g. "--amp --seed 7"
 #   ORG         result sets: the submitter's name in the submission layout (default: the
 #               config's mlperf.org)
@@ -36,9 +41,23 @@ fi
 
 echo "[sbatch] job ${SLURM_JOB_ID:-?}: ${SLURM_NNODES:-1} node(s), ${SLURM_NTASKS:-1} task(s); python: ${PYTHON[*]}"
 
+# CPUs and GPUs of a rank. Each rank is bound to CPUS_PER_TASK cores of its own (TensorFlow sizes its
+# thread pools from them, common/parallel/binding.py); srun of SLURM 22.05 does not inherit sbatch's
+# --cpus-per-task, so it is given here. Every rank sees all of its node's GPUs and takes its local
+# rank's (common/parallel/gpus.py): no --gpus-per-task or --gpu-bind, which would hide the others
+# from it and cut NCCL's peer-to-peer (NVLink) paths between the ranks of a node. CUDA numbers the
+# GPUs in PCI bus order, as NVML does, so a rank's GPU index and the UUID it reports name one GPU.
+tasks_here=${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-1}}
+tasks_here=${tasks_here%%[(,]*}   # SLURM_TASKS_PER_NODE reads "4(x128)" or "4,3"
+CPUS_PER_TASK=${CPUS_PER_TASK:-$(( ${SLURM_CPUS_ON_NODE:-1} / (tasks_here > 0 ? tasks_here : 1) ))}
+(( CPUS_PER_TASK >= 1 )) || CPUS_PER_TASK=1
+CPU_BIND=${CPU_BIND:-cores}
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
+echo "[sbatch] each rank: $CPUS_PER_TASK CPU(s), --cpu-bind=$CPU_BIND; every GPU of its node visible, its local rank's used"
+
 # srun with every rank killed if one fails (no rank left waiting in a collective).
 run_ranks() {
-    srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1 "$@"
+    srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1 --cpus-per-task="$CPUS_PER_TASK" --cpu-bind="$CPU_BIND" "$@"
 }
 
 # Preemption. The scripts ask SLURM for SIGUSR1 a grace time before the wall-time limit

@@ -27,6 +27,9 @@ class OneRankDistribution:
     def controller(self) -> str:
         return "none (in-process)"
 
+    def check_one_rank_per_gpu(self) -> None:
+        self._called()
+
     def barrier(self) -> None:
         self._called()
 

@@ -32,7 +32,7 @@ _configure = runtime.configure
 
 def _probed_configure(runtime_config, dist):
     configured = _configure(runtime_config, dist)
-    pools = "refused" if configured["threads_note"] else "set"
+    pools = "refused" if "TensorFlow was running before" in configured["threads_note"] else "set"
     print(f"init-order probe: rank {dist.rank} device {dist.device} thread pools {pools}", flush=True)
     return configured
 

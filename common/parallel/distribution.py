@@ -18,6 +18,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from common.errors import ConfigError
+from common.parallel import gpus
 
 
 class Distribution:
@@ -48,15 +49,48 @@ class Distribution:
         """Which Horovod controller wires the ranks: 'mpi' or 'gloo'."""
         return "mpi" if hvd.mpi_enabled() else "gloo"
 
+    # The GPU this rank uses, as _pin_device found it at init (common.parallel.gpus).
+    gpu: gpus.RankGpu | None = None
+
     def _pin_device(self) -> str:
-        """Makes the local rank's GPU the only visible one; returns the device kind ('gpu' or 'cpu')."""
-        gpus = tf.config.list_physical_devices("GPU")
-        if not gpus:
+        """Makes this rank's GPU the only one TensorFlow sees; returns the device kind.
+
+        Its local rank's GPU among those the process sees (all of the node's: NCCL keeps
+        peer-to-peer between them), or the only one it sees. Called by __init__, right after
+        Horovod's; runs no TensorFlow op: two ranks on one GPU are refused by
+        check_one_rank_per_gpu, once the thread pools are sized.
+        """
+        seen = gpus.visible_uuids()   # NVML's UUIDs as CUDA_VISIBLE_DEVICES leaves them; None without NVML
+        devices = tf.config.list_physical_devices("GPU")
+        self.gpu = gpus.RankGpu(self.rank, self.hostname, self.local_rank,
+                                uuid=seen[gpus.index_for(self.local_rank, len(seen))] if seen else None,
+                                visible=len(seen) if seen is not None else len(devices))
+        if not devices:
             return "cpu"
-        for gpu in gpus:
+        for gpu in devices:
             tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.set_visible_devices(gpus[self.local_rank % len(gpus)], "GPU")
+        tf.config.set_visible_devices(devices[gpus.index_for(self.local_rank, len(devices))], "GPU")
         return "gpu"
+
+    def check_one_rank_per_gpu(self) -> None:
+        """Raises ConfigError, naming the ranks, host and GPU UUID, when two ranks of a host would use one GPU.
+
+        A collective (every rank tells the others its _pin_device GPU), and TensorFlow ops: call it on
+        every rank after the thread pools are sized. NVML alone decides, so it holds
+        where TensorFlow sees no GPU.
+        """
+        if self.size > 1:
+            error = gpus.sharing_error(self.allgather_object(self.gpu))
+            if error:
+                raise ConfigError(error)
+
+    def allgather_object(self, obj) -> list:
+        """Every rank's picklable `obj`, in rank order (a collective)."""
+        return hvd.allgather_object(obj)
+
+    def horovod_build(self) -> dict:
+        """Which controllers and GPU collectives this Horovod was built with: {'nccl', 'mpi', 'gloo'} -> bool."""
+        return {"nccl": bool(hvd.nccl_built()), "mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built())}
 
     def barrier(self) -> None:
         """Returns once every rank has called it (horovod.tensorflow has no barrier op)."""
