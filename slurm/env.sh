@@ -54,6 +54,19 @@ CPUS_PER_TASK=${CPUS_PER_TASK:-$(( ${SLURM_CPUS_ON_NODE:-1} / (tasks_here > 0 ? 
 CPU_BIND=${CPU_BIND:-cores}
 export CUDA_DEVICE_ORDER=PCI_BUS_ID
 echo "[sbatch] each rank: $CPUS_PER_TASK CPU(s), --cpu-bind=$CPU_BIND; every GPU of its node visible, its local rank's used"
+# Gradients are allreduced one tensor each as backward produces them (runtime.gradient_allreduce:
+# overlap); Horovod's background thread fuses those ready in one cycle into one buffer. The values are
+# Horovod 0.28's defaults, written out so that the job's log says them and a site tunes them here:
+# a gradient waits at most one cycle (HOROVOD_CYCLE_TIME, ms) before its reduction can start, and a
+# buffer holds up to HOROVOD_FUSION_THRESHOLD bytes (DeepCAM's 226 MB of fp32 gradients, when ready
+# at once as under --xla, go in two). Runs with batch-norm groups get a shorter cycle from the
+# launcher itself unless HOROVOD_CYCLE_TIME is set (docs/running.md).
+export HOROVOD_FUSION_THRESHOLD=${HOROVOD_FUSION_THRESHOLD:-134217728}
+# TensorFlow launches each GPU's kernels from threads of its own (TF_GPU_THREAD_MODE=gpu_private),
+# so the input pipeline's threads on the rank's few cores do not delay a step's launches.
+export TF_GPU_THREAD_MODE=${TF_GPU_THREAD_MODE:-gpu_private}
+echo "[sbatch] Horovod fusion threshold $HOROVOD_FUSION_THRESHOLD B, cycle" \
+     "${HOROVOD_CYCLE_TIME:+$HOROVOD_CYCLE_TIME ms}${HOROVOD_CYCLE_TIME:-as the launcher sets it ([init] line)}; TF_GPU_THREAD_MODE=$TF_GPU_THREAD_MODE"
 
 # srun with every rank killed if one fails (no rank left waiting in a collective).
 run_ranks() {
