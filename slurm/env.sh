@@ -65,8 +65,9 @@ export HOROVOD_FUSION_THRESHOLD=${HOROVOD_FUSION_THRESHOLD:-134217728}
 # TensorFlow launches each GPU's kernels from threads of its own (TF_GPU_THREAD_MODE=gpu_private),
 # so the input pipeline's threads on the rank's few cores do not delay a step's launches.
 export TF_GPU_THREAD_MODE=${TF_GPU_THREAD_MODE:-gpu_private}
-echo "[sbatch] Horovod fusion threshold $HOROVOD_FUSION_THRESHOLD B, cycle" \
-     "${HOROVOD_CYCLE_TIME:+$HOROVOD_CYCLE_TIME ms}${HOROVOD_CYCLE_TIME:-as the launcher sets it ([init] line)}; TF_GPU_THREAD_MODE=$TF_GPU_THREAD_MODE"
+cycle_said="as the launcher sets it ([init] line)"
+[[ -z "${HOROVOD_CYCLE_TIME:-}" ]] || cycle_said="$HOROVOD_CYCLE_TIME ms"
+echo "[sbatch] Horovod fusion threshold $HOROVOD_FUSION_THRESHOLD B, cycle $cycle_said; TF_GPU_THREAD_MODE=$TF_GPU_THREAD_MODE"
 
 # srun with every rank killed if one fails (no rank left waiting in a collective).
 run_ranks() {
