@@ -174,7 +174,9 @@ LAUNCHERS = {"gloo": horovodrun, "mpi": mpirun}
 
 
 def error_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if "error:" in line]
+    """The project's `error:` lines of `text` (TensorFlow's C++ log lines, which can hold 'error:' too,
+    left out: grappler's remapper line, docs/running.md#the-remapper-line, once warm-up runs a step)."""
+    return [line for line in own_lines(text) if "error:" in line]
 
 
 # TensorFlow's C++ log lines (`I0000 00:00:1796188453.009072   25257 port.cc:153] ...`) and abseil's

@@ -178,7 +178,7 @@ class RecordingDistribution(helpers.SingleProcess):
         self.seen = [tf.Variable(tf.zeros_like(v), trainable=False) for v in variables]
         self._inject_inf = inject_inf
 
-    def average_gradients(self, grads, compression="none"):
+    def average_gradients(self, grads, compression="none", grouped=False):
         for slot, g in zip(self.seen, grads):
             slot.assign(g)
         if self._inject_inf:
