@@ -67,7 +67,9 @@ def warm_up(train_step, eval_step, specs, variables, steps: int) -> WarmupResult
     if steps <= 0:
         return WarmupResult(0, 0.0, 0)
     start = time.perf_counter()
-    saved = [tf.identity(v) for v in variables]   # copies: a variable's read can alias its buffer
+    # The values now: a tensor read from a variable may share its buffer, and TensorFlow copies the
+    # buffer before an in-place update while such a tensor lives (copy-on-write), so these stay.
+    saved = [tf.identity(v) for v in variables]
     batch = synthetic_batch(specs)
 
     def batches():
