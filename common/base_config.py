@@ -57,6 +57,10 @@ class RuntimeConfig:
     # as soon as backward produces it (Horovod fuses those that meet in one cycle), so communication
     # runs beside the rest of backward; 'grouped', one grouped allreduce once backward is done.
     gradient_allreduce: Literal["overlap", "grouped"] = "overlap"
+    # The input pipeline's last stage copies each batch to the device while the step before runs
+    # (common.inputs.device_prefetch): 'auto' on a GPU, not on a CPU (nothing to copy); 'on' on a
+    # CPU prefetches to /cpu:0 (the same stage, for tests); 'off': each step takes its batch from host memory.
+    prefetch_to_device: Literal["auto", "on", "off"] = "auto"
     record_shards: bool = False      # write each rank's file list to shards/ (tests, audits)
     # Op determinism and in-order reading: a run resumed from a checkpoint ends
     # with the weights of an uninterrupted one, bit for bit (slower input pipeline).

@@ -8,6 +8,7 @@ import platform
 import tensorflow as tf
 
 from common import cpu
+from common.inputs import device_prefetch
 from common.parallel import binding
 
 
@@ -39,7 +40,10 @@ def configure(runtime, dist) -> dict:
     return {"device": device, "cpu": cpu.describe(), "intra_op_threads": intra, "deterministic": runtime.deterministic,
             "inter_op_threads": inter, "threads_note": threads_note, "precision": precision, "precision_note": why,
             "xla": runtime.xla, "gradient_compression": runtime.gradient_compression,
-            "gradient_allreduce": runtime.gradient_allreduce, "stack": software_stack()}
+            "gradient_allreduce": runtime.gradient_allreduce,
+            # Where the input pipeline's last stage puts the batches ('off': each step copies its own).
+            "prefetch_to_device": device_prefetch.target_device(runtime.prefetch_to_device, device),
+            "stack": software_stack()}
 
 
 def software_stack() -> str:

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.inputs import epochs
+from common.inputs.device_prefetch import prefetch_to
 from common import runtime as runtime_lib
 from common.run.benchmark_mode import run_benchmark
 from common.checkpoints.checkpointer import ResumePoint, resume_point
@@ -90,6 +91,8 @@ class Trainer:
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
         shards, staging = prepare_data(cfg, dist, shards, events, self.output_dir, task.staged_layout())
         train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
+        # The last stage, the same for every task: batches copied to the device while the step before runs.
+        train_ds, valid_ds = (prefetch_to(ds, runtime["prefetch_to_device"]) for ds in (train_ds, valid_ds))
         self._check_specs(train_ds)
         ctx = RunContext(cfg=cfg, task=task, dist=dist, events=events, mesh=mesh, shards=shards, model=model,
                          optimizer=optimizer, schedule=schedule, metric=metric, train_step=train_step,
