@@ -28,14 +28,16 @@ from common.run.steps import TrainStep  # noqa: E402
 from cosmoflow.task import CosmoFlowTask  # noqa: E402
 
 VARIANTS = {"overlap": (False, "none"), "grouped": (True, "none"), "overlap-fp16": (False, "fp16")}
-EDGE, BATCH, STEPS = 32, 2, 3
+# 64^3: backward long enough (tens of ms) that its gradients come apart even on loaded cores.
+EDGE, BATCH, STEPS = 64, 2, 3
 
 
 def _run(dist, grouped: bool, compression: str, timeline: Path | None) -> dict:
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(1)   # the same start on every rank and variant
     cfg = load_config(CosmoFlowTask.config_class, Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
-                      {"data.data_dir": "/unused", "data.batch_size": BATCH})
+                      {"data.data_dir": "/unused", "data.batch_size": BATCH,
+                       "data.sample_shape": f"{EDGE},{EDGE},{EDGE},4"})
     task = CosmoFlowTask(cfg)
     model = task.build_model(None)
     optimizer, _ = task.build_optimizer(BATCH * dist.size, steps_per_epoch=10)
