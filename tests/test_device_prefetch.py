@@ -60,7 +60,7 @@ def _deepcam_files(directory, n):
 
 
 def _stage_chain(ds) -> list:
-    """The class names from the last transformation back, as far as the copy (TF 2.15 and 2.21 name them so)."""
+    """The class names from the last transformation back, as far as the copy (the classes of TF 2.21's prefetching_ops)."""
     names = [type(ds).__name__]
     while names[-1] != "_CopyToDeviceDataset" and hasattr(ds, "_input_dataset"):
         ds = ds._input_dataset
