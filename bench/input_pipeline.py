@@ -10,7 +10,9 @@ multiply it by the cores a node gives each device.
 
 Each variant is the pipeline a training run builds (the benchmark's make_dataset,
 training order, cache off so that every sample is read again), drawn without a
-model, on files in the page cache (one untimed pass first), the median of --repeats timings.
+model, on files in the page cache (one untimed pass first), the median of --repeats timings
+beside the slowest and fastest of them. The load average is printed before and after each
+benchmark's variants: on a machine shared with other jobs, read the figures with it.
 The consumer takes each batch and drops it, as a train step would after using it
 (x.numpy() would copy it into fresh memory: a cost of the bench, not of the pipeline).
 Each benchmark's variants live in the module its entry of common/benchmarks.py names
@@ -29,6 +31,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -63,13 +66,15 @@ def row(benchmark: str, r) -> dict:
     """A variant's Row as the table and the JSON hold it."""
     return {"benchmark": benchmark, "variant": r.variant, "sample": r.sample, "samples_per_s": r.samples_per_s,
             "samples_per_s_per_core": r.samples_per_s / cpu.cores(), "mb_per_file": r.mb_per_file,
-            "mb_per_s": r.samples_per_s * r.mb_per_file}
+            "mb_per_s": r.samples_per_s * r.mb_per_file, "slowest_fastest": list(r.spread)}
 
 
 def print_rows(rows) -> None:
-    print(f"\n{'benchmark':10s} {'variant':62s} {'sample':22s} {'samples/s':>10s} {'per core':>9s} {'MB/s':>8s}")
+    print(f"\n{'benchmark':10s} {'variant':68s} {'sample':22s} {'samples/s':>10s} {'min-max':>13s} "
+          f"{'per core':>9s} {'MB/s':>8s}")
     for r in rows:
-        print(f"{r['benchmark']:10s} {r['variant']:62s} {r['sample']:22s} {r['samples_per_s']:10.1f} "
+        spread = "-".join(f"{v:.1f}" for v in r["slowest_fastest"])
+        print(f"{r['benchmark']:10s} {r['variant']:68s} {r['sample']:22s} {r['samples_per_s']:10.1f} {spread:>13s} "
               f"{r['samples_per_s_per_core']:9.1f} {r['mb_per_s']:8.0f}")
     by = {}
     for r in rows:
@@ -96,19 +101,35 @@ def main(argv=None) -> int:
         add_options(p, name, module.Options)
     p.add_argument("--json", help="also write the rows and the machine here")
     args = p.parse_args(argv)
-    rows = []
+    rows, loads = [], {}
     with tempfile.TemporaryDirectory(prefix="bench_input.") as stage_root:
         run = Run(Path(args.data_dir), Path(stage_root), args.n_samples, args.passes, args.repeats, args.readers)
         for name, module in modules.items():
             if args.benchmark in (name, "all"):
+                before = load_average(f"{name}: before its variants")
                 rows += [row(name, r) for r in module.variants(run, options_of(args, name, module.Options))]
+                loads[name] = {"before": before, "after": load_average(f"{name}: after its variants")}
     facts = cpu.describe()
     print(f"\nInput pipelines alone, {cpu.cores()} core(s): CPU {facts['cpu']} ({facts['isa']}), "
-          f"TensorFlow {tf.__version__}, files in page cache, cache off")
+          f"TensorFlow {tf.__version__}, files in page cache, cache off; load average (1, 5, 15 min) "
+          + "; ".join(f"{name} {fmt(v['before'])} before, {fmt(v['after'])} after" for name, v in loads.items()))
     print_rows(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": facts | {"cores": cpu.cores()}, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"machine": facts | {"cores": cpu.cores()}, "load_average": loads,
+                                               "rows": rows}, indent=2))
     return 0
+
+
+def load_average(when: str) -> list[float]:
+    """The 1, 5 and 15 minute load averages, printed: above the core count, other work shares the cores."""
+    load = [round(x, 2) for x in os.getloadavg()]
+    busy = f" (above the {cpu.cores()} core(s): the figures share them)" if load[0] > cpu.cores() else ""
+    print(f"[input] load average {fmt(load)} {when}{busy}", flush=True)
+    return load
+
+
+def fmt(load) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
 
 
 if __name__ == "__main__":

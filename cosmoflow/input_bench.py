@@ -62,9 +62,9 @@ def variants(run: Run, options: Options) -> list[Row]:
             ("gzip in place, int16 out", files, "GZIP", False, mb),
             ("staged, inflated (staging.convert), int16 out", staged, "", False, mb_staged)):
         bench_timing.warm_page_cache(paths)
-        rate = bench_timing.samples_per_s(pipeline(paths, compression, float_in_pipeline), batch,
-                                          run.n_batches(batch), run.repeats)
-        out.append(Row(label, sample, rate, file_mb))
+        rates = bench_timing.timings(pipeline(paths, compression, float_in_pipeline), batch,
+                                     run.n_batches(batch), run.repeats)
+        out.append(Row.of(label, sample, rates, file_mb))
     out.append(bench_timing.finite_check_row(shape, (4,), batch, run.repeats, sample))
     return out
 

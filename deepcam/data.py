@@ -14,11 +14,14 @@ node's CPU cores and memory bandwidth.
 
 Each file is read straight into its place in a batch buffer that is reused once
 the step has consumed it (common.inputs.batch_buffers), inside tf.data (several files in
-flight per rank), so reading overlaps training. h5py holds the GIL (and its own
-lock) while it reads, so a rank's HDF5 readers take turns. Staging
-(staging.convert) therefore writes each sample once in a raw layout
-(layout.RAW_SUFFIX), read with readinto, which releases the GIL: those reads run
-on every core. The HDF5 path stays for unstaged runs.
+flight per rank), so reading overlaps training. Reads use readinto, which releases
+the GIL and takes no other lock, so a rank's readers run on every core: staged files
+(staging.convert), each sample written once in a raw layout (layout.RAW_SUFFIX), and
+unstaged HDF5 files whose datasets lie contiguous in the file (the synthetic ones, and
+any h5py writes by default), from the offset h5py gives. h5py serializes every call
+behind one lock of its own (it releases the GIL inside H5Dread, yet a second reader
+waits for that lock), so it reads only other HDF5 layouts (chunked, compressed),
+whose readers take turns.
 """
 
 import os
@@ -106,14 +109,67 @@ def read_fields(path, channels, height, width):
 
 
 def read_fields_into(path, channels, height, width, x_out, y_out) -> None:
-    """One HDF5 sample into x_out (float32 [H, W, len(channels)]) and y_out (uint8 [H, W]), labels checked."""
+    """One HDF5 sample into x_out (float32 [H, W, len(channels)]) and y_out (uint8 [H, W]), labels checked.
+
+    h5py serializes its calls behind one lock (a read releases the GIL, not that lock), so a
+    rank's h5py readers take turns. A dataset stored as one contiguous block of native values
+    (no chunks, filters or external files, as h5py writes by default and the synthetic samples
+    are) is therefore read from its offset in the file with readinto, which holds neither: the
+    fields (57 of a sample's 60 MB at 768x1152x16, float32 labels) go straight into the batch.
+    h5py only opens the file and says where the values lie; other layouts are read through it.
+    """
     with h5py.File(path, "r") as f:
         data, labels = _checked_datasets(f, path, channels, height, width)
-        if _all_channels(channels, data.shape[2]):
-            data.read_direct(x_out)    # HDF5 writes straight into the batch: no array in between
-        else:
-            x_out[...] = data[...][..., list(channels)]
-        y_out[...] = labels_as_uint8(labels[...], path)
+        all_channels = _all_channels(channels, data.shape[2])
+        data_at = _contiguous_offset(data) if data.dtype == x_out.dtype else None
+        labels_at = _contiguous_offset(labels)
+        if data_at is None:
+            if all_channels:
+                data.read_direct(x_out)    # HDF5 writes straight into the batch: no array in between
+            else:
+                x_out[...] = data[...][..., list(channels)]
+        stored = data.shape
+        y = labels[...] if labels_at is None else np.empty(labels.shape, labels.dtype)
+    if data_at is not None or labels_at is not None:
+        with open(path, "rb", buffering=0) as raw:
+            if data_at is not None:
+                whole = x_out if all_channels else np.empty(stored, x_out.dtype)
+                _read_at(raw, data_at, whole, path)
+                if not all_channels:
+                    np.take(whole, list(channels), axis=2, out=x_out)
+            if labels_at is not None:
+                _read_at(raw, labels_at, y, path)
+    y_out[...] = labels_as_uint8(y, path)
+
+
+def _contiguous_offset(dataset) -> int | None:
+    """Where `dataset`'s values start in its file when they lie there as numpy holds them: one
+    contiguous, allocated block of native-endian numbers, unfiltered and in the file itself; else None."""
+    plist = dataset.id.get_create_plist()
+    if (plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count()
+            or dataset.dtype.kind not in "biuf" or not dataset.dtype.isnative
+            or dataset.id.get_storage_size() != dataset.nbytes):
+        return None
+    return dataset.id.get_offset()   # from the file's start, a user block included (None if unallocated)
+
+
+def _read_at(f, offset: int, out: np.ndarray, path) -> None:
+    """out's bytes from `offset` of the open file `f`, or an InputError naming `path` if it ends first."""
+    f.seek(offset)
+    if not _readinto(f, out):
+        raise InputError(f"{path}: HDF5 sample shorter than its header says (truncated?)")
+
+
+def _readinto(f, out: np.ndarray) -> bool:
+    """Fills the C-contiguous `out` from the file's position with readinto (which releases the GIL
+    while the kernel copies); False if the file ends first."""
+    view = memoryview(out).cast("B")
+    while view:
+        n = f.readinto(view)
+        if not n:
+            return False
+        view = view[n:]
+    return True
 
 
 def read_raw_into(path, x_out, y_out) -> None:
@@ -127,12 +183,8 @@ def read_raw_into(path, x_out, y_out) -> None:
         if size != expected:
             raise InputError(f"{path}: staged raw sample of {size:,} bytes, expected {expected:,}")
         for out in (x_out, y_out):
-            view = memoryview(out).cast("B")
-            while view:
-                n = f.readinto(view)
-                if not n:
-                    raise InputError(f"{path}: staged raw sample shorter than {expected:,} bytes while read")
-                view = view[n:]
+            if not _readinto(f, out):
+                raise InputError(f"{path}: staged raw sample shorter than {expected:,} bytes while read")
 
 
 def _checked_datasets(f, path, channels, height, width):
@@ -277,8 +329,9 @@ def _batch_reader(raw, channels, height, width, batch_size, readers, prefetch, b
 
     Each file is read straight into its slot of the batch (common.inputs.batch_buffers): no
     per-sample array, no batching copy, no fresh memory to fault in per batch. Staged raw
-    files are read with readinto, which releases the GIL, so reads run on every core;
-    h5py holds the GIL (and its own lock) while it reads, so HDF5 reads take turns.
+    files and contiguous HDF5 datasets are read with readinto, which releases the GIL, so
+    reads run on every core (read_fields_into); other HDF5 layouts go through h5py, which
+    serializes its calls behind one lock, so those reads take turns.
     """
     n_ch = len(channels)
     in_flight = max(1, -(-readers // batch_size))    # batches being read at once: ~`readers` files

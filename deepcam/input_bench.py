@@ -4,11 +4,15 @@ offline/measure_model_costs.py (`one_core_reader`).
   python bench/input_pipeline.py --benchmark deepcam --deepcam-height 768 --deepcam-width 1152
 
 Variants, at the size and batch of `Options` (bench/input_pipeline.py's --deepcam-<field> flags):
-HDF5 through h5py (tf.numpy_function: the readers take turns on the GIL), a sample at a time,
+HDF5 through h5py (tf.numpy_function: the readers take turns on h5py's lock), a sample at a time,
 normalized in numpy there (the reader before staging.convert); staged raw layout, read_file +
-decode_raw a sample at a time, then batched (the staged reader before batch buffers); HDF5, each
-file read into its place in a reused batch buffer: unstaged runs now; staged raw layout, readinto
-a reused batch buffer: staged runs now.
+decode_raw a sample at a time, then batched (the staged reader before batch buffers); HDF5 read
+by h5py (read_direct) into its place in a reused batch buffer, the readers taking turns on h5py's
+lock (the unstaged reader before contiguous datasets were read past h5py), followed by the HDF5
+files read alone by 1 and 2 threads, h5py's read_direct and readinto past h5py (what the pipeline
+rows differ by); HDF5, each file's contiguous datasets read with readinto (neither h5py's lock nor
+the GIL held) into a reused batch buffer: unstaged runs now; staged raw layout, readinto a reused
+batch buffer: staged runs now.
 """
 
 import dataclasses
@@ -44,7 +48,9 @@ def variants(run: Run, options: Options) -> list[Row]:
     for label, paths, former in (("HDF5 through h5py, normalized in numpy (before)", files, former_hdf5_pipeline),
                                  ("staged raw, read_file + decode_raw, then batched (before)", staged,
                                   former_raw_pipeline),
-                                 ("HDF5, read into reused batch buffers (unstaged runs)", files, None),
+                                 ("HDF5, h5py read_direct into reused batch buffers (before)", files,
+                                  former_hdf5_buffers_pipeline),
+                                 ("HDF5, readinto past h5py into reused batch buffers (unstaged runs)", files, None),
                                  ("staged raw (staging.convert), readinto reused batch buffers", staged, None)):
         bench_timing.warm_page_cache(paths)
         if former:
@@ -52,10 +58,54 @@ def variants(run: Run, options: Options) -> list[Row]:
         else:
             ds = data.make_dataset(paths, channels=channels, height=h, width=w, batch_size=batch,
                                    training=True, seed=0, readers=run.readers)
-        rate = bench_timing.samples_per_s(ds, batch, run.n_batches(batch), run.repeats)
-        out.append(Row(label, sample, rate, os.path.getsize(paths[0]) / 1e6))
+        rates = bench_timing.timings(ds, batch, run.n_batches(batch), run.repeats)
+        out.append(Row.of(label, sample, rates, os.path.getsize(paths[0]) / 1e6))
+        if former is former_hdf5_buffers_pipeline:   # why the next row differs: the readers alone
+            out += reader_thread_rows(files, data, channels, h, w, run.repeats)
     out.append(bench_timing.finite_check_row((h, w, len(channels)), (h, w), batch, run.repeats, sample))
     return out
+
+
+def reader_thread_rows(files, data, channels, h, w, repeats) -> list[Row]:
+    """HDF5 files read by 1 and by 2 Python threads at once, each into its own buffer, no tf.data: h5py's
+    read_direct, then read_fields_into (readinto past h5py). h5py serializes its calls behind one lock,
+    so a second h5py reader waits for the first; readinto holds neither that lock nor the GIL."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from common.inputs.batch_buffers import aligned_empty
+
+    buffers = [(aligned_empty((h, w, len(channels)), np.float32), aligned_empty((h, w), np.uint8)) for _ in range(2)]
+    readers = (("h5py read_direct", lambda path, x, y: h5py_read_into(path, data, x, y)),
+               ("readinto past h5py", lambda path, x, y: data.read_fields_into(path, channels, h, w, x, y)))
+    out = []
+    for name, read_into in readers:
+        for threads in (1, 2):
+            def work(k, threads=threads, read_into=read_into):
+                for path in files[k::threads]:
+                    read_into(path, *buffers[k])
+            rates = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                with ThreadPoolExecutor(threads) as pool:
+                    list(pool.map(work, range(threads)))
+                rates.append(len(files) / (time.perf_counter() - start))
+            out.append(Row.of(f"HDF5 files alone, {name}, {threads} reader thread(s)", f"{h}x{w}x16", rates,
+                              os.path.getsize(files[0]) / 1e6))
+    return out
+
+
+def h5py_read_into(path, data, x_out, y_out) -> None:
+    """The unstaged reader's body before contiguous datasets were read past h5py: h5py reads the fields
+    straight into x_out (read_direct), the labels into an array checked into y_out."""
+    import h5py
+
+    from deepcam.layout import DATA_KEY, LABEL_KEY
+    with h5py.File(path, "r") as f:
+        f[DATA_KEY].read_direct(x_out)
+        y_out[...] = data.labels_as_uint8(f[LABEL_KEY][...], path)
 
 
 def former_hdf5_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
@@ -83,6 +133,35 @@ def former_raw_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
         return x, tf.reshape(y, (h, w))
 
     return per_sample_pipeline(paths, load, batch, readers)
+
+
+def former_hdf5_buffers_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
+    """The unstaged reader before contiguous datasets were read past h5py: the same batches, buffers and
+    batches in flight as data.make_dataset's, each file read by h5py (read_direct): the readers take turns."""
+    del data_dir
+    import numpy as np
+    import tensorflow as tf
+
+    from common.inputs import epochs
+    from common.inputs.batch_buffers import BatchBuffers
+
+    in_flight = max(1, -(-readers // batch))
+    buffers = BatchBuffers([((h, w, len(channels)), np.float32), ((h, w), np.uint8)], batch,
+                           max_buffers=2 * in_flight + 2 + 2)
+
+    def fill(batch_paths):
+        x, y = buffers.take(len(batch_paths))
+        for i, path in enumerate(batch_paths):
+            h5py_read_into(path.decode(), data, x[i], y[i])
+        return x, y
+
+    def load(batch_paths):
+        x, y = tf.numpy_function(fill, [batch_paths], (tf.float32, tf.uint8), stateful=False)
+        return tf.ensure_shape(x, (batch, h, w, len(channels))), tf.ensure_shape(y, (batch, h, w))
+
+    return epochs.training_dataset(paths, read_batches=lambda ds: ds.map(load, num_parallel_calls=in_flight),
+                                   batch_size=batch, n_batches=len(paths) // batch, seed=0,
+                                   deterministic=False).prefetch(2)
 
 
 def per_sample_pipeline(paths, load, batch, readers):

@@ -98,6 +98,63 @@ def test_bad_files_are_named(small_set, tmp_path):
     assert "climate/labels_0" in data.find_bad_file([str(nolabel)], channels, H, W)
 
 
+def _write_layout(path, x, y, layout):
+    """A sample with its datasets stored as `layout` says (written with h5py directly)."""
+    options = {"contiguous": {}, "user block": {}, "chunked, gzip": {"chunks": (4, W, 16), "compression": "gzip"},
+               "big-endian": {"dtype": ">f4"}, "float64": {"dtype": "<f8"}}[layout]
+    with h5py.File(path, "w", userblock_size=512 if layout == "user block" else 0) as f:
+        f.create_dataset("climate/data", data=x, **options)
+        f.create_dataset("climate/labels_0", data=y, **({"chunks": (4, W)} if "chunked" in layout else {}))
+
+
+def _h5py_reads_refused(monkeypatch):
+    """From now on, a read of a dataset's values through h5py fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("read through h5py")
+    monkeypatch.setattr(h5py.Dataset, "read_direct", refuse)
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", refuse)
+
+
+@pytest.mark.parametrize("channels", [tuple(range(16)), (3, 0, 15)])
+@pytest.mark.parametrize("label_dtype", [np.float32, np.int64])
+def test_contiguous_hdf5_datasets_are_read_past_h5py_as_h5py_reads_them(tmp_path, monkeypatch, channels, label_dtype):
+    # h5py's readers take turns on its lock; a contiguous dataset is read from its offset with readinto
+    # instead (read_fields_into). Each layout is read as h5py reads it; h5py reads only the others,
+    # which the refusal below shows: the fallback layouts, the negative control, then fail.
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-5, 20, (H, W, 16)).astype(np.float32)
+    y = rng.integers(0, 3, (H, W)).astype(label_dtype)
+    layouts = {"contiguous": True, "user block": True, "chunked, gzip": False, "big-endian": False,
+               "float64": False}
+    for layout in layouts:
+        _write_layout(tmp_path / f"{layout}.h5", x, y, layout)
+    with monkeypatch.context() as patch:
+        _h5py_reads_refused(patch)
+        for layout, past_h5py in layouts.items():
+            x_out, y_out = np.empty((H, W, len(channels)), np.float32), np.empty((H, W), np.uint8)
+            if past_h5py:
+                data.read_fields_into(tmp_path / f"{layout}.h5", channels, H, W, x_out, y_out)
+                np.testing.assert_array_equal(x_out, x[..., list(channels)])
+                np.testing.assert_array_equal(y_out, y.astype(np.uint8))
+            else:
+                with pytest.raises(AssertionError, match="read through h5py"):
+                    data.read_fields_into(tmp_path / f"{layout}.h5", channels, H, W, x_out, y_out)
+    for layout in layouts:   # h5py allowed again: every layout reads the same sample
+        x_out, y_out = np.empty((H, W, len(channels)), np.float32), np.empty((H, W), np.uint8)
+        data.read_fields_into(tmp_path / f"{layout}.h5", channels, H, W, x_out, y_out)
+        np.testing.assert_array_equal(x_out, x[..., list(channels)])   # float64 holds the float32 values exactly
+        np.testing.assert_array_equal(y_out, y.astype(np.uint8))
+
+
+def test_a_label_out_of_range_in_a_contiguous_file_is_still_named(tmp_path):
+    y = np.zeros((H, W), np.float32)
+    y[3, 4] = 7
+    _write_layout(tmp_path / "bad.h5", np.zeros((H, W, 16), np.float32), y, "contiguous")
+    with pytest.raises(InputError, match="bad.h5.*not the classes"):
+        data.read_fields_into(tmp_path / "bad.h5", tuple(range(16)), H, W, np.empty((H, W, 16), np.float32),
+                              np.empty((H, W), np.uint8))
+
+
 @pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("channels", [tuple(range(16)), (3, 0, 15)])
 def test_batches_held_by_the_consumer_are_never_overwritten(small_set, tmp_path, staged, channels):

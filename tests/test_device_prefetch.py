@@ -60,7 +60,7 @@ def _deepcam_files(directory, n):
 
 
 def _stage_chain(ds) -> list:
-    """The class names from the last transformation back, as far as the copy (TF 2.15 and 2.21 name them so)."""
+    """The class names from the last transformation back, as far as the copy (TF 2.21's prefetching_ops)."""
     names = [type(ds).__name__]
     while names[-1] != "_CopyToDeviceDataset" and hasattr(ds, "_input_dataset"):
         ds = ds._input_dataset
@@ -92,8 +92,8 @@ def test_batches_arrive_on_the_target_device_and_the_steps_take_them(tmp_path):
     _cosmoflow_files(cosmo_dir, 4)
     _deepcam_files(deepcam_dir, 4)
     proc = subprocess.run([helpers.PYTHON, helpers.REPO / "tests" / "device_prefetch_probe.py", cosmo_dir,
-                           deepcam_dir], cwd=helpers.REPO, env=helpers.env(), capture_output=True, text=True, check=False,
-                          timeout=300)
+                           deepcam_dir], cwd=helpers.REPO, env=helpers.env(), capture_output=True, text=True,
+                          check=False, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     found = {r["name"]: r for r in map(json.loads, proc.stdout.strip().splitlines())}
     for name, dtypes in (("cosmoflow", ["int16", "float32"]), ("deepcam", ["float32", "uint8"])):
@@ -139,7 +139,8 @@ def test_a_tiny_run_trains_with_the_stage_on_and_says_where_batches_go(tmp_path)
                                          "--set", "data.sample_shape=16,16,16,4",
                                          "--set", "runtime.prefetch_to_device=on"), timeout=300)
     assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]   # 3: target not reached
-    runtime_line = next(line for line in proc.stdout.splitlines() if line.startswith("[init]") and "; runtime {" in line)
+    runtime_line = next(line for line in proc.stdout.splitlines()
+                        if line.startswith("[init]") and "; runtime {" in line)
     assert "'prefetch_to_device': '/cpu:0'" in runtime_line, runtime_line
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runtime"]["prefetch_to_device"] == "/cpu:0"

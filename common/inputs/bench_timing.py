@@ -44,15 +44,25 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One variant's figure; bench/input_pipeline.py adds the benchmark, per core and MB/s."""
+    """One variant's figure; bench/input_pipeline.py adds the benchmark, per core and MB/s.
+
+    samples_per_s is the median of the timings, spread their (slowest, fastest) samples/s.
+    """
     variant: str
     sample: str
     samples_per_s: float
     mb_per_file: float
+    spread: tuple[float, float] = ()
+
+    @classmethod
+    def of(cls, variant: str, sample: str, rates: list[float], mb_per_file: float) -> "Row":
+        """The row of a variant timed `len(rates)` times."""
+        return cls(variant, sample, statistics.median(rates), mb_per_file, (min(rates), max(rates)))
 
 
-def samples_per_s(ds, batch_size: int, n_batches: int, repeats: int, warmup_batches: int = 2) -> float:
-    """The median over `repeats` timings of n_batches batches (this VM's figures vary run to run)."""
+def timings(ds, batch_size: int, n_batches: int, repeats: int, warmup_batches: int = 2) -> list[float]:
+    """samples/s of each of `repeats` timings of n_batches batches, one iterator (this VM's figures vary
+    run to run: read their spread, not one of them)."""
     it = iter(ds)
     for _ in range(warmup_batches):
         next(it)
@@ -62,7 +72,7 @@ def samples_per_s(ds, batch_size: int, n_batches: int, repeats: int, warmup_batc
         for _ in range(n_batches):
             next(it)
         rates.append(n_batches * batch_size / (time.perf_counter() - start))
-    return statistics.median(rates)
+    return rates
 
 
 def warm_page_cache(files) -> None:
@@ -85,4 +95,4 @@ def finite_check_row(x_shape, y_shape, batch, repeats, sample, n_batches: int = 
         for _ in range(n_batches):
             check(x, y).numpy()   # reading the flag waits for the check, as the trainer's agreement does
         rates.append(n_batches * batch / (time.perf_counter() - start))
-    return Row(CHECK_VARIANT, sample, statistics.median(rates), 4 * int(np.prod(x_shape)) / 1e6)
+    return Row.of(CHECK_VARIANT, sample, rates, 4 * int(np.prod(x_shape)) / 1e6)
