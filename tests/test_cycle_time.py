@@ -1,12 +1,16 @@
 """Horovod's cycle time (common/parallel/cycle_time.py): read as Horovod 0.28 reads it, shortened before init for
 runs with batch-norm groups unless the environment already chose, and, set in the process before Distribution(),
-the period Horovod's loop then runs at (tests/cycle_time_probe.py, one rank)."""
+the period Horovod's loop then runs at (tests/cycle_time_probe.py, one rank). The 2-rank group run of
+tests/test_deepcam_end_to_end.py checks the launcher's [init] line."""
 
 import json
 
 import pytest
 
+from common import benchmarks
+from common.config_loading import peek
 from common.parallel import cycle_time
+from deepcam.config import DeepCAMConfig
 from tests import helpers
 
 
@@ -51,6 +55,22 @@ def test_at_init_keeps_what_the_first_init_read(monkeypatch):
     assert cycle_time.at_init(first=True).ms == 0.3
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "9")   # set after init: Horovod never sees it
     assert cycle_time.at_init(first=False).ms == 0.3
+
+
+def test_the_group_size_is_read_before_the_config_from_flags_or_file(tmp_path):
+    from deepcam.task import DeepCAMTask
+    requested = DeepCAMTask.requested_batchnorm_group_size
+    config = tmp_path / "groups.yaml"
+    config.write_text("model:\n  batchnorm_group_size: 4\n")
+    assert requested(None, {}) == 1
+    assert requested(None, {"model.batchnorm_group_size": "2"}) == 2      # --batchnorm_group_size 2
+    assert requested(config, {}) == 4
+    assert requested(config, {"model.batchnorm_group_size": "2"}) == 2    # the command line wins
+    assert requested(tmp_path / "missing.yaml", {}) == 1                  # load_config will say what is wrong
+    assert requested(None, {"model.batchnorm_group_size": "two"}) == 1
+    # Without a config file the job's size picks a closed config: each must then have groups of 1.
+    for path in benchmarks.closed_configs(DeepCAMTask.name):
+        assert peek(DeepCAMConfig, path, {}, "model.batchnorm_group_size") == 1, path
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
