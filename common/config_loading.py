@@ -74,6 +74,41 @@ def load_model_config(cls, path, overrides: Mapping[str, Any] | None = None):
         return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, data_dir=None))
 
 
+def peek(cls, path, overrides: Mapping[str, Any], dotted: str):
+    """The value key `dotted` will have once load_config(cls, path, overrides) runs, read before it can run.
+
+    For what must be decided before the config can be loaded (choosing a closed config needs
+    the rank count Horovod's init gives): the launcher sets Horovod's environment before that
+    init. Nothing is validated: None when the file or the value cannot be read (load_config will say
+    why), and path None gives the dataclass default unless `overrides` sets the key.
+    """
+    tp = field_type(cls, dotted)
+    parts = dotted.split(".")
+    if dotted in overrides:
+        value = overrides[dotted]
+    else:
+        try:
+            value = _build(cls, {}, prefix="", source="defaults")
+            for part in parts:
+                value = getattr(value, part)
+        except ConfigError:   # a key without a default: only a file or an override can give it
+            value = None
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    node = yaml.safe_load(f)
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                return None
+            for part in parts:
+                node = node.get(part, dataclasses.MISSING) if isinstance(node, Mapping) else dataclasses.MISSING
+            if node is not dataclasses.MISSING:
+                value = node
+    try:
+        return None if value is None else _convert(value, tp, dotted, "peek")
+    except ConfigError:
+        return None
+
+
 def to_dict(cfg) -> dict:
     """The config as plain YAML-friendly Python values."""
     def plain(v):

@@ -131,6 +131,13 @@ class Task:
         """Ranks that share batch-norm statistics (1: each rank its own)."""
         return 1
 
+    @classmethod
+    def requested_batchnorm_group_size(cls, config_path, overrides: dict) -> int:
+        """The batchnorm_group_size a run of this config file and overrides will have, read before the
+        config is (the launcher shortens Horovod's cycle time by it before hvd.init); 1 when unknown."""
+        del config_path, overrides
+        return 1
+
     def build_model(self, bn_group):
         """The tf.keras.Model; `bn_group` is the RankGroup that shares batch-norm statistics.
 

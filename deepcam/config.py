@@ -101,9 +101,15 @@ class DeepCAMConfig(BaseConfig):
         if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
             raise ConfigError(f"config key 'optimizer.betas' must be two values in [0, 1), got {list(o.betas)}")
         if self.runtime.xla and m.batchnorm_group_size > 1:
-            # Group batch norm allreduces inside the layer: a Horovod op that XLA cannot compile.
+            # Group batch norm allreduces inside the layer, so inside the compiled forward and backward.
+            # Horovod 0.28's XLA ops (horovod/tensorflow/xla_mpi_ops.cc) are its allreduce alone, for
+            # CUDA only and only with HOROVOD_ENABLE_XLA_OPS=1 when Horovod loads: refused everywhere
+            # here, before run_start, rather than failing in the first step.
             raise ConfigError("config keys 'runtime.xla' and 'model.batchnorm_group_size' > 1 cannot go "
-                              "together (group batch norm's allreduce does not compile under XLA)")
+                              "together: group batch norm's allreduce runs inside the XLA-compiled forward "
+                              "and backward passes, and Horovod compiles no collective on a CPU (on a GPU "
+                              "its allreduce alone, with HOROVOD_ENABLE_XLA_OPS, which this project does not "
+                              "use); drop --xla or keep batchnorm_group_size 1")
         if o.lr_warmup_factor < 1.0:
             raise ConfigError(f"config key 'optimizer.lr_warmup_factor' must be >= 1, got {o.lr_warmup_factor}")
         if self.train.seed <= 0:

@@ -8,6 +8,7 @@ from common.errors import InputError
 from common.lr_schedules import StepWarmupSchedule
 from common.inputs.memory import fits_in_memory
 from common.base_config import check_global_batch
+from common.config_loading import peek
 from common.inputs.sharding import list_files, select_and_shard
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
@@ -180,6 +181,11 @@ class DeepCAMTask(Task):
     @property
     def batchnorm_group_size(self) -> int:
         return self.cfg.model.batchnorm_group_size
+
+    @classmethod
+    def requested_batchnorm_group_size(cls, config_path, overrides: dict) -> int:
+        # Without a config file the job's size picks a closed config: all have batchnorm_group_size 1.
+        return peek(cls.config_class, config_path, overrides, "model.batchnorm_group_size") or 1
 
     def build_model(self, bn_group):
         return model.from_config(self.cfg, bn_group)

@@ -7,6 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
+from common.parallel import cycle_time
 from common.reporting.compliance import check_log
 from tests import helpers
 
@@ -58,6 +59,10 @@ def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp
     # which every rank averages after each epoch (tests/test_batchnorm_stats.py).
     assert summary["weights_compared"] > summary["num_params"]
     assert re.search(r"batch norm: running statistics of \d+ layers averaged over the 2 ranks", proc.stdout)
+    # Two collectives per batch-norm layer and step, each waiting for a Horovod cycle: the launcher
+    # shortened the cycle before Horovod's init, and the [init] line says so.
+    assert (f"cycle time {cycle_time.BATCHNORM_GROUP_MS:g} ms (HOROVOD_CYCLE_TIME={cycle_time.BATCHNORM_GROUP_MS:g}, "
+            "set by the launcher for batch-norm groups)") in proc.stdout
     log = (out / "mlperf.log").read_text()
     assert '"key": "batchnorm_group_size", "value": 2' in log
     assert '"key": "global_batch_size", "value": 8' in log     # 2 ranks x 2 local x 2 accumulated

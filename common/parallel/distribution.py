@@ -18,7 +18,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from common.errors import ConfigError
-from common.parallel import gpus
+from common.parallel import cycle_time, gpus
 
 
 class Distribution:
@@ -27,7 +27,9 @@ class Distribution:
     def __init__(self):
         # Dynamic process sets let groups of ranks (sync batch norm) be made
         # once the job size is known; plain collectives are unaffected.
+        first = not hvd.is_initialized()   # a later init is a no-op: Horovod keeps what it read first
         hvd.init(process_sets="dynamic")
+        self.cycle_time = cycle_time.at_init(first)   # as Horovod's background thread read it, in hvd.init
         self.rank = hvd.rank()
         self.size = hvd.size()
         self.local_rank = hvd.local_rank()
@@ -205,7 +207,7 @@ class Distribution:
 
     def describe(self) -> str:
         return (f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
-                f"Horovod {horovod.__version__} over {self.controller()}")
+                f"Horovod {horovod.__version__} over {self.controller()}, {self.cycle_time.describe()}")
 
 
 class RankGroup:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from common import benchmarks, runtime as runtime_lib
 from common.config_loading import dump_config, load_config, replace, yaml_text
+from common.parallel import cycle_time
 from common.parallel.distribution import Distribution, launcher_env
 from common.errors import ConfigError, ExitCode, InputError
 from common.reporting.console import Console
@@ -132,6 +133,8 @@ def main(task, argv=None) -> int:
     termination.on_signals(terminated)
     try:
         config_path, overrides = parse_overrides(task, argv)
+        # Horovod reads its cycle time during init: shorter when batch-norm groups chain collectives.
+        cycle_time.set_for_batchnorm_groups(task.requested_batchnorm_group_size(config_path, overrides))
         dist = Distribution()   # Horovod's init, the device pinned by local rank
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
         cfg, note = load_run_config(task, config_path, overrides, dist.size)
