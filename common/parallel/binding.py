@@ -100,11 +100,7 @@ def _slurm(environ: Mapping, bind_type: str, cpus: frozenset, local_size: int) -
     if kind not in ("mask_cpu", "map_cpu"):
         return _divided(n, local_size, f"SLURM_CPU_BIND_TYPE={bind_type} names a binding no task plugin "
                                        f"applied (it would be a mask_cpu: list)")
-    try:
-        masks = [_cpu_set(kind, entry) for entry in environ.get("SLURM_CPU_BIND_LIST", "").split(",") if entry.strip()]
-        local_id = int(environ["SLURM_LOCALID"])
-    except (KeyError, ValueError):
-        masks = []
+    masks, local_id = _bind_list(environ, kind)
     if not masks:
         return _divided(n, local_size, f"SLURM_CPU_BIND_TYPE={bind_type} without a readable SLURM_CPU_BIND_LIST "
                                        f"and SLURM_LOCALID")
@@ -120,15 +116,20 @@ def _slurm(environ: Mapping, bind_type: str, cpus: frozenset, local_size: int) -
                     who="its")
 
 
+def _bind_list(environ: Mapping, kind: str) -> tuple[list, int]:
+    """SLURM_CPU_BIND_LIST's sets (CPUs, or NUMA nodes for the *_ldom kinds) and this task's SLURM_LOCALID;
+    ([], -1) when either is missing or unreadable."""
+    try:
+        sets = [_cpu_set(kind, entry) for entry in environ.get("SLURM_CPU_BIND_LIST", "").split(",") if entry.strip()]
+        return sets, int(environ["SLURM_LOCALID"])
+    except (KeyError, ValueError):
+        return [], -1
+
+
 def _numa(environ: Mapping, kind: str, n: int, local_size: int) -> ThreadChoice:
     """--cpu-bind=map_ldom:/mask_ldom: (a site's GPU-local NUMA domains): a task shares its domains with the
     local tasks given overlapping ones. The entries name NUMA nodes, not CPUs: nothing to hold the affinity to."""
-    try:
-        domains = [_cpu_set(kind, entry) for entry in environ.get("SLURM_CPU_BIND_LIST", "").split(",")
-                   if entry.strip()]
-        local_id = int(environ["SLURM_LOCALID"])
-    except (KeyError, ValueError):
-        domains = []
+    domains, local_id = _bind_list(environ, kind)
     if not domains:
         return _divided(n, local_size, f"SLURM_CPU_BIND_TYPE={kind}: without a readable SLURM_CPU_BIND_LIST "
                                        f"and SLURM_LOCALID")
