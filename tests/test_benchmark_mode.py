@@ -103,10 +103,14 @@ def test_input_pipeline_bench_measures_before_and_after(tmp_path):
     record = json.loads(out.read_text())
     variants = [(r["benchmark"], r["variant"].split(" (")[0].split(",")[0]) for r in record["rows"]]
     check = "the train step's NaN/Inf check alone"
+    alone = "HDF5 files alone"   # the readers without tf.data, after the former unstaged pipeline's row
     assert variants == [("cosmoflow", "gzip in place"), ("cosmoflow", "gzip in place"),
                         ("cosmoflow", "staged"), ("cosmoflow", check), ("deepcam", "HDF5 through h5py"),
-                        ("deepcam", "staged raw"), ("deepcam", "HDF5"), ("deepcam", "staged raw"),
-                        ("deepcam", check)], variants
+                        ("deepcam", "staged raw"), ("deepcam", "HDF5")] + [("deepcam", alone)] * 4 + [
+                        ("deepcam", "HDF5"), ("deepcam", "staged raw"), ("deepcam", check)], variants
+    readers_alone = [r["variant"].split(", ")[1:] for r in record["rows"] if r["variant"].startswith(alone)]
+    assert readers_alone == [[reader, f"{n} reader thread(s)"] for reader in ("h5py read_direct", "readinto past h5py")
+                             for n in (1, 2)], readers_alone
     cores = record["machine"]["cores"]
     for r in record["rows"]:
         assert r["samples_per_s"] > 0
