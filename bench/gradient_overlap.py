@@ -26,14 +26,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench import machine_load  # noqa: E402
 from common import benchmarks, cpu  # noqa: E402
 
 MODES = ("overlap", "grouped")
-
-
-def load() -> float:
-    """The 1-minute load average per core."""
-    return os.getloadavg()[0] / (os.cpu_count() or 1)
 
 
 def figure(script: str, args: list, mode: str, ranks: int, workdir: Path) -> float:
@@ -41,7 +37,7 @@ def figure(script: str, args: list, mode: str, ranks: int, workdir: Path) -> flo
     out = workdir / "figures.json"
     cmd = [sys.executable, script, *args, "--modes", "fp32", "--np", str(ranks),
            "--set", f"runtime.gradient_allreduce={mode}", "--json", str(out)]
-    print(f"[overlap] load {load():.2f} per core: {' '.join(cmd)}", flush=True)
+    print(f"[overlap] load {machine_load.per_core():.2f} per core: {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, cwd=REPO, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     rows = json.loads(out.read_text())["rows"]
     return next(r["samples_per_s"] for r in rows if r["measurement"].startswith("training"))
@@ -53,9 +49,9 @@ def main(argv=None) -> int:
     p.add_argument("--np", type=int, default=2, help="ranks on this host")
     p.add_argument("--output", default=None)
     args = p.parse_args(argv)
-    if load() > 0.5:
-        print(f"error: load average {load():.2f} per core (above 0.5): other work on the cores would make the "
-              f"figures meaningless; run on a quiet machine", file=sys.stderr)
+    refusal = machine_load.refusal()
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     entries = [b for b in benchmarks.BENCHMARKS if b.throughput_bench and b.stack_bench_args]
     figures = {b.name: {m: [] for m in MODES} for b in entries}
@@ -65,7 +61,7 @@ def main(argv=None) -> int:
         for b in entries:
             bench_args = [*b.stack_bench_args, "--data-dir", f"data/bench_overlap_{b.name}"]
             for mode in order:
-                loads.append(load())
+                loads.append(machine_load.per_core())
                 with tempfile.TemporaryDirectory() as tmp:
                     figures[b.name][mode].append(figure(b.throughput_bench, bench_args, mode, args.np, Path(tmp)))
     machine = f"{cpu.describe()['cpu']} ({cpu.isa()}), {os.cpu_count()} cores"
