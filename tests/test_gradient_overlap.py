@@ -5,11 +5,10 @@ the grouped allreduce after backward (tests/overlap_probe.py runs the three vari
 Gloo over loopback shares these 2 cores with the backward pass, so what overlap buys in time is
 not judged here (bench/gradient_overlap.py measures it)."""
 
-import json
-
 import numpy as np
 import pytest
 
+from bench.horovod_timeline import activities
 from tests import helpers
 
 
@@ -21,27 +20,8 @@ def probe(tmp_path_factory):
     return out
 
 
-def _timeline(path) -> dict:
-    """Per tensor: when rank 0 submitted it (negotiation begins), when every rank had (it ends), and
-    when its reduction began."""
-    text = path.read_text().rstrip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")   # a stopped timeline may lack its "]"
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]}
-    tensors = {}
-    open_activity = {}
-    for e in sorted((e for e in events if e.get("ph") in ("B", "E")), key=lambda e: e["ts"]):
-        t = tensors.setdefault(names[e["pid"]], {})
-        if e["ph"] == "B":
-            open_activity.setdefault(e["pid"], []).append(e["name"])
-            t.setdefault(e["name"] + "_begin", e["ts"])
-        else:
-            name = open_activity[e["pid"]].pop()
-            t.setdefault(name + "_end", e["ts"])
-    return tensors
-
-
 def test_allreduces_start_while_backward_still_produces_gradients(probe):
-    overlap, grouped = _timeline(probe / "overlap" / "timeline.json"), _timeline(probe / "grouped" / "timeline.json")
+    overlap, grouped = activities(probe / "overlap" / "timeline.json"), activities(probe / "grouped" / "timeline.json")
     # Overlap: a tensor each, handed to Horovod (its negotiation begins on rank 0) as backward
     # produces it: the head's gradient first, the first layer's last, while backward still ran
     # between them. When a reduction then starts also waits for the other rank and Horovod's cycle,
