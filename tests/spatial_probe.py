@@ -2,20 +2,24 @@
 
   horovodrun -np N python tests/spatial_probe.py --out DIR [--data-dir D] JOB [JOB ...]
 
-A JOB is MODE:K[:no-halo] (e.g. `layer:2`, `model:2:no-halo`): MODE on a mesh of
-K spatial ranks, its results in DIR/JOB/rank-NNNNN.npz. One launch runs every
+A JOB is MODE:K[:FLAG...] (e.g. `layer:2`, `model:2:no-halo`, `model:2:no-overlap`): MODE
+on a mesh of K spatial ranks, its results in DIR/JOB/rank-NNNNN.npz. One launch runs every
 job its rank count needs, one after the other (a launch costs more than most jobs).
 
 halo:   the halo exchange alone (float32 and bfloat16) against the zero-padded whole tensor.
-layer:  one SpatialConv3D on integer data: the output slab, and the gradients of a fixed
-        linear function of it with respect to the input slab and the (partial) kernel.
+layer:  one SpatialConv3D on integer data (16 planes: at K=4 too a slab has an interior to
+        overlap): the output slab, and the gradients of a fixed linear function of it with
+        respect to the input slab and the (partial) kernel.
         Every rank also writes the whole tensor's Conv3D ('same' padding) results.
 model:  the CosmoFlow model at 64^3 bound to its Task: predictions, loss, the gradients
         after the train step's allreduce, and the weights after one SGD step on the
         data-parallel group's part of a fixed global batch.
 labels: two epochs of the real input pipeline (shards by group): each step's labels.
-no-halo: the halo exchange returns zeros instead of the neighbours' planes
-        (the negative control: the comparison must then fail).
+Flags:
+no-halo:    the halo exchange returns zeros instead of the neighbours' planes
+            (the negative control: the comparison must then fail).
+no-overlap: the split convolutions exchange first, then convolve (parallel.halo_overlap=false);
+            without it they compute their interior while the halo is in flight (the default).
 """
 
 import argparse
@@ -35,20 +39,24 @@ EDGE = 64
 
 
 def _without_halo(mesh):
-    """The negative control: neighbours' planes replaced by zeros (as if every slab were a whole volume)."""
-    def exchange(x, halo, name):
+    """The negative control: neighbours' planes replaced by zeros (as if every slab were a whole volume),
+    for both ways of convolving (exchange_halo takes its planes from neighbour_planes)."""
+    from common.parallel.distribution import NeighbourPlanes
+
+    def zeros(x, halo, name):
         del name
-        return tf.pad(x, [[0, 0], [halo, halo]] + [[0, 0]] * (x.shape.rank - 2))
-    mesh.exchange_halo = exchange
+        planes = tf.zeros_like(x[:, :halo])
+        return NeighbourPlanes(below=planes, above=planes, sent=x)
+    mesh.neighbour_planes = zeros
 
 
-def layer(mesh) -> dict:
+def layer(mesh, overlap: bool) -> dict:
     from common.parallel.spatial import SpatialConv3D
     rng = np.random.default_rng(3)
-    x = rng.integers(-3, 4, size=(2, 8, 6, 5, 3)).astype(np.float32)
+    x = rng.integers(-3, 4, size=(2, 16, 6, 5, 3)).astype(np.float32)
     kernel = rng.integers(-2, 3, size=(3, 3, 3, 3, 4)).astype(np.float32)
     bias = rng.integers(-2, 3, size=4).astype(np.float32)
-    weights = rng.integers(-2, 3, size=(2, 8, 6, 5, 4)).astype(np.float32)   # d(loss)/d(output)
+    weights = rng.integers(-2, 3, size=(2, 16, 6, 5, 4)).astype(np.float32)   # d(loss)/d(output)
     planes = x.shape[1] // mesh.size
     z = slice(mesh.index * planes, (mesh.index + 1) * planes)
 
@@ -61,11 +69,11 @@ def layer(mesh) -> dict:
         d_input, d_kernel, d_bias = tape.gradient(loss, [inputs, conv.kernel, conv.bias])
         return out.numpy(), d_input.numpy(), d_kernel.numpy(), d_bias.numpy()
 
-    split = SpatialConv3D(4, 3, mesh, name="conv1")
+    split = SpatialConv3D(4, 3, mesh, overlap=overlap, name="conv1")
     split.build((None, planes, 6, 5, 3))
     split.set_weights([kernel, bias])
     whole = tf.keras.layers.Conv3D(4, 3, padding="same", name="conv1")
-    whole.build((None, 8, 6, 5, 3))
+    whole.build((None, 16, 6, 5, 3))
     whole.set_weights([kernel, bias])
     out, d_x, d_k, d_b = run(split, x[:, z], weights[:, z])
     w_out, w_dx, w_dk, w_db = run(whole, x, weights)
@@ -89,23 +97,23 @@ def halo(mesh) -> dict:
     return out
 
 
-def _model_config(spatial_ranks: int, batch_size: int):
+def _model_config(spatial_ranks: int, batch_size: int, halo_overlap: bool):
     from common.base_config import ParallelConfig
     from cosmoflow.config import CosmoFlowConfig, DataConfig, ModelConfig
     cfg = CosmoFlowConfig(data=DataConfig(data_dir="unused", batch_size=batch_size, sample_shape=(EDGE, EDGE, EDGE, 4),
                                           n_train=GLOBAL_SAMPLES, n_valid=GLOBAL_SAMPLES),
                           model=ModelConfig(conv_size=2, n_conv_layers=5, fc1_size=8, fc2_size=4, dropout=0.0),
-                          parallel=ParallelConfig(spatial_ranks=spatial_ranks))
+                          parallel=ParallelConfig(spatial_ranks=spatial_ranks, halo_overlap=halo_overlap))
     cfg.validate()
     return cfg
 
 
-def model(mesh, dist) -> dict:
+def model(mesh, dist, overlap: bool) -> dict:
     from common.parallel.spatial import gradient_scales
     from common.run.steps import TrainStep
     from cosmoflow.task import CosmoFlowTask
     batch = GLOBAL_SAMPLES // mesh.groups
-    task = CosmoFlowTask(_model_config(mesh.size, batch), mesh if mesh.is_split else None)
+    task = CosmoFlowTask(_model_config(mesh.size, batch, overlap), mesh if mesh.is_split else None)
     net = task.build_model(None)
     rng = np.random.default_rng(5)
     for v in net.trainable_variables:   # the same start on every rank and split, scaled by fan-in
@@ -127,7 +135,8 @@ def model(mesh, dist) -> dict:
     step(iter([(x, y)]))
     out = dict(pred=pred, loss=loss.numpy(), group=mesh.group, groups=mesh.groups,
                scales=np.array(gradient_scales(net)),
-               layers=np.array([layer.name for layer in net.layers]))
+               layers=np.array([layer.name for layer in net.layers]),
+               overlapped=np.array([layer.name for layer in net.layers if getattr(layer, "overlaps", False)]))
     for i, (g, v) in enumerate(zip(reduced, net.trainable_variables)):
         out[f"grad_{i}"] = g.numpy()
         out[f"weight_{i}"] = v.numpy()
@@ -153,7 +162,7 @@ def labels(mesh, data_dir: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("jobs", nargs="+", help="MODE:K[:no-halo]")
+    parser.add_argument("jobs", nargs="+", help="MODE:K[:no-halo][:no-overlap]")
     parser.add_argument("--out", required=True)
     parser.add_argument("--data-dir")
     args = parser.parse_args()
@@ -164,10 +173,14 @@ def main() -> int:
         if int(k) not in meshes:
             meshes[int(k)] = dist.spatial_mesh(int(k))
         mesh = copy.copy(meshes[int(k)])   # a job's no-halo patch stays its own
-        if flags == ["no-halo"]:
+        if not set(flags) <= {"no-halo", "no-overlap"}:
+            raise SystemExit(f"{job}: unknown flag(s) {flags}")
+        if "no-halo" in flags:
             _without_halo(mesh)
+        overlap = "no-overlap" not in flags
         tf.keras.backend.clear_session()   # each job's layers get the names they would get alone
-        result = {"halo": lambda: halo(mesh), "layer": lambda: layer(mesh), "model": lambda: model(mesh, dist),
+        result = {"halo": lambda: halo(mesh), "layer": lambda: layer(mesh, overlap),
+                  "model": lambda: model(mesh, dist, overlap),
                   "labels": lambda: labels(mesh, args.data_dir)}[mode]()
         out = Path(args.out) / job
         out.mkdir(parents=True, exist_ok=True)

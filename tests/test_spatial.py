@@ -16,10 +16,12 @@ PROBE = helpers.REPO / "tests" / "spatial_probe.py"
 
 
 # The probe's jobs, one launch per rank count and launcher: a launch (Python, TensorFlow and
-# Horovod start-up, the rendezvous) costs more than most jobs. A job is MODE:K[:no-halo].
+# Horovod start-up, the rendezvous) costs more than most jobs. A job is MODE:K[:no-halo][:no-overlap]:
+# the split convolutions overlap their halo with their interior (the default) unless no-overlap.
 LAUNCHES = {
     (1, "gloo"): ["model:1"],
-    (2, "gloo"): ["halo:2", "layer:2", "layer:2:no-halo", "model:2", "model:2:no-halo"],
+    (2, "gloo"): ["halo:2", "layer:2", "layer:2:no-halo", "layer:2:no-overlap", "layer:2:no-overlap:no-halo",
+                  "model:2", "model:2:no-halo", "model:2:no-overlap"],
     (4, "gloo"): ["halo:4", "layer:4", "model:4", "model:2", "labels:2"],
     (4, "mpi"): ["halo:4"],
 }
@@ -61,9 +63,9 @@ def test_halo_exchange_gives_the_neighbours_planes_and_zeros_at_the_faces(probe,
 
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_halo_convolution_equals_the_padded_whole_tensor_exactly(probe, ranks):
-    results = probe(ranks, f"layer:{ranks}")
+@pytest.mark.parametrize("ranks,job", [(2, "layer:2"), (4, "layer:4"), (2, "layer:2:no-overlap")])
+def test_halo_convolution_equals_the_padded_whole_tensor_exactly(probe, ranks, job):
+    results = probe(ranks, job)
     for r in results:   # integer data: no rounding, so equality is exact
         np.testing.assert_array_equal(r["out"], r["whole_out"])
         np.testing.assert_array_equal(r["d_input"], r["whole_d_input"])
@@ -73,8 +75,9 @@ def test_halo_convolution_equals_the_padded_whole_tensor_exactly(probe, ranks):
     assert not np.array_equal(results[0]["d_kernel"], results[0]["whole_d_kernel"])
 
 
-def test_halo_convolution_without_the_exchange_differs_at_the_slab_faces(probe):
-    r = probe(2, "layer:2:no-halo")[0]
+@pytest.mark.parametrize("job", ["layer:2:no-halo", "layer:2:no-overlap:no-halo"])
+def test_halo_convolution_without_the_exchange_differs_at_the_slab_faces(probe, job):
+    r = probe(2, job)[0]
     differs = np.any(r["out"] != r["whole_out"], axis=(0, 2, 3, 4))
     assert differs[-1] and not differs[0], differs   # only the plane next to the neighbour
 
@@ -106,15 +109,20 @@ def _worst_errors(results, reference) -> dict:
     return worst
 
 
-@pytest.mark.parametrize("ranks,spatial_ranks,gathered", [(2, 2, "gather_before_flatten"),
-                                                          (4, 4, "gather_before_pool5"),
-                                                          (4, 2, "gather_before_flatten")])
-def test_split_model_step_equals_the_one_rank_step(probe, unsplit, ranks, spatial_ranks, gathered):
+@pytest.mark.parametrize("ranks,job,gathered,overlapped", [
+    (2, "model:2", "gather_before_flatten", ["conv1", "conv2", "conv3", "conv4"]),
+    (4, "model:4", "gather_before_pool5", ["conv1", "conv2", "conv3"]),   # conv4's slab: 2 planes
+    (4, "model:2", "gather_before_flatten", ["conv1", "conv2", "conv3", "conv4"]),
+    (2, "model:2:no-overlap", "gather_before_flatten", []),
+])
+def test_split_model_step_equals_the_one_rank_step(probe, unsplit, ranks, job, gathered, overlapped):
     # A non-trivial reference: predictions off the tanh's rails, every gradient non-zero.
     assert np.max(np.abs(unsplit["pred"])) < 1.1 and np.ptp(unsplit["pred"]) > 1e-3
     assert all(np.any(unsplit[k] != 0) for k in unsplit if k.startswith("grad_"))
-    results = probe(ranks, f"model:{spatial_ranks}")
+    results = probe(ranks, job)
+    spatial_ranks = int(job.split(":")[1])
     assert gathered in list(results[0]["layers"])
+    assert list(results[0]["overlapped"]) == overlapped   # the layers that computed their interior during the halo
     assert sorted({int(r["group"]) for r in results}) == list(range(ranks // spatial_ranks))
     # The conv kernels' gradients are summed over the group (scale K before the average).
     assert set(results[0]["scales"]) == {1.0, float(spatial_ranks)}

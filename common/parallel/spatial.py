@@ -24,28 +24,59 @@ class SpatialConv3D(layers.Conv3D):
     The neighbours' boundary planes come in through `mesh.exchange_halo` (zeros at the
     volume's faces, as 'same' padding gives), y and x are zero-padded here, then the
     convolution is 'valid' in all three axes.
+
+    With `overlap` (parallel.halo_overlap), the exchange runs while the slab convolves: the
+    Zs - 2h planes that read no neighbour come from the slab alone (the op named `interior`,
+    ordered after the alltoall's input so the exchange starts first), then the h planes next
+    to each neighbour from its halo and the slab's 2h edge planes (`boundary_below`,
+    `boundary_above`), concatenated. Every output plane reads the same window through the same
+    kernel as without overlap; the cost is that concatenation, one copy of the output (and of
+    its gradient in backward).
     """
 
-    def __init__(self, filters, kernel_size, mesh, **kwargs):
+    def __init__(self, filters, kernel_size, mesh, *, overlap: bool, **kwargs):
         kwargs.setdefault("padding", "same")
         super().__init__(filters, kernel_size, **kwargs)
         if self.padding != "same" or any(s != 1 for s in self.strides) or any(k % 2 == 0 for k in self.kernel_size):
             raise ValueError(f"{self.name}: a spatial convolution needs stride 1, 'same' padding and an odd kernel, "
                              f"got strides {self.strides}, padding {self.padding}, kernel {self.kernel_size}")
         self.mesh = mesh
+        self.overlap = bool(overlap)
         # Whether this layer's kernel gradient is a partial sum over its slab (see gradient_scales).
         self.holds_slab = bool(mesh is not None and mesh.is_split)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        # Whether call() overlaps: a slab of 2h planes or fewer has no interior to compute while its halo travels.
+        self.overlaps = self.holds_slab and self.overlap and input_shape[1] > 2 * (self.kernel_size[0] // 2)
 
     def call(self, inputs):
         if not self.holds_slab:
             return super().call(inputs)
-        hz, hy, hx = (k // 2 for k in self.kernel_size)
-        x = self.mesh.exchange_halo(inputs, hz, name=f"{self.name}.halo")
-        x = tf.pad(x, [[0, 0], [0, 0], [hy, hy], [hx, hx], [0, 0]])
-        outputs = tf.nn.conv3d(x, self.kernel, strides=[1] * 5, padding="VALID")
+        hz = self.kernel_size[0] // 2
+        if self.overlaps:
+            outputs = self._overlapped(inputs, hz)
+        else:
+            outputs = self._valid(self.mesh.exchange_halo(inputs, hz, name=f"{self.name}.halo"), name="slab")
         if self.use_bias:
             outputs = tf.nn.bias_add(outputs, self.bias)
         return self.activation(outputs) if self.activation is not None else outputs
+
+    def _overlapped(self, inputs, hz: int):
+        zs = inputs.shape[1]
+        halo = self.mesh.neighbour_planes(inputs, hz, name=f"{self.name}.halo")
+        # After the alltoall's input, so the exchange is under way while the slab convolves.
+        with tf.control_dependencies([halo.sent]):
+            interior = self._valid(inputs, name="interior")
+        below = self._valid(tf.concat([halo.below, inputs[:, :2 * hz]], axis=1), name="boundary_below")
+        above = self._valid(tf.concat([inputs[:, zs - 2 * hz:], halo.above], axis=1), name="boundary_above")
+        return tf.concat([below, interior, above], axis=1)
+
+    def _valid(self, x, name=None):
+        """The convolution of x zero-padded in y and x, 'valid' along z: 2h planes fewer than x."""
+        _, hy, hx = (k // 2 for k in self.kernel_size)
+        x = tf.pad(x, [[0, 0], [0, 0], [hy, hy], [hx, hx], [0, 0]])
+        return tf.nn.conv3d(x, self.kernel, strides=[1] * 5, padding="VALID", name=name)
 
 
 class GatherSlabs(layers.Layer):

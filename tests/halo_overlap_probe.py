@@ -1,0 +1,88 @@
+"""Run under horovodrun -np 2 by tests/test_halo_overlap.py: one split convolution traced by
+TensorFlow's profiler on rank 0, with and without the overlap of its halo exchange.
+
+  horovodrun -np 2 python tests/halo_overlap_probe.py --out DIR
+
+Per variant (overlap: parallel.halo_overlap=true; exchange-first: false) rank 0 writes
+DIR/VARIANT.json, from one forward pass: "alltoall", [begin, end] in microseconds of the
+exchange in flight (its asynchronous kernel started, then done), and "convolutions", each
+convolution kernel's op name in the layer (after grappler's fusions: the exchange-first
+convolution is fused with its bias into the op named BiasAdd) and [begin, end].
+
+Rank 1 enters that pass DELAY_S late, so rank 0's alltoall stays in flight at least that long:
+on 2 shared cores a window of a few milliseconds could open and close between two ops, while
+one of a second shows plainly whether the interior convolution ran inside it.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from common.parallel.distribution import Distribution  # noqa: E402
+from common.parallel.spatial import SpatialConv3D  # noqa: E402
+
+DELAY_S = 1.0
+SLAB = (1, 32, 64, 64, 8)       # [B, Zs, Y, X, C]: an interior of some milliseconds' compute
+VARIANTS = {"overlap": True, "exchange-first": False}
+LAYER = "conv1"
+
+
+def trace_intervals(logdir: str, layer: str) -> dict:
+    """The layer's alltoall and convolutions in the profile under `logdir` (see the module's doc)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(next(Path(logdir).rglob("*.xplane.pb")).read_bytes())
+    found = {"alltoall": [None, None], "convolutions": {}}
+    for plane in space.planes:
+        events, stats = plane.event_metadata, plane.stat_metadata
+        for line in plane.lines:
+            for event in line.events:
+                begin = (line.timestamp_ns * 1000 + event.offset_ps) / 1e6
+                name = events[event.metadata_id].name
+                if name.startswith("ExecutorState::ProcessAsync::"):
+                    args = {stats[s.metadata_id].name: s.str_value or stats[s.ref_value].name for s in event.stats}
+                    if args.get("kernel_type") == "HorovodAlltoall" and args.get("name", "").startswith(layer + "/"):
+                        found["alltoall"][name.endswith("Done")] = begin
+                elif name.startswith(layer + "/") and "Conv3D" in name:   # "conv1/interior:_MklNativeFusedConv3D"
+                    op = name.split(":")[0][len(layer) + 1:]
+                    found["convolutions"][op] = [begin, begin + event.duration_ps / 1e6]
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    dist = Distribution()
+    mesh = dist.spatial_mesh(2)
+    x = tf.constant(np.random.default_rng(dist.rank).normal(size=SLAB).astype(np.float32))
+    for variant, overlap in VARIANTS.items():
+        tf.keras.backend.clear_session()   # the layer is conv1 in both variants
+        conv = SpatialConv3D(16, 3, mesh, overlap=overlap, name=LAYER)
+        forward = tf.function(conv)
+        forward(x)   # traced and run once: the profiled pass runs kernels only
+        dist.barrier()
+        if dist.rank == 1:
+            time.sleep(DELAY_S)
+            forward(x).numpy()
+        else:
+            with tempfile.TemporaryDirectory() as logdir:
+                tf.profiler.experimental.start(logdir)
+                forward(x).numpy()
+                tf.profiler.experimental.stop()
+                intervals = trace_intervals(logdir, LAYER)
+            (Path(args.out) / f"{variant}.json").write_text(json.dumps(intervals, indent=1))
+        dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
