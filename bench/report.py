@@ -11,9 +11,10 @@ Runs, each in its own process so that TensorFlow reads TF_ENABLE_ONEDNN_OPTS afr
     Emulated bf16 is 7-9x slower than fp32 and would take most of an hour here; --bf16
     measures it anyway;
   - input: bench/input_pipeline.py (full-size samples, before/after staging), samples/s per core;
-  - spatial: bench/spatial.py (CosmoFlow split K = 1, 2, 4 ways at 128^3, 1 and 2 at 256^3): samples/s,
-    peak RSS per rank against K = 1, the halo's bytes and share of the step (also written to
-    bench/results/spatial_<ISA>.md with every column).
+  - spatial: bench/spatial.py (the table's spatial_bench models, CosmoFlow at 128^3 and 256^3, unsplit
+    and split 2 ways, the halo overlapped and not): samples/s, peak RSS per rank against K = 1,
+    the halo's bytes and share of the step (also written to bench/results/spatial_<ISA>.md with
+    every column; it refuses a busy machine, --quick runs it anyway as a smoke run).
 Writes bench/results/<ISA>.json and bench/results/<ISA>.md (the ISA of this CPU: AVX2,
 AVX-512, AMX...), so the table of every ISA measured so far is kept side by side; the README
 quotes them. A figure names its CPU in the file's heading.
@@ -32,7 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from common import benchmarks, cpu  # noqa: E402
 from common.files import write_text_atomic  # noqa: E402
-from offline.projection import spatial  # noqa: E402  (the benchmark bench/spatial.py splits)
 
 RESULTS = REPO / "bench" / "results"
 
@@ -82,19 +82,21 @@ def input_rows(quick: bool) -> list[dict]:
 
 
 def spatial_rows(quick: bool) -> list[dict]:
-    cmd = ["bench/spatial.py"] + (["--sizes", "128", "--ks", "1,2", "--steps", "1"] if quick else [])
-    record = run_json(cmd, {})
-    base = {r["size"]: r["peak_rss_above_import_gib"] for r in record["rows"] if r["spatial_ranks"] == 1}
+    # Quick: each splitting benchmark's first model, K = 1 and 2 overlapped, one step, whatever the load.
+    first = ",".join(benchmarks.get(name).spatial_bench[0] for name in benchmarks.names_with("spatial_bench"))
+    quick_args = ["--configs", first, "--halo-overlap", "on", "--steps", "1", "--allow-load"]
+    record = run_json(["bench/spatial.py"] + (quick_args if quick else []), {})
     rows = []
     for r in record["rows"]:
         memory = f"peak RSS {r['peak_rss_gib_per_rank']:.2f} GiB/rank"
-        if r["size"] in base and r["spatial_ranks"] > 1:
-            memory += f" ({r['peak_rss_above_import_gib'] / base[r['size']]:.2f}x K=1 above import)"
-        halo = "" if r["halo_share_of_step"] is None else \
-            f", halo {r['halo_mib_per_step_per_rank']:.1f} MiB/step, {100 * r['halo_share_of_step']:.0f}% of step"
-        rows.append({"benchmark": spatial.BENCHMARK, "kind": "spatial",
-                     "measurement": f"{r['size']}^3, K={r['spatial_ranks']} ({r['threads_per_rank']} thread(s)/rank): "
-                                    f"{memory}{halo}",
+        if r["spatial_ranks"] > 1 and r["above_import_vs_unsplit"]:
+            memory += f" ({r['above_import_vs_unsplit']:.2f}x K=1 above import)"
+        halo = "" if r["halo_in_flight_share"] is None else (
+            f", halo {r['halo']}, {r['halo_mib_per_step_per_rank']:.1f} MiB/step, "
+            f"in flight {100 * r['halo_in_flight_share']:.0f}% of step")
+        rows.append({"benchmark": r["benchmark"], "kind": "spatial",
+                     "measurement": f"{r['sample_name']}, K={r['spatial_ranks']} "
+                                    f"({r['threads_per_rank']} thread(s)/rank): {memory}{halo}",
                      "onednn": "on", "precision": "fp32", "samples_per_s": r["samples_per_s"],
                      "per_core": r["samples_per_s"] / cpu.cores(), "source": "bench/spatial.py"})
     return rows

@@ -1,21 +1,32 @@
-"""Spatial parallelism on this machine: memory per rank, samples/s and the halo's cost, K = 1, 2, 4.
+"""Spatial parallelism on this machine: samples/s, memory per rank and the halo's share of the step,
+each splitting benchmark's models unsplit (K=1) and split K=2 ways, the halo overlapped and not.
 
-  python bench/spatial.py                          # 128^3 at K = 1, 2, 4 and 256^3 at K = 1, 2
-  python bench/spatial.py --sizes 128 --ks 1,2     # every size with every K given
+  python bench/spatial.py                                  # every row: the quiet run (~15 min, 2 cores)
+  python bench/spatial.py --configs cosmoflow/configs/cosmoflow_spatial_256.yaml --ks 2 --halo-overlap on
+  python bench/spatial.py --allow-load --steps 1 --configs cosmoflow/configs/cosmoflow_closed_gbs512.yaml \\
+      --set data.sample_shape=32,32,32,4 --out-dir /tmp/smoke      # a smoke run on a busy machine
 
-K=4 is left out at 256^3 by default: four 256^3 ranks on a 24 GiB machine were killed by the
-OOM killer (5.4 GB resident each, beside other work).
+Rows: the configs of each benchmark's `spatial_bench` in common/benchmarks.py (CosmoFlow: the
+reference's model at 128^3, the 256^3 config's; DeepCAM's 768x1152 model once its entry names
+one), at local batch 1, fp32, each K in --ks, and for K > 1 with parallel.halo_overlap on and off.
+A row is its own launch of K ranks under horovodrun (Gloo), so that its peak RSS is its own.
 
-For each (edge N, K) it starts K ranks under horovodrun (Gloo; K > cores oversubscribes),
-each building the CosmoFlow model of that size (the reference's 5 conv layers at 128^3,
-log2(N) - 2 capped at 256 filters above: cosmoflow_spatial_256.yaml's model) split K ways,
-and times training steps of the real TrainStep on one sample of random counts, twice: with
-the halo exchange, and with it replaced by local zero padding (the same arithmetic without
-the collectives), whose difference is the halo's share of the step. Peak RSS is each rank's
-high-water mark (ru_maxrss) after the steps; "above import" subtracts the process's RSS
-once TensorFlow and Horovod are loaded, so it counts the model, its activations and the
-allocator's caches. Halo bytes: what one rank sends per step (forward and backward).
-Writes bench/results/spatial_<ISA>.json and .md.
+Per row, after one warm-up step: --steps timed training steps of the real TrainStep on random
+inputs of the task's shapes (samples/s: one group's samples over the slowest rank's time), then
+one more step under a Horovod timeline (HOROVOD_TIMELINE=DYNAMIC, Distribution.timeline) whose
+rank-0 view gives the halo's share of that step: the union of the alltoalls' time in flight
+(submitted by rank 0 until done, forward and backward) and of their transfers alone (waiting for
+the other rank and for Horovod's cycle left out), over the step's wall time. In flight is not
+lost time when overlapped: the samples/s of the two K=2 rows say what the overlap saves here;
+Gloo over loopback shares the cores with the convolutions it overlaps, so that is this host's
+answer, not a GPU node's. Peak RSS is each rank's high-water mark (ru_maxrss); "above import"
+subtracts the RSS once TensorFlow and Horovod are loaded. What every rank holds whole whatever K
+(weights, optimizer slots, one set of gradients, the layers after the gather) is listed with its
+size beside each row: it is why K=2 holds more than half of K=1.
+
+Refuses to measure (one `error:` line, exit 2) when the load average is above 0.5 per core;
+--allow-load measures anyway and the table says the load. Writes bench/results/spatial_<ISA>.md
+and .json (--out-dir), and --json for bench/report.py.
 """
 
 import argparse
@@ -30,10 +41,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench import horovod_timeline, machine_load  # noqa: E402
 from common import benchmarks, launchers  # noqa: E402
-from offline.projection.spatial import BENCHMARK  # noqa: E402  (the one benchmark whose samples are split)
+
 RESULTS = REPO / "bench" / "results"
-DEFAULT_PLAN = [(128, 1), (128, 2), (128, 4), (256, 1), (256, 2)]
+GIB = 2 ** 30
 
 
 def _rss_gib() -> float:
@@ -43,152 +55,246 @@ def _rss_gib() -> float:
 
 def _current_rss_gib() -> float:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GIB
 
 
-def model_config(edge: int, spatial_ranks: int):
-    """The config of the model measured at this edge: the reference's below 256, the spatial configs' above."""
-    from common.config_loading import load_config
-    layers = max(5, edge.bit_length() - 1 - 2)   # log2(edge) - 2
-    return load_config(benchmarks.config_class(BENCHMARK), overrides={
-        "data.data_dir": "unused", "data.batch_size": 1, "data.sample_shape": (edge, edge, edge, 4),
-        "data.n_train": 1, "data.n_valid": 1,
-        "model.n_conv_layers": layers, "model.max_channels": None if layers == 5 else 256, "model.dropout": 0.0,
-        "parallel.spatial_ranks": spatial_ranks})
+def plan(configs: list[str] | None, ks: list[int], overlaps: list[bool]) -> list[dict]:
+    """The rows, in order: per config of the table (or of `configs`, each one of the table's), each K
+    and, for K > 1, each halo_overlap."""
+    owners = {c: b.name for b in benchmarks.BENCHMARKS for c in b.spatial_bench}
+    for c in configs or ():
+        if c not in owners:
+            raise SystemExit(f"error: --configs {c}: not a spatial_bench config of common/benchmarks.py "
+                             f"(those are: {', '.join(owners)})")
+    return [{"benchmark": owners[c], "config": c, "spatial_ranks": k, "halo_overlap": overlap}
+            for c in (configs or owners) for k in ks for overlap in (overlaps if k > 1 else [None])]
+
+
+def row_config(row: dict, sets: list[str]):
+    from common.config_loading import load_model_config
+    b = benchmarks.get(row["benchmark"])
+    overrides = dict(s.split("=", 1) for s in sets)
+    overrides |= {b.local_batch_key: 1, "parallel.spatial_ranks": row["spatial_ranks"]}
+    if row["halo_overlap"] is not None:
+        overrides["parallel.halo_overlap"] = row["halo_overlap"]
+    return load_model_config(benchmarks.config_class(row["benchmark"]), REPO / row["config"], overrides)
 
 
 def halo_bytes_per_step(net) -> int:
-    """Bytes one interior rank sends per step: 2 halos of kernel // 2 planes per split conv, forward and backward."""
+    """Bytes one interior rank sends per step: 2 halos of kernel // 2 planes per split conv forward, and
+    as many backward, but for a layer reading the model's input (which needs no gradient)."""
     total = 0
     for layer in net.layers:
         if getattr(layer, "holds_slab", False):
             _, _, y, x, c = layer.input.shape
-            total += 2 * (layer.kernel_size[0] // 2) * y * x * c * 4
-    return 2 * total
+            directions = 1 if any(layer.input is t for t in net.inputs) else 2
+            total += directions * 2 * (layer.kernel_size[0] // 2) * y * x * c * 4
+    return total
+
+
+def replicated_bytes(net, optimizer) -> dict:
+    """What every rank of a group holds whole, whatever K: the weights, the optimizer's slots, one set
+    of gradients, and the activations of the layers after the slabs are gathered (per sample)."""
+    from common.parallel.spatial import GatherSlabs
+
+    def size(tensors) -> int:   # per sample: a layer's output has no batch size
+        return int(sum(t.shape[int(t.shape[0] is None):].num_elements() * t.dtype.size for t in tensors))
+    gathered = [i for i, layer in enumerate(net.layers) if isinstance(layer, GatherSlabs)]
+    head = net.layers[gathered[0]:] if gathered else []
+    slots = [v for v in optimizer.variables if v.shape.rank]   # the step counter aside
+    return {"weights": size(net.weights), "optimizer_slots": size(slots), "gradients": size(net.trainable_weights),
+            "head_activations": size([layer.output for layer in head])}
+
+
+def halo_shares(timeline: Path, step_seconds: float) -> dict:
+    """The alltoalls' share of the step under the timeline: in flight (rank 0 submitted it, to done)
+    and transferring (the collective's own activity), each the union over the step's alltoalls."""
+    def union(spans) -> float:
+        total, end = 0.0, float("-inf")
+        for b, e in sorted(spans):
+            total += max(0.0, e - max(b, end))
+            end = max(end, e)
+        return total
+    halos = [t for t in horovod_timeline.activities(timeline).values() if "ALLTOALL_end" in t]
+    in_flight = union((t["NEGOTIATE_ALLTOALL_begin"], t["ALLTOALL_end"]) for t in halos)
+    transfer = union((t["ALLTOALL_begin"], t["ALLTOALL_end"]) for t in halos)
+    return {"alltoalls": len(halos), "halo_in_flight_share": in_flight / 1e6 / step_seconds,
+            "halo_transfer_share": transfer / 1e6 / step_seconds}
 
 
 def worker(args) -> int:
+    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"   # read at hvd.init: a timeline started and stopped at will
     import numpy as np
     import tensorflow as tf
     from common.parallel.distribution import Distribution
     from common.parallel.spatial import gradient_scales
     from common.run.steps import TrainStep
+    row = json.loads(args.row)
     dist = Distribution()
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))
-    mesh = dist.spatial_mesh(args.spatial_ranks)
+    mesh = dist.spatial_mesh(row["spatial_ranks"])
     base_rss = _current_rss_gib()
-    cfg = model_config(args.size, args.spatial_ranks)
-    task = benchmarks.task_class(BENCHMARK)(cfg, mesh if mesh.is_split else None)
-    net = task.build_model(None)
+    task = benchmarks.task_class(row["benchmark"])(row_config(row, args.set), mesh if mesh.is_split else None)
+    net = task.build_model(dist.rank_group(task.batchnorm_group_size, "batchnorm_group_size"))
     optimizer, _ = task.build_optimizer(1, steps_per_epoch=100)
     step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,
                      gradient_scales=gradient_scales(net))
-    spec = task.input_specs()
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.poisson(2.0, size=spec[0].shape).astype(np.int16))
-    y = tf.constant(rng.uniform(-1, 1, size=spec[1].shape).astype(np.float32))
+    specs = task.input_specs()
+    rng = np.random.default_rng(0)   # small non-negative integers (counts, classes), floats in [-1, 1)
+    batch = tuple(tf.constant(rng.integers(0, 3, s.shape) if s.dtype.is_integer else rng.uniform(-1, 1, s.shape),
+                              dtype=s.dtype) for s in specs)
 
-    def timed(n):
-        float(step(iter([(x, y)])).loss)  # warm-up (traces)
+    def seconds(steps: int) -> float:
         dist.barrier()
         start = time.perf_counter()
-        for _ in range(n):
-            loss = step(iter([(x, y)])).loss
+        for _ in range(steps):
+            loss = step(iter([batch])).loss
         float(loss)
-        return float(dist.allreduce_max([time.perf_counter() - start])[0]) / n
+        return time.perf_counter() - start
 
-    seconds = timed(args.steps)
-    peak = _rss_gib()
-    no_halo = None
+    seconds(1)   # warm-up: traces the step
+    timed = float(dist.allreduce_max([seconds(args.steps)])[0]) / args.steps
+    record = {}
     if mesh.is_split:
-        # The same steps with the neighbours' planes replaced by zeros: no collective, same arithmetic.
-        mesh.exchange_halo = lambda t, halo, name: tf.pad(t, [[0, 0], [halo, halo], [0, 0], [0, 0], [0, 0]])
-        step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,
-                         gradient_scales=gradient_scales(net))
-        no_halo = timed(args.steps)
-    record = {"rank": dist.rank, "size": args.size, "spatial_ranks": mesh.size, "seconds_per_step": seconds,
-              "seconds_per_step_without_halo": no_halo, "peak_rss_gib": peak, "import_rss_gib": base_rss,
-              "halo_bytes_per_step": halo_bytes_per_step(net) if mesh.is_split else 0,
-              "parameters": int(sum(np.prod(v.shape) for v in net.trainable_variables)),
-              "threads": tf.config.threading.get_intra_op_parallelism_threads()}
+        with tempfile.TemporaryDirectory(prefix="bench_spatial_timeline.") as tmp:
+            path = Path(tmp) / "timeline.json"   # rank 0's; every rank enters the block
+            with dist.timeline(path):
+                under_timeline = seconds(1)
+            if dist.rank == 0:
+                record = halo_shares(path, under_timeline)
+    slab = specs[0].shape   # [B, Zs, ...spatial, C]: split along its first spatial axis
+    record |= {"rank": dist.rank, "seconds_per_step": timed, "peak_rss_gib": _rss_gib(), "import_rss_gib": base_rss,
+               "sample": [slab[1] * mesh.size, *slab[2:-1]],
+               "halo_bytes_per_step": halo_bytes_per_step(net) if mesh.is_split else 0,
+               "parameters": int(sum(np.prod(v.shape) for v in net.trainable_variables)),
+               "replicated_bytes": replicated_bytes(net, optimizer),
+               "threads": tf.config.threading.get_intra_op_parallelism_threads()}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"rank-{dist.rank:05d}.json").write_text(json.dumps(record))
     dist.barrier()
     return 0
 
 
-def measure(size: int, k: int, steps: int) -> dict:
+def measure(row: dict, steps: int, sets: list[str]) -> dict:
+    k = row["spatial_ranks"]
     with tempfile.TemporaryDirectory(prefix="bench_spatial.") as tmp:
-        cmd = [sys.executable, __file__, "--worker", "--sizes", str(size), "--ks", str(k), "--steps", str(steps),
-               "--out", tmp]
+        cmd = [sys.executable, __file__, "--worker", json.dumps(row), "--steps", str(steps), "--out", tmp,
+               *[f"--set={s}" for s in sets]]
         cmd = launchers.on_this_host(cmd, k)
-        print(f"[bench] {size}^3, K={k}: {' '.join(cmd)}", flush=True)
+        load = machine_load.per_core()
+        print(f"[bench] load {load:.2f} per core: {' '.join(cmd)}", flush=True)
         env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
         code = subprocess.run(cmd, cwd=REPO, env=env).returncode
         if code != 0:
-            raise RuntimeError(f"{size}^3, K={k}: exited with status {code} (its output is above)")
+            raise RuntimeError(f"{row}: exited with status {code} (its output is above)")
         ranks = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank-*.json"))]
     r = ranks[0]
-    with_halo, without = r["seconds_per_step"], r["seconds_per_step_without_halo"]
-    return {"size": size, "spatial_ranks": k, "parameters": r["parameters"], "threads_per_rank": r["threads"],
-            "samples_per_s": 1.0 / with_halo, "seconds_per_step": with_halo,
-            "peak_rss_gib_per_rank": max(x["peak_rss_gib"] for x in ranks),
-            "peak_rss_above_import_gib": max(x["peak_rss_gib"] - x["import_rss_gib"] for x in ranks),
-            "halo_mib_per_step_per_rank": r["halo_bytes_per_step"] / 2**20,
-            "halo_share_of_step": None if without is None else max(0.0, (with_halo - without) / with_halo)}
+    dims = r["sample"]
+    return row | {
+        "sample": dims, "sample_name": f"{dims[0]}^{len(dims)}" if len(set(dims)) == 1 else "x".join(map(str, dims)),
+        "halo": {None: "-", True: "overlapped", False: "exchanged first"}[row["halo_overlap"]],
+        "parameters": r["parameters"], "threads_per_rank": r["threads"],
+        "samples_per_s": 1.0 / r["seconds_per_step"], "seconds_per_step": r["seconds_per_step"],
+        "load_per_core_before": load,
+        "peak_rss_gib_per_rank": max(x["peak_rss_gib"] for x in ranks),
+        "peak_rss_above_import_gib": max(x["peak_rss_gib"] - x["import_rss_gib"] for x in ranks),
+        "import_rss_gib": max(x["import_rss_gib"] for x in ranks),
+        "replicated_gib": {key: value / GIB for key, value in r["replicated_bytes"].items()},
+        "halo_mib_per_step_per_rank": r["halo_bytes_per_step"] / 2**20,
+        "alltoalls_per_step": r.get("alltoalls"),
+        "halo_in_flight_share": r.get("halo_in_flight_share"), "halo_transfer_share": r.get("halo_transfer_share")}
 
 
-def markdown(machine: dict, rows: list[dict]) -> str:
+def with_unsplit_ratios(rows: list[dict]) -> list[dict]:
+    """Each row with its peak RSS above import over that of the unsplit row of its config and sample."""
+    unsplit = {(r["config"], r["sample_name"]): r["peak_rss_above_import_gib"] for r in rows if r["spatial_ranks"] == 1}
+    return [r | {"above_import_vs_unsplit": (r["peak_rss_above_import_gib"] / unsplit[key]
+                                             if (key := (r["config"], r["sample_name"])) in unsplit else None)}
+            for r in rows]
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def markdown(machine: dict, rows: list[dict], command: str) -> str:
+    loads = [r["load_per_core_before"] for r in rows]
+    quiet = max(loads) <= machine_load.QUIET_PER_CORE
     lines = [f"# Spatial parallelism: {machine['isa']}", "",
-             f"CPU {machine['cpu']} ({machine['isa']}), {machine['cores']} core(s), TensorFlow {machine['tensorflow']}, "
-             f"Horovod over Gloo on one machine; measured {machine['date']} by `python bench/spatial.py`. "
-             "One sample per step (local batch 1), fp32; K ranks share the cores (K=4 oversubscribes 2 cores).", "",
-             "| edge | K | params | threads/rank | samples/s | peak RSS/rank GiB | above import GiB | vs K=1 "
-             "| halo MiB/step/rank | halo share of step |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    base = {r["size"]: r["peak_rss_above_import_gib"] for r in rows if r["spatial_ranks"] == 1}
+             f"CPU {machine['cpu']} ({machine['isa']}), {machine['cores']} core(s), "
+             f"TensorFlow {machine['tensorflow']}, Horovod over Gloo on one machine; measured {machine['date']} "
+             f"by `{command}`. One sample per step (local batch 1), fp32; K ranks share the cores. "
+             f"Load average per core before the rows: "
+             f"{min(loads):.2f}-{max(loads):.2f}" + ("." if quiet else
+             f" (NOT QUIET, above {machine_load.QUIET_PER_CORE}: a smoke run, its timings are not figures)."), "",
+             "| benchmark | sample | K | halo | params | threads/rank | samples/s | peak RSS/rank GiB "
+             "| above import GiB | vs K=1 | halo MiB/step/rank | alltoalls/step | halo in flight | halo transfer |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        ratio = r["peak_rss_above_import_gib"] / base[r["size"]] if r["size"] in base else float("nan")
-        share = "-" if r["halo_share_of_step"] is None else f"{100 * r['halo_share_of_step']:.0f}%"
-        lines.append(f"| {r['size']}^3 | {r['spatial_ranks']} | {r['parameters']:,} | {r['threads_per_rank']} | "
-                     f"{r['samples_per_s']:.3f} | {r['peak_rss_gib_per_rank']:.2f} | {r['peak_rss_above_import_gib']:.2f} | "
-                     f"{ratio:.2f}x | {r['halo_mib_per_step_per_rank']:.1f} | {share} |")
+        ratio = "-" if r["above_import_vs_unsplit"] is None else f"{r['above_import_vs_unsplit']:.2f}x"
+        lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['spatial_ranks']} | {r['halo']} | "
+                     f"{r['parameters']:,} | {r['threads_per_rank']} | {r['samples_per_s']:.3f} | "
+                     f"{r['peak_rss_gib_per_rank']:.2f} | {r['peak_rss_above_import_gib']:.2f} | {ratio} | "
+                     f"{r['halo_mib_per_step_per_rank']:.1f} | {r['alltoalls_per_step'] or '-'} | "
+                     f"{_share(r['halo_in_flight_share'])} | {_share(r['halo_transfer_share'])} |")
+    lines += ["", "Held whole by every rank, whatever K (GiB; gradients: one set, during the step; head: the "
+              "activations after the gather, per sample, saved for backward):", "",
+              "| benchmark | sample | K | TF + Horovod at import | weights | optimizer slots | gradients | head |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        g = r["replicated_gib"]
+        if r["halo_overlap"] is not False:   # one line per sample and K: the overlap holds the same
+            lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['spatial_ranks']} | "
+                         f"{r['import_rss_gib']:.2f} | {g['weights']:.3f} | {g['optimizer_slots']:.3f} | "
+                         f"{g['gradients']:.3f} | {g['head_activations']:.3f} |")
+    unsplit = [name for name in benchmarks.names() if not benchmarks.get(name).spatial_bench]
+    if unsplit:
+        lines += ["", f"Not measured: {', '.join(unsplit)} (samples not split; its entry in common/benchmarks.py "
+                  "names the configs once they are)."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", help="sample edges, comma-separated (with --ks: every pair)")
-    p.add_argument("--ks", help="spatial ranks, comma-separated")
+    p.add_argument("--configs", help="comma-separated: some of the table's spatial_bench configs (default: all)")
+    p.add_argument("--ks", default="1,2", help="spatial ranks, comma-separated (default 1,2)")
+    p.add_argument("--halo-overlap", default="on,off", help="for K > 1: on, off or both (default on,off)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every row (e.g. data.sample_shape=32,32,32,4 for a smoke run)")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    p.add_argument("--allow-load", action="store_true",
+                   help="measure above 0.5 load per core (a smoke run: the table says the load)")
     p.add_argument("--json", help="also write the rows here (bench/report.py)")
     p.add_argument("--out-dir", default=str(RESULTS))
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        args.size, args.spatial_ranks = int(args.sizes), int(args.ks)
+        args.row = args.worker
         return worker(args)
-    if args.sizes or args.ks:
-        plan = [(int(n), int(k)) for n in (args.sizes or "128").split(",") for k in (args.ks or "1,2").split(",")]
-    else:
-        plan = DEFAULT_PLAN
+    refusal = machine_load.refusal(args.allow_load)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    overlaps = [{"on": True, "off": False}[v] for v in args.halo_overlap.split(",")]
     rows = []
-    for size, k in plan:
-        rows.append(measure(size, k, args.steps))
+    for row in plan(args.configs.split(",") if args.configs else None, [int(k) for k in args.ks.split(",")], overlaps):
+        rows.append(measure(row, args.steps, args.set))
         print(f"[bench] {json.dumps(rows[-1])}", flush=True)   # each row as it is measured
+    rows = with_unsplit_ratios(rows)
     from common import cpu
     from common.files import write_text_atomic
     import tensorflow as tf
     machine = cpu.describe() | {"cores": cpu.cores(), "tensorflow": tf.__version__, "date": time.strftime("%Y-%m-%d")}
-    table = markdown(machine, rows)
+    table = markdown(machine, rows, "python bench/spatial.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = "spatial_" + machine["isa"].replace(" ", "_")
-    write_text_atomic(out / f"{name}.json", json.dumps({"machine": machine, "rows": rows}, indent=2))
+    record = json.dumps({"machine": machine, "rows": rows}, indent=2)
+    write_text_atomic(out / f"{name}.json", record)
     write_text_atomic(out / f"{name}.md", table)
     if args.json:
-        write_text_atomic(args.json, json.dumps({"machine": machine, "rows": rows}, indent=2))
+        write_text_atomic(args.json, record)
     print("\n" + table)
     return 0
 

@@ -222,7 +222,8 @@ ONE_BENCHMARK_TOOLS = {
     "bench/deepcam_vs_reference.py": "deepcam",     # our model's step against the PyTorch reference's
     "bench/staging_throughput.py": "cosmoflow",     # its gzip TFRecords are the GUNZIP layout's sources
 }
-# The one constant naming the benchmark whose samples are split (bench/spatial.py, bench/report.py use it).
+# The one constant naming the benchmark whose network offline/projection/spatial.py rebuilds (bench/ takes
+# the benchmarks whose samples split from the table's spatial_bench).
 SPATIAL_CONSTANT = ("offline/projection/spatial.py", "BENCHMARK")
 
 
@@ -296,3 +297,11 @@ def test_bench_and_offline_take_every_benchmark_from_the_table():
                 stray.append(f"{rel}:{line}: {text!r}")
     assert not stray, "bench/ and offline/ name a benchmark by hand:\n" + "\n".join(stray)
     assert constants == [SPATIAL_CONSTANT], constants
+
+
+def test_the_spatial_bench_configs_are_their_benchmarks_own():
+    """bench/spatial.py's rows: each config lives in its benchmark's folder, and at least one benchmark splits."""
+    assert benchmarks.names_with("spatial_bench")
+    for b in benchmarks.BENCHMARKS:
+        for config in b.spatial_bench:
+            assert config.startswith(f"{b.name}/configs/") and (REPO / config).is_file(), config

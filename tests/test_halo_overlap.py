@@ -42,3 +42,42 @@ def test_exchange_first_convolves_the_slab_after_the_halo_came(traces):
     assert arrived - sent > 0.5e6, t
     assert len(convolutions) == 1 and all(begin > arrived for begin, _ in convolutions.values()), t
 
+
+# ------------------------------------------------------------------ bench/spatial.py, without running a step
+def test_the_bench_refuses_a_busy_machine_with_one_line(monkeypatch, capsys):
+    from bench import machine_load, spatial
+    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (3.0 * (machine_load.os.cpu_count() or 1), 0, 0))
+    assert spatial.main(["--out-dir", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: load average 3.00 per core"), err
+    # The same load, allowed (a smoke run), and a quiet machine: no refusal.
+    assert machine_load.refusal(allow=True) is None
+    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (0.1, 0, 0))
+    assert machine_load.refusal() is None
+
+
+def test_the_bench_rows_come_from_the_table():
+    from bench import spatial
+    from common import benchmarks
+    rows = spatial.plan(None, [1, 2], [True, False])
+    configs = [c for name in benchmarks.names_with("spatial_bench") for c in benchmarks.get(name).spatial_bench]
+    assert [r["config"] for r in rows] == [c for c in configs for _ in range(3)]   # K=1, K=2 on and off
+    assert [(r["spatial_ranks"], r["halo_overlap"]) for r in rows[:3]] == [(1, None), (2, True), (2, False)]
+    with pytest.raises(SystemExit, match="not a spatial_bench config"):
+        spatial.plan(["deepcam/configs/deepcam_synthetic_cpu.yaml"], [2], [True])
+
+
+def test_the_halo_share_is_the_union_of_the_alltoalls_in_flight(tmp_path):
+    from bench import spatial
+    events = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}
+              for p, n in ((1, "conv1/conv1.halo"), (2, "conv2/conv2.halo"), (3, "gradient_0"))]
+    for pid, (submitted, begin, end) in {1: (0, 100, 300), 2: (200, 400, 500), 3: (0, 10, 900)}.items():
+        kind = "ALLREDUCE" if pid == 3 else "ALLTOALL"   # an allreduce is no halo
+        events += [{"ph": "B", "name": f"NEGOTIATE_{kind}", "ts": submitted, "pid": pid},
+                   {"ph": "E", "ts": begin, "pid": pid},
+                   {"ph": "B", "name": kind, "ts": begin, "pid": pid}, {"ph": "E", "ts": end, "pid": pid}]
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps(events)[:-1] + ",")   # as a stopped timeline leaves it: no "]"
+    shares = spatial.halo_shares(path, step_seconds=1e-3)   # 1000 us
+    # In flight: [0, 300] and [200, 500] overlap: 500 us; transferring: [100, 300] and [400, 500]: 300 us.
+    assert shares == {"alltoalls": 2, "halo_in_flight_share": 0.5, "halo_transfer_share": 0.3}
