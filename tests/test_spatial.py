@@ -217,7 +217,8 @@ def test_staged_slabs_hold_one_rank_s_planes_and_train_the_same(cosmo_data, tiny
     ("cosmoflow", ["--spatial-ranks", "3"], "does not divide the sample depth 32"),
     ("cosmoflow", ["--spatial-ranks", "2", "--stage-dir", "/tmp/unused", "--set", "staging.convert=false"],
      "would have the ranks of a group write the same staged file"),
-    ("deepcam", ["--set", "parallel.spatial_ranks=2"], "DeepCAM is data-parallel only"),
+    ("deepcam", ["--spatial_ranks", "3"], "the height 64 must be a multiple of 3 x the output stride 16"),
+    ("deepcam", ["--spatial_ranks", "2", "--stage_dir", "/tmp/unused"], "staging is not implemented for a height split"),
 ])
 def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_config, deepcam_data, deepcam_config,
                                                              tmp_path, bench, args, says):
@@ -229,11 +230,17 @@ def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_con
     assert len(errors) == 1 and says in errors[0], proc.stderr[-2000:]
 
 
-def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks():
+@pytest.mark.parametrize("bench,batch_key,batch,ranks,config", [
+    ("cosmoflow", "data.batch_size", "4", 256, "cosmoflow_closed_gbs512.yaml"),
+    ("deepcam", "data.local_batch_size", "2", 256, "deepcam_closed_gbs256.yaml"),
+])
+def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks(bench, batch_key, batch, ranks, config):
+    from common.benchmarks import task_class
     from common.run.launch import closed_config_for
-    from cosmoflow.task import CosmoFlowTask
-    path = closed_config_for(CosmoFlowTask, {"data.batch_size": "4", "parallel.spatial_ranks": "2"}, ranks=256)
-    assert path.endswith("cosmoflow_closed_gbs512.yaml")
+    task = task_class(bench)
+    assert closed_config_for(task, {batch_key: batch, "parallel.spatial_ranks": "2"}, ranks=ranks).endswith(config)
+    # The same global batch unsplit: half the ranks.
+    assert closed_config_for(task, {batch_key: batch}, ranks=ranks // 2).endswith(config)
 
 
 # ------------------------------------------------------------------ figures

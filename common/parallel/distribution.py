@@ -38,6 +38,7 @@ class Distribution:
         self.node_rank = hvd.cross_rank()
         self.num_nodes = hvd.cross_size()
         self.hostname = socket.gethostname()
+        self._process_sets = {}   # group size -> this rank's Horovod process set (rank_group)
         # Before any TensorFlow op (the first one initializes TensorFlow on every visible GPU,
         # after which neither the visible devices nor memory growth can change, and the thread
         # pools are fixed): every collective below is such an op.
@@ -168,10 +169,12 @@ class Distribution:
             hvd.stop_timeline()
 
     def rank_group(self, group_size: int, what: str = "group size") -> "RankGroup":
-        """This rank's group of `group_size` consecutive ranks (for sync batch norm).
+        """This rank's group of `group_size` consecutive ranks (sync batch norm, spatial groups).
 
         Every rank must call it with the same size, in the same order relative
         to other collectives: registering a Horovod process set is collective.
+        A size asked for again gets the groups already registered (a split
+        network's batch norm sums over its spatial group's ranks).
         """
         if group_size < 1 or self.size % group_size:
             raise ConfigError(f"{what}={group_size} does not divide the {self.size} ranks of this job")
@@ -179,12 +182,15 @@ class Distribution:
             return RankGroup(1, None)
         if group_size == self.size:
             return RankGroup(group_size, hvd.global_process_set)
-        sets = [hvd.add_process_set(list(range(first, first + group_size)))
-                for first in range(0, self.size, group_size)]
-        # Registration returns before every rank has it; a collective over all
-        # ranks makes sure no group allreduce runs against an unknown set.
-        self.barrier()
-        return RankGroup(group_size, sets[self.rank // group_size])
+        registered = self._process_sets
+        if group_size not in registered:   # Horovod refuses a second set of the same ranks
+            sets = [hvd.add_process_set(list(range(first, first + group_size)))
+                    for first in range(0, self.size, group_size)]
+            # Registration returns before every rank has it; a collective over all
+            # ranks makes sure no group allreduce runs against an unknown set.
+            self.barrier()
+            registered[group_size] = sets[self.rank // group_size]
+        return RankGroup(group_size, registered[group_size])
 
     def spatial_mesh(self, spatial_ranks: int) -> "SpatialMesh":
         """This rank's place in a mesh of data-parallel groups of `spatial_ranks` ranks each.
@@ -284,6 +290,13 @@ class SpatialMesh:
         received = tf.where(tf.constant(keep), received, tf.zeros_like(received))
         received = tf.transpose(received, perm)
         return tf.concat([received[:, :halo], x, received[:, halo:]], axis=1)
+
+    def sum(self, x, name: str):
+        """x summed over the ranks of the group, on each of them (the gradient: the group's sum of
+        what each rank sends back). Usable inside tf.function; `x` the same shape on every rank."""
+        if not self.is_split:
+            return x
+        return tf.cast(hvd.allreduce(_wire(x), op=hvd.Sum, name=name, process_set=self._process_set), x.dtype)
 
     def gather(self, x, name: str):
         """[B, Zs, ...] slabs -> [B, K * Zs, ...] whole samples on every rank of the group.
