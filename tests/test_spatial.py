@@ -22,6 +22,9 @@ LAUNCHES = {
     (2, "gloo"): ["halo:2", "layer:2", "layer:2:no-halo", "model:2", "model:2:no-halo"],
     (4, "gloo"): ["halo:4", "layer:4", "model:4", "model:2", "labels:2"],
     (4, "mpi"): ["halo:4"],
+    # Two "nodes" on this machine (helpers.two_nodes): one group over both, 2 ranks each or 1.
+    (4, "two-nodes"): ["model:4", "model:4:no-halo"],
+    (2, "two-nodes"): ["model:2", "model:2:no-halo"],
 }
 
 
@@ -115,6 +118,7 @@ def test_split_model_step_equals_the_one_rank_step(probe, unsplit, ranks, spatia
     assert all(np.any(unsplit[k] != 0) for k in unsplit if k.startswith("grad_"))
     results = probe(ranks, f"model:{spatial_ranks}")
     assert gathered in list(results[0]["layers"])
+    assert str(results[0]["described"]).endswith("each on one node")
     assert sorted({int(r["group"]) for r in results}) == list(range(ranks // spatial_ranks))
     # The conv kernels' gradients are summed over the group (scale K before the average).
     assert set(results[0]["scales"]) == {1.0, float(spatial_ranks)}
@@ -125,6 +129,19 @@ def test_split_model_step_equals_the_one_rank_step(probe, unsplit, ranks, spatia
 def test_without_the_halo_the_model_comparison_fails(probe, unsplit):
     worst = _worst_errors(probe(2, "model:2:no-halo"), unsplit)
     assert worst["pred"] > 1e-3 and worst["grad"] > 1e-3, worst
+
+
+# A group over two nodes: 2 ranks on each (K=4, the halo between ranks 1 and 2 crosses), and one
+# rank on each (K=2: a machine of one process per node). Each launch's no-halo job is its control.
+@pytest.mark.parametrize("ranks", [pytest.param(4, marks=pytest.mark.slow), 2])
+def test_a_group_across_nodes_steps_as_the_one_rank_step(probe, unsplit, ranks):
+    results = probe(ranks, f"model:{ranks}", "two-nodes")
+    assert {str(r["described"]) for r in results} == \
+        {f"{ranks}-way spatial x 1 data-parallel group(s), each across 2 nodes"}
+    worst = _worst_errors(results, unsplit)
+    assert all(v < 1e-5 for v in worst.values()), worst
+    control = _worst_errors(probe(ranks, f"model:{ranks}:no-halo", "two-nodes"), unsplit)
+    assert control["pred"] > 1e-3 and control["grad"] > 1e-3, control
 
 
 # ------------------------------------------------------------------ (e) input by group
