@@ -173,6 +173,9 @@ def check_shared_sections(cfg) -> None:
         # after run_start. Refused here, before anything runs.
         raise ConfigError("config keys 'runtime.xla' and 'parallel.spatial_ranks' > 1 cannot go together "
                           "(the halo exchange's alltoall and allgather have no XLA kernel)")
+    if r.characterize and cfg.parallel.spatial_ranks > 1:
+        raise ConfigError(f"config key 'parallel.spatial_ranks'={cfg.parallel.spatial_ranks}: runtime.characterize "
+                          f"measures the unsplit model; run it with 1")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -145,6 +145,21 @@ class Task:
         """
         raise NotImplementedError
 
+    def gradient_scales(self, model) -> list:
+        """A factor per trainable variable of `model`, applied before the gradients' allreduce average:
+        the spatial group's size K where a rank's gradient is only its slab's part (the update needs the
+        group's sum), 1 elsewhere. The default reads the split layers (common.parallel.spatial: CosmoFlow's
+        depth split, whose gathered head is replicated); a network split end to end gives K to all."""
+        from common.parallel.spatial import gradient_scales   # here: the layers import TensorFlow
+        return gradient_scales(model)
+
+    def describe_split(self, model) -> str:
+        """What rank 0's [init] line says of a split run: how a sample is cut and where it is gathered."""
+        from common.parallel.spatial import GatherSlabs
+        gathered = ", ".join(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
+        return (f"each rank holds 1/{self.mesh.size} of every sample's depth; slabs gathered at {gathered}, "
+                f"the layers after it run whole on every rank of a group")
+
     def build_losses(self) -> Callable:
         """(y, pred) -> scalar training loss of one local batch."""
         raise NotImplementedError

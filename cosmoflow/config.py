@@ -124,5 +124,3 @@ def check_spatial_split(cfg: CosmoFlowConfig) -> None:
     if cfg.staging.stage_dir and not cfg.staging.convert:
         raise ConfigError(f"{key}: staging writes each rank's slab of a sample (staging.convert: true); a plain "
                           f"copy would have the ranks of a group write the same staged file")
-    if cfg.runtime.characterize:
-        raise ConfigError(f"{key}: runtime.characterize measures the unsplit model; run it with 1")

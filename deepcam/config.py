@@ -72,9 +72,6 @@ class DeepCAMConfig(BaseConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.parallel.spatial_ranks != 1:
-            raise ConfigError(f"config key 'parallel.spatial_ranks'={self.parallel.spatial_ranks}: DeepCAM is "
-                              f"data-parallel only (spatial splits exist for CosmoFlow); use 1")
         d, m, o = self.data, self.model, self.optimizer
         from common import optimizers   # here, not at the top: the optimizer table imports TensorFlow
         optimizers.check_name(o.name, OPTIMIZER_HYPERPARAMETERS)
@@ -87,6 +84,7 @@ class DeepCAMConfig(BaseConfig):
         if d.height % m.output_stride or d.width % m.output_stride:
             raise ConfigError(f"config keys 'data.height'/'data.width' ({d.height}x{d.width}) must be "
                               f"multiples of the output stride {m.output_stride}")
+        check_height_split(self)
         if not 0 < m.width <= 4:
             raise ConfigError(f"config key 'model.width' must be in (0, 4], got {m.width}")
         for key, value in (("data.local_batch_size", d.local_batch_size), ("data.readers", d.readers),
@@ -114,3 +112,18 @@ class DeepCAMConfig(BaseConfig):
             raise ConfigError(f"config key 'optimizer.lr_warmup_factor' must be >= 1, got {o.lr_warmup_factor}")
         if self.train.seed <= 0:
             raise ConfigError(f"config key 'train.seed' must be positive (MLPerf rule), got {self.train.seed}")
+
+
+def check_height_split(cfg: DeepCAMConfig) -> None:
+    """parallel.spatial_ranks K must cut the height into slabs every stride of the network halves
+    evenly (deepcam.model): H / K a multiple of the output stride."""
+    k, d, stride = cfg.parallel.spatial_ranks, cfg.data, cfg.model.output_stride
+    if k == 1:
+        return
+    key = f"config key 'parallel.spatial_ranks'={k}"
+    if d.height % (k * stride):
+        raise ConfigError(f"{key}: the height {d.height} must be a multiple of {k} x the output stride {stride} "
+                          f"(each rank's rows halve evenly down to stride {stride})")
+    if cfg.staging.stage_dir:
+        raise ConfigError(f"{key}: staging is not implemented for a height split (the ranks of a group would "
+                          f"write the same staged file); leave staging.stage_dir unset")

@@ -288,7 +288,7 @@ def _non_finite(x, channels) -> str:
 
 def make_dataset(files, *, channels, height, width, batch_size, training, seed=0,
                  readers=4, prefetch=2, cache=False, batches_per_epoch=None,
-                 start: epochs.Position = epochs.Position(), deterministic=False) -> tf.data.Dataset:
+                 start: epochs.Position = epochs.Position(), deterministic=False, slab=None) -> tf.data.Dataset:
     """Batches of (x [B, H, W, C] float32 as stored, y [B, H, W] uint8) from HDF5 or staged raw files.
 
     x is not normalized: `normalize` does it inside the compiled step.
@@ -300,6 +300,8 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
     Validation: one pass in file order; the last batch may be partial.
     With `cache`, decoded samples stay in memory after the first pass.
     About `readers` files are in flight at once (each up to 57 MB).
+    `slab` (index, K): a rank of a height split keeps rows [index * H / K, (index + 1) * H / K)
+    of every sample (whole samples are read, then cut).
     """
     channels = tuple(int(c) for c in channels)
     raw = is_raw(files)
@@ -321,6 +323,10 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
             ds = read(paths).cache().batch(batch_size)
         else:
             ds = read_batches(paths.batch(batch_size))
+    if slab is not None:
+        index, k = slab
+        rows = height // k
+        ds = ds.map(lambda x, y: (x[:, index * rows:(index + 1) * rows], y[:, index * rows:(index + 1) * rows]))
     return ds.prefetch(prefetch)
 
 

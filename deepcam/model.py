@@ -26,6 +26,15 @@ The same function, not only the same shapes:
   uniform everywhere else (its DeepLabv3_plus and DeconvUpsampler init
   methods are never called).
 `width` scales every channel count for small CPU runs.
+
+Split along height across the ranks of a spatial group (`mesh`, common.parallel.distribution.
+SpatialMesh), the model's input is a slab of H / K rows, and every layer computes the rows of its
+own slab (common.parallel.spatial_rows): each convolution that reads beyond its rows (3x3,
+depthwise, dilated, strided, the transposed ones) gets them from its neighbours first and runs
+'valid' where the unsplit one pads; where a dilated ASPP branch reads further than a slab holds,
+the group's slabs are gathered once and each rank cuts its window from the whole map; the image
+pooling is a mean over the group; batch norm's statistics are summed over the group (its
+`bn_group` holds the spatial group's ranks). The variables and their names are the unsplit model's.
 """
 
 import math
@@ -34,6 +43,7 @@ import tensorflow as tf
 from tensorflow.keras import layers
 
 from common import cpu
+from common.parallel.spatial_rows import GatherRows, GroupMeanPool, RowHalo, RowWindow
 from common.parallel.sync_batchnorm import GroupBatchNormalization
 
 # PyTorch's BatchNorm2d defaults. Its momentum 0.1 weighs the new batch
@@ -126,14 +136,14 @@ def direct_dilation_supported() -> bool:
     return bool(cpu.onednn_enabled()) or bool(tf.config.list_logical_devices("GPU"))
 
 
-def entry_conv(x, filters: int, name: str):
+def entry_conv(x, filters: int, name: str, b: "_Builder | None" = None):
     """The reference's first convolution: 3x3, stride 2, padding 1 on each side, kaiming normal.
 
     TF's "same" pads a stride-2 3x3 convolution of an even size 0 before and
     1 after: output pixel o would read inputs 2o..2o+2 instead of 2o-1..2o+1.
     """
     fan_in = 9 * x.shape[-1]
-    x = layers.ZeroPadding2D(1, name=f"{name}_pad")(x)
+    x = (b or _Builder(1.0, None)).strided_padding(x, 1, name=f"{name}_pad")
     return layers.Conv2D(filters, 3, strides=2, use_bias=False, kernel_initializer=KaimingNormal(fan_in),
                          name=name)(x)
 
@@ -150,47 +160,84 @@ class TorchConvTranspose2D(layers.Conv2DTranspose):
     2.5 times slower, forward and backward, than this on a 2-core AVX2 EPYC
     (oneDNN's filter gradient over the odd-sized map was the slow part; TF
     keeps explicitly padded transposed convolutions on its own kernels).
+
+    On a height slab (`row_below`), the last output row also takes the first input row of the
+    slab below (o = 2i - 1 with k = 0): the input then carries that row last, and the padding
+    after it grows by one, so the output is still 2 x the slab's own rows.
     """
 
-    PADDING = ((0, 0), (1, 1), (1, 1), (0, 0))
-
-    def __init__(self, filters: int, **kwargs):
+    def __init__(self, filters: int, row_below: bool = False, **kwargs):
         super().__init__(filters, 3, strides=2, padding="valid", **kwargs)
+        self.row_below = bool(row_below)
 
     def call(self, inputs):
         batch = tf.shape(inputs)[0]
-        height, width = inputs.shape[1], inputs.shape[2]
+        height, width = inputs.shape[1] - self.row_below, inputs.shape[2]
         output_shape = tf.stack([batch, 2 * height, 2 * width, self.filters])
-        outputs = tf.nn.conv2d_transpose(inputs, self.kernel, output_shape, strides=2,
-                                         padding=[list(p) for p in self.PADDING])
+        padding = [[0, 0], [1, 1 + self.row_below], [1, 1], [0, 0]]
+        outputs = tf.nn.conv2d_transpose(inputs, self.kernel, output_shape, strides=2, padding=padding)
         if self.use_bias:
             outputs = tf.nn.bias_add(outputs, self.bias)
         return tf.ensure_shape(outputs, [None, 2 * height, 2 * width, self.filters])
 
     def compute_output_shape(self, input_shape):
         shape = tf.TensorShape(input_shape).as_list()
-        return tf.TensorShape([shape[0], 2 * shape[1], 2 * shape[2], self.filters])
+        return tf.TensorShape([shape[0], 2 * (shape[1] - self.row_below), 2 * shape[2], self.filters])
 
     def get_config(self):
         config = super().get_config()
         for key in ("kernel_size", "strides", "padding"):
             config.pop(key)
-        return config
+        return config | {"row_below": self.row_below}
 
 
-def transposed_conv(x, filters: int, name: str, dtype=None):
+def transposed_conv(x, filters: int, name: str, dtype=None, b: "_Builder | None" = None):
     """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1), no bias, default init."""
-    return TorchConvTranspose2D(filters, use_bias=False, kernel_initializer=TorchDefaultUniform(9 * filters),
-                                dtype=dtype, name=name)(x)
+    split = b is not None and b.mesh is not None
+    if split:
+        x = b.rows_beyond(x, 0, 1, 0, name=f"{name}_halo")
+    return TorchConvTranspose2D(filters, row_below=split, use_bias=False,
+                                kernel_initializer=TorchDefaultUniform(9 * filters), dtype=dtype, name=name)(x)
 
 
 class _Builder:
-    """Layer factory: channel scaling and the batch-norm flavour in one place."""
+    """Layer factory: channel scaling, the batch-norm flavour and the height split in one place."""
 
-    def __init__(self, width: float, bn_group):
+    def __init__(self, width: float, bn_group, mesh=None):
         self.width = width
         self.bn_group = bn_group
         self.direct_dilation = direct_dilation_supported()
+        self.mesh = mesh if mesh is not None and mesh.is_split else None
+        self._gathered = {}   # id(tensor) -> (tensor, its gathered whole map): one allgather per map
+
+    def rows_beyond(self, x, top: int, bottom: int, cols: int, name: str):
+        """Split runs: x with `top` rows above its slab, `bottom` below and `cols` zero columns each side,
+        from the neighbours while their slabs hold that many rows, else cut from the gathered map."""
+        if max(top, bottom) <= x.shape[1]:
+            return RowHalo(self.mesh, top, bottom, cols, name=name)(x)
+        if id(x) not in self._gathered:
+            self._gathered[id(x)] = (x, GatherRows(self.mesh, name=f"{name}_gather")(x))
+        return RowWindow(self.mesh, top, bottom, cols, name=f"{name}_window")(self._gathered[id(x)][1])
+
+    def same_padding(self, x, halo: int, name: str):
+        """(input, padding) for a stride-1 layer padded `halo` on each side: unsplit "same"; split,
+        the halo rows and zero columns added here and "valid"."""
+        if self.mesh is None or halo == 0:
+            return x, "same"
+        return self.rows_beyond(x, halo, halo, halo, name=f"{name}_halo"), "valid"
+
+    def strided_padding(self, x, pad: int, name: str):
+        """The symmetric zero padding of a stride-2 layer of kernel 2 * pad + 1. Split, its output rows
+        read `pad` rows above the slab and pad - 1 below (the last zero row is never read)."""
+        if self.mesh is None:
+            return layers.ZeroPadding2D(pad, name=name)(x)
+        return self.rows_beyond(x, pad, pad - 1, pad, name=name)
+
+    def pooled_mean(self, x, name: str):
+        """The mean over every pixel of the sample, [B, 1, 1, C]."""
+        if self.mesh is None:
+            return layers.GlobalAveragePooling2D(keepdims=True, name=name)(x)
+        return GroupMeanPool(self.mesh, name=name)(x)
 
     def ch(self, channels: int) -> int:
         return max(1, int(round(channels * self.width)))
@@ -205,24 +252,25 @@ class _Builder:
     def conv(self, x, filters, kernel, name, init, dilation=1, use_bias=False):
         """Stride-1 convolution; "same" pads odd kernels symmetrically, as PyTorch's padding=dilation*(k-1)/2."""
         fan_in = kernel * kernel * x.shape[-1]
-        kwargs = dict(padding="same", dilation_rate=dilation, use_bias=use_bias, kernel_initializer=init(fan_in),
+        x, padding = self.same_padding(x, dilation * (kernel // 2), name)
+        kwargs = dict(padding=padding, dilation_rate=dilation, use_bias=use_bias, kernel_initializer=init(fan_in),
                       bias_initializer=TorchDefaultUniform(fan_in), name=name)
         if dilation != 1:
             return DilatedConv2D(filters, kernel, direct=self.direct_dilation, **kwargs)(x)
         return layers.Conv2D(filters, kernel, **kwargs)(x)
 
-    @staticmethod
-    def sep_conv(x, filters, name, stride=1, dilation=1):
+    def sep_conv(self, x, filters, name, stride=1, dilation=1):
         """The reference's SeparableConv2d_same: depthwise 3x3 (`.conv1`) then pointwise 1x1, no bias,
         padded by the dilation on each side, both kaiming normal with PyTorch's per-group fan-in."""
         # A dilated depthwise convolution stays on Keras' SpaceToBatchND route: it is
         # cheap here, and DepthwiseConv2dNative with a `dilations` attribute gave
         # input and filter gradients unlike this route's (TF 2.15, oneDNN on).
         if stride == 1:
-            x = layers.DepthwiseConv2D(3, padding="same", dilation_rate=dilation, use_bias=False,
+            x, padding = self.same_padding(x, dilation, f"{name}.conv1")
+            x = layers.DepthwiseConv2D(3, padding=padding, dilation_rate=dilation, use_bias=False,
                                        depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
         else:
-            x = layers.ZeroPadding2D(dilation, name=f"{name}_pad")(x)
+            x = self.strided_padding(x, dilation, name=f"{name}_pad")
             x = layers.DepthwiseConv2D(3, strides=stride, dilation_rate=dilation, use_bias=False,
                                        depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
         return layers.Conv2D(filters, 1, use_bias=False, kernel_initializer=KaimingNormal(x.shape[-1]),
@@ -263,7 +311,7 @@ class _Builder:
 def _xception(b: _Builder, x, middle_blocks: int):
     """Returns (features at stride 16, low-level features at stride 4)."""
     p = "xception_features"
-    x = entry_conv(x, b.ch(32), name=f"{p}.conv1")
+    x = entry_conv(x, b.ch(32), name=f"{p}.conv1", b=b)
     x = layers.ReLU(name=f"{p}.relu1")(b.bn(x, f"{p}.bn1"))
     x = b.conv(x, b.ch(64), 3, name=f"{p}.conv2", init=KaimingNormal)
     x = layers.ReLU(name=f"{p}.relu2")(b.bn(x, f"{p}.bn2"))
@@ -294,7 +342,7 @@ def _bottleneck(b: _Builder, x):
                    name=f"{p}.aspp{i}.atrous_convolution")
         branches.append(layers.ReLU(name=f"{p}.aspp{i}.relu")(b.bn(y, f"{p}.aspp{i}.bn")))
     g = f"{p}.global_avg_pool.global_average_pool"
-    pooled = layers.GlobalAveragePooling2D(keepdims=True, name=f"{g}.0")(x)
+    pooled = b.pooled_mean(x, name=f"{g}.0")
     pooled = b.conv(pooled, c, 1, init=TorchDefaultUniform, name=f"{g}.1")
     pooled = layers.ReLU(name=f"{g}.3")(TrainableAffine(name=f"{g}.2")(pooled))
     # The reference tiles the 1x1 map to 48x72, its feature size at 768x1152;
@@ -311,31 +359,36 @@ def _decoder(b: _Builder, x, low_level, n_classes: int):
     low_level = layers.ReLU(name="relu")(b.bn(low_level, "bn2"))
     p = "upsample"
     for i in (0, 3):
-        x = transposed_conv(x, c, name=f"{p}.deconv1.{i}")
+        x = transposed_conv(x, c, name=f"{p}.deconv1.{i}", b=b)
         x = layers.ReLU(name=f"{p}.deconv1.{i + 2}")(b.bn(x, f"{p}.deconv1.{i + 1}"))
     x = layers.Concatenate(name=f"{p}.concat")([x, low_level])
     for i in (0, 3):
         x = b.conv(x, c, 3, init=TorchDefaultUniform, name=f"{p}.conv1.{i}")
         x = layers.ReLU(name=f"{p}.conv1.{i + 2}")(b.bn(x, f"{p}.conv1.{i + 1}"))
     x = b.conv(x, c, 1, init=TorchDefaultUniform, use_bias=True, name=f"{p}.conv1.6")   # bias, as the reference
-    x = transposed_conv(x, c, name=f"{p}.deconv2.0")
+    x = transposed_conv(x, c, name=f"{p}.deconv2.0", b=b)
     x = layers.ReLU(name=f"{p}.deconv2.2")(b.bn(x, f"{p}.deconv2.1"))
     # No bias or batch norm on the last transposed convolution (reference).
-    return transposed_conv(x, n_classes, name=f"{p}.last_deconv.0", dtype="float32")
+    return transposed_conv(x, n_classes, name=f"{p}.last_deconv.0", dtype="float32", b=b)
 
 
 def build_model(height: int, width: int, in_channels: int, n_classes: int = 3, *, width_multiplier: float = 1.0,
-                middle_blocks: int = 16, bn_group=None) -> tf.keras.Model:
-    """DeepLabv3+ (output stride 16) mapping [B, H, W, C] fields to [B, H, W, classes] logits (float32)."""
-    b = _Builder(width_multiplier, bn_group)
-    inputs = tf.keras.Input((height, width, in_channels), name="fields")
+                middle_blocks: int = 16, bn_group=None, mesh=None) -> tf.keras.Model:
+    """DeepLabv3+ (output stride 16) mapping [B, H, W, C] fields to [B, H, W, classes] logits (float32).
+
+    With a split `mesh`, `height` is the whole sample's and the input (and output) a slab of
+    height / K rows; `bn_group` must then hold the mesh's group (the trainer's is K x
+    batchnorm_group_size ranks)."""
+    b = _Builder(width_multiplier, bn_group, mesh)
+    rows = height // mesh.size if b.mesh is not None else height
+    inputs = tf.keras.Input((rows, width, in_channels), name="fields")
     x, low_level = _xception(b, inputs, middle_blocks)
     x = _bottleneck(b, x)
     logits = _decoder(b, x, low_level, n_classes)
     return tf.keras.Model(inputs, logits, name="deeplabv3plus_xception")
 
 
-def from_config(cfg, bn_group=None) -> tf.keras.Model:
+def from_config(cfg, bn_group=None, mesh=None) -> tf.keras.Model:
     d, m = cfg.data, cfg.model
     return build_model(d.height, d.width, len(d.channels), 3, width_multiplier=m.width,
-                       middle_blocks=m.middle_blocks, bn_group=bn_group)
+                       middle_blocks=m.middle_blocks, bn_group=bn_group, mesh=mesh)

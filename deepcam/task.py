@@ -10,6 +10,7 @@ from common.inputs.memory import fits_in_memory
 from common.base_config import check_global_batch
 from common.config_loading import peek
 from common.inputs.sharding import list_files, select_and_shard
+from common.parallel.spatial_rows import RowHalo, RowWindow, all_partial_scales
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
 from deepcam.config import N_CLASSES, DeepCAMConfig
@@ -79,6 +80,8 @@ FLAGS = (
     Flag(("--amp",), "runtime.amp", "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)", is_switch=True),
     Flag(("--xla",), "runtime.xla", "XLA-compile forward and backward", is_switch=True),
     Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
+    Flag(("--spatial_ranks",), "parallel.spatial_ranks", "split every sample along its height across groups of "
+         "this many consecutive ranks (spatial parallelism); the ranks / K groups do data parallelism"),
 )
 
 
@@ -94,7 +97,7 @@ class DeepCAMTask(Task):
     flags = FLAGS
 
     def __init__(self, cfg, mesh=None):
-        super().__init__(cfg, mesh)   # mesh: always None (DeepCAMConfig refuses parallel.spatial_ranks > 1)
+        super().__init__(cfg, mesh)   # a split mesh cuts every sample's height (deepcam.model)
         self._normalization = None   # (shift, scale) per channel, read from stats.h5 when first traced
 
     @classmethod
@@ -136,10 +139,19 @@ class DeepCAMTask(Task):
                       n_train=n_train, n_valid=n_valid, local_batch_size=d.local_batch_size,
                       train_set_size=train_set)
 
+    @property
+    def _split(self):
+        """The split mesh, None when each rank holds whole samples."""
+        return self.mesh if self.mesh is not None and self.mesh.is_split else None
+
+    def _rows(self) -> int:
+        """Rows of a sample this rank holds: the height, or its slab's."""
+        return self.cfg.data.height // (self._split.size if self._split else 1)
+
     def input_specs(self) -> tuple:
         d = self.cfg.data
-        return (tf.TensorSpec((d.local_batch_size, d.height, d.width, len(d.channels)), tf.float32),
-                tf.TensorSpec((d.local_batch_size, d.height, d.width), tf.uint8))
+        return (tf.TensorSpec((d.local_batch_size, self._rows(), d.width, len(d.channels)), tf.float32),
+                tf.TensorSpec((d.local_batch_size, self._rows(), d.width), tf.uint8))
 
     def preprocess_batch(self, x, y):
         # Fields as stored -> (x - min) / (max - min); uint8 labels -> int32 classes.
@@ -159,10 +171,15 @@ class DeepCAMTask(Task):
         cache = {"true": True, "false": False}.get(cfg.staging.cache)
         if cache is None:
             cache = fits_in_memory((len(shards.train_files) + len(shards.valid_files)) * sample_bytes, local_size)
+        split = self._split
+        # The ranks of a height split read whole samples and keep their rows; they must hold rows of
+        # the same sample at each place of a batch, so they read in order (as exact resume does).
         common = dict(channels=d.channels, height=d.height, width=d.width,
-                      batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache)
+                      batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache,
+                      slab=(split.index, split.size) if split else None)
         train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
-                                  start=start or epochs.Position(), deterministic=cfg.runtime.deterministic,
+                                  start=start or epochs.Position(),
+                                  deterministic=cfg.runtime.deterministic or split is not None,
                                   batches_per_epoch=epochs.batches_per_epoch(
                                       len(shards.train_files), d.local_batch_size,
                                       cfg.train.gradient_accumulation_frequency),
@@ -188,13 +205,20 @@ class DeepCAMTask(Task):
         return peek(cls.config_class, config_path, overrides, "model.batchnorm_group_size") or 1
 
     def build_model(self, bn_group):
-        return model.from_config(self.cfg, bn_group)
+        return model.from_config(self.cfg, bn_group, self._split)
 
     def build_losses(self):
-        return weighted_cross_entropy
+        return weighted_cross_entropy if self._split is None else split_weighted_cross_entropy(self._split)
 
     def build_metrics(self) -> EvalMetric:
-        return mean_iou()
+        return mean_iou(self._split)
+
+    def gradient_scales(self, model) -> list:
+        # Every layer computes its slab's rows: every gradient is a partial sum over the group.
+        return all_partial_scales(model, self._split)
+
+    def describe_split(self, model) -> str:
+        return describe_height_split(model, self._split.size, self.cfg.data.height)
 
     def build_optimizer(self, global_batch_size: int, steps_per_epoch: int):
         del global_batch_size, steps_per_epoch   # DeepCAM's schedule counts steps; no LR scaling rule
@@ -251,27 +275,58 @@ def weighted_cross_entropy(labels, logits):
     return tf.reduce_mean(ce * tf.gather(tf.constant(CLASS_WEIGHTS, tf.float32), labels))
 
 
-def per_sample_iou(labels, logits, n_classes: int = N_CLASSES):
-    """[B] mean over classes of TP / (TP + FP + FN); a class absent from both counts 1."""
+def split_weighted_cross_entropy(mesh):
+    """weighted_cross_entropy of the whole sample, from each rank's rows of it (a height split).
+
+    Slabs hold equal pixel counts, so the whole sample's mean is the group's sum of each slab's
+    mean / K. Each rank differentiates its own share only (the gradients' sum over the group is
+    the trainer's, common.parallel.spatial_rows.all_partial_scales); the value it returns is the
+    group's sum, the whole sample's loss, as the unsplit model reports it.
+    """
+    def loss(labels, logits):
+        share = weighted_cross_entropy(labels, logits) / mesh.size
+        whole = mesh.sum(tf.stop_gradient(share), name="weighted_cross_entropy.allreduce")
+        return share + tf.stop_gradient(whole - share)
+    return loss
+
+
+def per_sample_iou(labels, logits, n_classes: int = N_CLASSES, mesh=None):
+    """[B] mean over classes of TP / (TP + FP + FN); a class absent from both counts 1.
+
+    With a height-split `mesh`, the counts of each rank's rows are summed over its group first:
+    the IoU of the whole sample, the same on every rank of the group."""
     pred = tf.argmax(logits, axis=-1, output_type=tf.int32)
-    scores = []
+    counts = []
     for c in range(n_classes):
         p, t = tf.equal(pred, c), tf.equal(labels, c)
         tp = tf.reduce_sum(tf.cast(p & t, tf.float32), axis=[1, 2])
         union = tf.reduce_sum(tf.cast(p | t, tf.float32), axis=[1, 2])   # TP + FP + FN
-        scores.append(tf.where(union > 0, tp / tf.maximum(union, 1.0), 1.0))
-    return tf.reduce_mean(tf.stack(scores, axis=1), axis=1)
+        counts.append(tf.stack([tp, union], axis=1))
+    counts = tf.stack(counts, axis=1)   # [B, classes, (TP, union)]; whole numbers, exact in float32
+    if mesh is not None:
+        counts = mesh.sum(counts, name="iou_counts.allreduce")
+    tp, union = counts[..., 0], counts[..., 1]
+    return tf.reduce_mean(tf.where(union > 0, tp / tf.maximum(union, 1.0), 1.0), axis=1)
 
 
-def _iou_sums(labels, logits):
-    scores = per_sample_iou(labels, logits)
-    return tf.stack([tf.reduce_sum(scores), tf.cast(tf.size(scores), tf.float32)])
-
-
-def mean_iou() -> EvalMetric:
+def mean_iou(mesh=None) -> EvalMetric:
     """Validation IoU averaged over samples of all ranks (higher is better)."""
+    def iou_sums(labels, logits):
+        scores = per_sample_iou(labels, logits, mesh=mesh)
+        return tf.stack([tf.reduce_sum(scores), tf.cast(tf.size(scores), tf.float32)])
+
     return EvalMetric(
         name=METRIC_NAME,
-        update=_iou_sums,
+        update=iou_sums,
         finalize=lambda sums: float(sums[0] / sums[1]),
         lower_is_better=False)
+
+
+def describe_height_split(net, k: int, height: int) -> str:
+    """The [init] line of a height split: the rows per rank and which layers read a gathered map."""
+    windows = [layer.name.removesuffix("_halo_window") for layer in net.layers if isinstance(layer, RowWindow)]
+    halos = sum(isinstance(layer, RowHalo) for layer in net.layers)
+    gathered = (f"; from the group's gathered map (halo taller than a slab): {', '.join(windows)}" if windows
+                else "; no layer reads further than a neighbour's slab")
+    return (f"each rank holds {height // k} of every sample's {height} rows (1/{k}); {halos} layers take halo rows "
+            f"from their neighbours{gathered}; batch norm statistics and the image pooling summed over the group")

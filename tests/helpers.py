@@ -163,6 +163,16 @@ def mpirun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
     return run([*launchers.mpirun(np_), *cmd], timeout=timeout)
 
 
+def two_nodes(ranks_per_node: int) -> str:
+    """horovodrun's -H for two "nodes" of `ranks_per_node` ranks each, both on this machine: 'localhost'
+    and '127.0.0.1' are two hosts to Horovod (two nodes, local sizes and cross ranks to match)."""
+    return f"localhost:{ranks_per_node},127.0.0.1:{ranks_per_node}"
+
+
+def horovodrun_two_nodes(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
+    return run([*launchers.horovodrun(np_, hosts=two_nodes(np_ // 2)), *cmd], timeout=timeout)
+
+
 def horovod_has_mpi() -> bool:
     """Whether Horovod was built with the MPI controller and mpirun exists."""
     import shutil
@@ -170,7 +180,7 @@ def horovod_has_mpi() -> bool:
     return shutil.which("mpirun") is not None and probe.stdout.strip().endswith("True")
 
 
-LAUNCHERS = {"gloo": horovodrun, "mpi": mpirun}
+LAUNCHERS = {"gloo": horovodrun, "mpi": mpirun, "two-nodes": horovodrun_two_nodes}
 
 
 def error_lines(text: str) -> list[str]:

@@ -184,7 +184,7 @@ def main() -> int:
                   "labels": lambda: labels(mesh, args.data_dir)}[mode]()
         out = Path(args.out) / job
         out.mkdir(parents=True, exist_ok=True)
-        np.savez(out / f"rank-{dist.rank:05d}.npz", index=mesh.index, **result)
+        np.savez(out / f"rank-{dist.rank:05d}.npz", index=mesh.index, described=mesh.describe(), **result)
         dist.barrier()
     return 0
 

@@ -42,7 +42,8 @@ def test_one_rank_combinations_train(cosmo_data, tiny_config, tmp_path, flags):
     ("cosmoflow", ["--xla", "--spatial-ranks", "2"], "'runtime.xla' and 'parallel.spatial_ranks' > 1"),
     ("cosmoflow", ["--xla", "--spatial-ranks", "2", "--benchmark", "1"], "'runtime.xla' and 'parallel.spatial_ranks'"),
     ("deepcam", ["--xla", "--batchnorm_group_size", "2"], "'runtime.xla' and 'model.batchnorm_group_size' > 1"),
-], ids=["xla+split", "xla+split+benchmark", "xla+group-bn"])
+    ("deepcam", ["--xla", "--spatial_ranks", "2"], "'runtime.xla' and 'parallel.spatial_ranks' > 1"),
+], ids=["xla+split", "xla+split+benchmark", "xla+group-bn", "deepcam-xla+split"])
 def test_combinations_xla_cannot_compile_end_before_run_start(cosmo_data, tiny_config, deepcam_data, deepcam_config,
                                                               tmp_path, bench, flags, message):
     out = tmp_path / "run"
@@ -98,3 +99,33 @@ def test_group_batch_norm_benchmarks_with_accumulation_on_two_ranks(deepcam_data
         "--gradient_accumulation_frequency", "2", "--local_batch_size", "2", "--benchmark", "1",
         "--set", "train.benchmark_warmup_steps=0", "--set", "train.warmup_steps=1"), timeout=600)
     _trained_a_step(proc, out, benchmark=True)
+
+
+DEEPCAM_SPLIT_BENCH = ["--spatial_ranks", "2", "--local_batch_size", "1", "--benchmark", "1",
+                       "--set", "train.benchmark_warmup_steps=0", "--set", "train.warmup_steps=1"]
+
+
+def test_a_deepcam_split_benchmarks_with_bf16_and_accumulation_on_two_ranks(deepcam_data, deepcam_config, tmp_path):
+    # The height split's halo rows, gathered ASPP input, pooled mean and loss sum in bf16 (Horovod
+    # carries them as float32), the split's gradients accumulated, in benchmark mode.
+    data = tmp_path / "data"
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=4, n_valid=2)
+    out = tmp_path / "run"
+    proc = helpers.horovodrun(2, helpers.train_cmd(
+        "deepcam", deepcam_config, "--data_dir_prefix", data, "--output_dir", out, *DEEPCAM_SPLIT_BENCH, *BF16,
+        "--gradient_accumulation_frequency", "2"), timeout=600)
+    _trained_a_step(proc, out, benchmark=True)
+    assert "2-way spatial x 1 data-parallel group(s)" in proc.stdout and "mixed_bfloat16" in proc.stdout
+
+
+@pytest.mark.slow   # four ranks
+def test_a_deepcam_split_with_group_batch_norm_benchmarks_on_four_ranks(deepcam_data, deepcam_config, tmp_path):
+    # Batch norm over 2 data-parallel groups x 2 slabs: one group of the 4 ranks.
+    data = tmp_path / "data"
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=4, n_valid=2)
+    out = tmp_path / "run"
+    proc = helpers.horovodrun(4, helpers.train_cmd(
+        "deepcam", deepcam_config, "--data_dir_prefix", data, "--output_dir", out, *DEEPCAM_SPLIT_BENCH,
+        "--batchnorm_group_size", "2"), timeout=600)
+    _trained_a_step(proc, out, benchmark=True)
+    assert "2-way spatial x 2 data-parallel group(s)" in proc.stdout

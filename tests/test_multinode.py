@@ -1,6 +1,8 @@
 """Two "nodes" on one machine: horovodrun with two host names for this host, 2 ranks each,
 and a stage directory per node ('{node}' in --stage-dir). Each node must stage exactly the
-files its own ranks read, and the job must read every selected file exactly once per epoch."""
+files its own ranks read, and the job must read every selected file exactly once per epoch.
+Spatial groups that do not fit the nodes are refused by every rank (the groups that span
+nodes are proven in tests/test_spatial.py)."""
 
 import json
 from pathlib import Path
@@ -19,8 +21,7 @@ N_TRAIN, N_VALID = 512, 128
 
 def test_each_node_stages_only_its_ranks_shard(cosmo_data, tiny_config, tmp_path):
     out, stage = tmp_path / "run", tmp_path / "stage"
-    # 'localhost' and '127.0.0.1' are two hosts to Horovod (two nodes) but both run here.
-    cmd = [*launchers.horovodrun(4, hosts="localhost:2,127.0.0.1:2"),
+    cmd = [*launchers.horovodrun(4, hosts=helpers.two_nodes(2)),
            *helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out,
                               "--n-train", str(N_TRAIN), "--n-valid", str(N_VALID), "--n-epochs", "1",
                               "--stage-dir", f"{stage}/node{{node}}", "--set", "runtime.record_shards=true",
@@ -52,3 +53,22 @@ def test_each_node_stages_only_its_ranks_shard(cosmo_data, tiny_config, tmp_path
     log = (out / "mlperf.log").read_text()
     assert '"key": "number_of_nodes", "value": 2' in log
     assert log.index('"key": "staging_start"') < log.index('"key": "staging_stop"') < log.index('"key": "run_start"')
+
+
+def test_spatial_groups_that_do_not_fit_the_nodes_are_refused_by_every_rank(cosmo_data, tiny_config, tmp_path):
+    # 3 ranks on one "node", 1 on the other: K=2 neither divides 3 nor is a multiple of it.
+    train = helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", tmp_path / "run",
+                              "--spatial-ranks", "2")
+    # Each rank's exit code, said by the shell that ran it (horovodrun reports 1 for any failure).
+    rank = ["sh", "-c", '"$0" "$@"; code=$?; echo "rank $HOROVOD_RANK exit $code"; exit $code', *train]
+    proc = helpers.run([*launchers.horovodrun(4, hosts="localhost:3,127.0.0.1:1"), *rank], timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    # Every rank decided from the same gathered nodes: each says the same line and exits 2, none hangs.
+    for r in range(4):
+        assert f"rank {r} exit 2" in output, output[-3000:]
+        mine = [line for line in helpers.error_lines(output) if f"error: [rank {r}]" in line]
+        assert len(mine) == 1 and mine[0].endswith(
+            "parallel.spatial_ranks=2 neither divides nor is a multiple of the 3 ranks per node: a group of 2 "
+            "consecutive ranks must sit on one node or span whole nodes"), output[-3000:]
+    assert not (tmp_path / "run" / "mlperf.log").exists()

@@ -361,6 +361,73 @@ def test_exchange_seconds_by_hand():
     assert spatial.exchange_seconds(machine, 128, 1, "fp32", 1) == 0.0
 
 
+@pytest.mark.parametrize("machine_name,k,boundaries,halos_across", [
+    ("perlmutter-a100", 4, [], 0),              # on one node
+    ("perlmutter-a100", 8, [4], 1),             # 2 nodes: ranks 3 and 4 each send one halo off their node
+    ("perlmutter-a100", 16, [4, 8, 12], 1),
+    ("fugaku-a64fx", 2, [1], 1),                # one device per node: every boundary joins two nodes
+    ("fugaku-a64fx", 4, [1, 2, 3], 2),
+])
+def test_the_slab_boundaries_that_cross_the_network(machine_name, k, boundaries, halos_across):
+    links = spatial.group_links(inputs.load_machine(machine_name), k)
+    assert links.crossing_boundaries() == boundaries
+    assert len(boundaries) == max(links.nodes - 1, 0) and links.halos_across == halos_across
+
+
+def test_exchange_seconds_over_two_nodes_by_hand():
+    """K=8 on 4-GPU nodes at 128^3, fp32, one sample: the slowest rank sends one of its two halos over
+    its share of the NIC (100 / 4 GB/s) plus the NIC's latency per alltoall; the gather's rings join
+    the nodes, so they go at the NIC's share with its latency per ring step."""
+    machine = inputs.load_machine("perlmutter-a100")
+    intra, net, lat = machine.intra_node_bytes_per_s, machine.nic_bytes_per_s / 4, machine.nic_latency_s
+    one_halo = [(128 >> i) ** 2 * c * 4 for i, c in enumerate((4, 32, 64, 128, 256))]   # slabs of 16, 8, 4, 2, 1
+    halo = sum(2 * (h / intra + h / net) + 2 * 1e-3 + 2 * lat for h in one_halo)       # forward + backward
+    gathered = 8 ** 3 * 512 * 4          # before pool5: a slab of conv5 is 1 plane
+    gather = (7 / 8 + 2 * 7 / 8) * gathered / net + 3 * 1e-3 + 4 * 7 * lat
+    assert spatial.exchange_seconds(machine, 128, 8, "fp32", 1) == pytest.approx(halo + gather)
+    # The same group without the network (node-local links everywhere) is faster: the NIC is what costs.
+    local = dataclasses.replace(spatial.group_links(machine, 8), nodes=1)
+    assert sum(c.seconds(local, 1, 1e-3) for c in spatial.collectives(128, 8, "fp32")) < halo + gather
+
+
+def test_exchange_seconds_one_device_per_node_by_hand():
+    """Fugaku, K=4: every boundary crosses, so the inner ranks send both halos over the NIC."""
+    machine = inputs.load_machine("fugaku-a64fx")
+    net, lat = machine.nic_bytes_per_s, machine.nic_latency_s
+    halo = sum(2 * 2 * (128 >> i) ** 2 * c * 4 / net + 2 * 1e-3 + 2 * lat for i, c in enumerate((4, 32, 64, 128, 256)))
+    gather = (3 / 4 + 2 * 3 / 4) * 4 ** 3 * 512 * 4 / net + 3 * 1e-3 + 4 * 3 * lat
+    assert spatial.exchange_seconds(machine, 128, 4, "fp32", 1) == pytest.approx(halo + gather)
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_fugaku_splits_across_nodes(k, tmp_path, capsys):
+    """One device per node: a group of K spans K nodes, and every row whose nodes hold whole groups projects."""
+    rc = cli.main(["--benchmark", "cosmoflow", "--machine", "fugaku-a64fx", "--spatial-ranks", str(k),
+                   "--nodes", "8,512,1024", "--png", str(tmp_path / "f.png")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert (f"a group of {k} devices spans {k} nodes: {k - 1} of its {k - 1} slab boundaries (all of them) "
+            f"cross the network, each at the device's share of the NIC, 68 GB/s") in out
+    assert "over the intra-node link" not in out           # a node holds one device
+    table = out[out.index(f"{k}-way spatial x data parallel"):]
+    rows = {line.split()[0]: line for line in table[:table.index("where the time goes")].splitlines()
+            if line[:6].strip().isdigit()}
+    # 8 nodes hold two groups of 4 but no group of 16: that row alone is refused.
+    assert ("the 8 device(s) of 8 node(s) make no whole groups of 16" in rows["8"]) == (k == 16)
+    assert "min" in rows["512"] and "min" in rows["1024"]    # a time to train
+    assert f"512 nodes at K={k} vs {512 // k} at K=1" in out
+
+
+def test_a_group_over_4_gpu_nodes_names_the_boundaries_that_cross(tmp_path, capsys):
+    rc = cli.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--spatial-ranks", "16",
+                   "--global-batch", "512", "--nodes", "128,512", "--png", str(tmp_path / "p.png")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert ("over the intra-node link at 300 GB/s; a group of 16 devices spans 4 nodes: 3 of its 15 slab boundaries "
+            "(slabs 3|4, 7|8, 11|12, numbered from 0) cross the network") in out
+    assert "plus the NIC's 2 us per message between nodes" in out
+
+
 @pytest.mark.parametrize("edge", spatial.EDGES)
 def test_split_memory_scales_as_one_over_k(edge):
     one = spatial.memory_per_device(edge, 1, "fp32")
@@ -437,6 +504,15 @@ def test_bad_split_is_a_one_line_error(flags, capsys):
     assert cli.main(flags + machine + ["--nodes", "4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("k", [3, 6])
+def test_a_k_neither_divisor_nor_multiple_of_a_node_s_devices_is_refused(k, capsys):
+    assert cli.main(["--benchmark", "cosmoflow", "--machine", "perlmutter-a100", "--spatial-ranks", str(k),
+                     "--nodes", "12"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"error: --spatial-ranks {k} neither divides nor is a multiple of the 4 device(s) per node of Perlmutter")
 
 
 @pytest.mark.parametrize("edge", [256, 512])

@@ -24,6 +24,9 @@ LAUNCHES = {
                   "model:2", "model:2:no-halo", "model:2:no-overlap"],
     (4, "gloo"): ["halo:4", "layer:4", "model:4", "model:2", "labels:2"],
     (4, "mpi"): ["halo:4"],
+    # Two "nodes" on this machine (helpers.two_nodes): one group over both, 2 ranks each or 1.
+    (4, "two-nodes"): ["model:4", "model:4:no-halo"],
+    (2, "two-nodes"): ["model:2", "model:2:no-halo"],
 }
 
 
@@ -123,6 +126,7 @@ def test_split_model_step_equals_the_one_rank_step(probe, unsplit, ranks, job, g
     spatial_ranks = int(job.split(":")[1])
     assert gathered in list(results[0]["layers"])
     assert list(results[0]["overlapped"]) == overlapped   # the layers that computed their interior during the halo
+    assert str(results[0]["described"]).endswith("each on one node")
     assert sorted({int(r["group"]) for r in results}) == list(range(ranks // spatial_ranks))
     # The conv kernels' gradients are summed over the group (scale K before the average).
     assert set(results[0]["scales"]) == {1.0, float(spatial_ranks)}
@@ -133,6 +137,19 @@ def test_split_model_step_equals_the_one_rank_step(probe, unsplit, ranks, job, g
 def test_without_the_halo_the_model_comparison_fails(probe, unsplit):
     worst = _worst_errors(probe(2, "model:2:no-halo"), unsplit)
     assert worst["pred"] > 1e-3 and worst["grad"] > 1e-3, worst
+
+
+# A group over two nodes: 2 ranks on each (K=4, the halo between ranks 1 and 2 crosses), and one
+# rank on each (K=2: a machine of one process per node). Each launch's no-halo job is its control.
+@pytest.mark.parametrize("ranks", [pytest.param(4, marks=pytest.mark.slow), 2])
+def test_a_group_across_nodes_steps_as_the_one_rank_step(probe, unsplit, ranks):
+    results = probe(ranks, f"model:{ranks}", "two-nodes")
+    assert {str(r["described"]) for r in results} == \
+        {f"{ranks}-way spatial x 1 data-parallel group(s), each across 2 nodes"}
+    worst = _worst_errors(results, unsplit)
+    assert all(v < 1e-5 for v in worst.values()), worst
+    control = _worst_errors(probe(ranks, f"model:{ranks}:no-halo", "two-nodes"), unsplit)
+    assert control["pred"] > 1e-3 and control["grad"] > 1e-3, control
 
 
 # ------------------------------------------------------------------ (e) input by group
@@ -225,7 +242,8 @@ def test_staged_slabs_hold_one_rank_s_planes_and_train_the_same(cosmo_data, tiny
     ("cosmoflow", ["--spatial-ranks", "3"], "does not divide the sample depth 32"),
     ("cosmoflow", ["--spatial-ranks", "2", "--stage-dir", "/tmp/unused", "--set", "staging.convert=false"],
      "would have the ranks of a group write the same staged file"),
-    ("deepcam", ["--set", "parallel.spatial_ranks=2"], "DeepCAM is data-parallel only"),
+    ("deepcam", ["--spatial_ranks", "3"], "the height 64 must be a multiple of 3 x the output stride 16"),
+    ("deepcam", ["--spatial_ranks", "2", "--stage_dir", "/tmp/unused"], "staging is not implemented for a height split"),
 ])
 def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_config, deepcam_data, deepcam_config,
                                                              tmp_path, bench, args, says):
@@ -237,11 +255,17 @@ def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_con
     assert len(errors) == 1 and says in errors[0], proc.stderr[-2000:]
 
 
-def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks():
+@pytest.mark.parametrize("bench,batch_key,batch,ranks,config", [
+    ("cosmoflow", "data.batch_size", "4", 256, "cosmoflow_closed_gbs512.yaml"),
+    ("deepcam", "data.local_batch_size", "2", 256, "deepcam_closed_gbs256.yaml"),
+])
+def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks(bench, batch_key, batch, ranks, config):
+    from common.benchmarks import task_class
     from common.run.launch import closed_config_for
-    from cosmoflow.task import CosmoFlowTask
-    path = closed_config_for(CosmoFlowTask, {"data.batch_size": "4", "parallel.spatial_ranks": "2"}, ranks=256)
-    assert path.endswith("cosmoflow_closed_gbs512.yaml")
+    task = task_class(bench)
+    assert closed_config_for(task, {batch_key: batch, "parallel.spatial_ranks": "2"}, ranks=ranks).endswith(config)
+    # The same global batch unsplit: half the ranks.
+    assert closed_config_for(task, {batch_key: batch}, ranks=ranks // 2).endswith(config)
 
 
 # ------------------------------------------------------------------ figures

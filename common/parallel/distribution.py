@@ -19,7 +19,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from common.errors import ConfigError
-from common.parallel import cycle_time, gpus
+from common.parallel import cycle_time, gpus, placement
 
 
 class Distribution:
@@ -39,6 +39,7 @@ class Distribution:
         self.node_rank = hvd.cross_rank()
         self.num_nodes = hvd.cross_size()
         self.hostname = socket.gethostname()
+        self._process_sets = {}   # group size -> this rank's Horovod process set (rank_group)
         # Before any TensorFlow op (the first one initializes TensorFlow on every visible GPU,
         # after which neither the visible devices nor memory growth can change, and the thread
         # pools are fixed): every collective below is such an op.
@@ -169,10 +170,12 @@ class Distribution:
             hvd.stop_timeline()
 
     def rank_group(self, group_size: int, what: str = "group size") -> "RankGroup":
-        """This rank's group of `group_size` consecutive ranks (for sync batch norm).
+        """This rank's group of `group_size` consecutive ranks (sync batch norm, spatial groups).
 
         Every rank must call it with the same size, in the same order relative
         to other collectives: registering a Horovod process set is collective.
+        A size asked for again gets the groups already registered (a split
+        network's batch norm sums over its spatial group's ranks).
         """
         if group_size < 1 or self.size % group_size:
             raise ConfigError(f"{what}={group_size} does not divide the {self.size} ranks of this job")
@@ -180,31 +183,39 @@ class Distribution:
             return RankGroup(1, None)
         if group_size == self.size:
             return RankGroup(group_size, hvd.global_process_set)
-        sets = [hvd.add_process_set(list(range(first, first + group_size)))
-                for first in range(0, self.size, group_size)]
-        # Registration returns before every rank has it; a collective over all
-        # ranks makes sure no group allreduce runs against an unknown set.
-        self.barrier()
-        return RankGroup(group_size, sets[self.rank // group_size])
+        registered = self._process_sets
+        if group_size not in registered:   # Horovod refuses a second set of the same ranks
+            sets = [hvd.add_process_set(list(range(first, first + group_size)))
+                    for first in range(0, self.size, group_size)]
+            # Registration returns before every rank has it; a collective over all
+            # ranks makes sure no group allreduce runs against an unknown set.
+            self.barrier()
+            registered[group_size] = sets[self.rank // group_size]
+        return RankGroup(group_size, registered[group_size])
 
     def spatial_mesh(self, spatial_ranks: int) -> "SpatialMesh":
         """This rank's place in a mesh of data-parallel groups of `spatial_ranks` ranks each.
 
-        Groups are consecutive ranks, so that a group sits on one node (ranks are
-        numbered node by node) and its halo traffic stays on the node's fast links.
-        A collective when spatial_ranks > 1 (registers a process set per group).
+        Groups are consecutive ranks: on one node when K divides its ranks (the halo exchange
+        stays on the node's links), else over K / ranks-per-node whole nodes (the halos between
+        nodes cross the network). Both need ranks numbered node by node, which every rank checks
+        from every rank's node (common.parallel.placement). A collective when spatial_ranks > 1
+        (gathers the nodes, registers a process set per group).
         """
         k = int(spatial_ranks)
         what = "parallel.spatial_ranks"
         if k < 1 or self.size % k:
             raise ConfigError(f"{what}={k} does not divide the {self.size} ranks of this job "
                               f"(launch a multiple of {k} ranks)")
-        if k > 1 and self.local_size % k:
-            raise ConfigError(f"{what}={k} does not divide the {self.local_size} ranks per node: a spatial "
-                              f"group must sit on one node (its halo exchange runs every layer)")
+        spans = (1,) * (self.size // k)
+        if k > 1:
+            # Every rank decides from the same gathered list: all refuse together, none is left
+            # waiting in the process sets' registration below.
+            places = self.allgather_object(placement.RankPlace(horovod_host(), self.local_size))
+            spans = placement.group_spans(places, k, f"{what}={k}")
         group = self.rank_group(k, what)
         return SpatialMesh(size=k, index=self.rank % k, group=self.rank // k, groups=self.size // k,
-                           process_set=group.process_set)
+                           process_set=group.process_set, group_nodes=spans)
 
     def describe(self) -> str:
         return (f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
@@ -246,16 +257,22 @@ class SpatialMesh:
     across ranks, and no count is zero (NCCL would skip it; Gloo would not).
     """
 
-    def __init__(self, size: int, index: int = 0, group: int = 0, groups: int = 1, process_set=None):
+    def __init__(self, size: int, index: int = 0, group: int = 0, groups: int = 1, process_set=None,
+                 group_nodes: tuple = ()):
         self.size, self.index, self.group, self.groups = size, index, group, groups
         self._process_set = process_set
+        # The nodes each group spans (common.parallel.placement.group_spans); one each unless told.
+        self.group_nodes = tuple(group_nodes) or (1,) * groups
 
     @property
     def is_split(self) -> bool:
         return self.size > 1
 
     def describe(self) -> str:
-        return f"{self.size}-way spatial x {self.groups} data-parallel group(s)"
+        least, most = min(self.group_nodes), max(self.group_nodes)
+        spans = ("each on one node" if most == 1 else f"each across {most} nodes" if least == most
+                 else f"across {least} to {most} nodes")
+        return f"{self.size}-way spatial x {self.groups} data-parallel group(s), {spans}"
 
     def exchange_halo(self, x, halo: int, name: str):
         """[B, Zs, ...] -> [B, Zs + 2 * halo, ...]: the slab with its neighbours' boundary planes
@@ -297,6 +314,13 @@ class SpatialMesh:
         received = tf.transpose(received, perm)
         return NeighbourPlanes(below=received[:, :halo], above=received[:, halo:], sent=send)
 
+    def sum(self, x, name: str):
+        """x summed over the ranks of the group, on each of them (the gradient: the group's sum of
+        what each rank sends back). Usable inside tf.function; `x` the same shape on every rank."""
+        if not self.is_split:
+            return x
+        return tf.cast(hvd.allreduce(_wire(x), op=hvd.Sum, name=name, process_set=self._process_set), x.dtype)
+
     def gather(self, x, name: str):
         """[B, Zs, ...] slabs -> [B, K * Zs, ...] whole samples on every rank of the group.
 
@@ -324,6 +348,16 @@ class NeighbourPlanes:
 def _wire(tensor):
     """Horovod's collectives have no bfloat16: such tensors travel as float32 (exact both ways)."""
     return tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor
+
+
+def horovod_host() -> str:
+    """The name of this rank's node as Horovod counts nodes.
+
+    horovodrun's Gloo ranks get the -H name they were started under (HOROVOD_HOSTNAME), which
+    is what makes 'localhost' and '127.0.0.1' two nodes of one machine; MPI's ranks are grouped
+    by Horovod into nodes by shared memory, i.e. by machine, whose name is the host name.
+    """
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
 
 def launcher_env() -> dict:

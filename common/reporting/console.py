@@ -133,9 +133,7 @@ def init_lines(info) -> list[str]:
     if info.model_name:
         lines.append(f"model {info.model_name}: {info.num_params:,} trainable parameters")
     if info.spatial_ranks > 1:
-        lines.append(f"spatial: each rank holds 1/{info.spatial_ranks} of every sample's depth; slabs "
-                     f"gathered at {', '.join(info.gathered_at)}, the layers after it run whole on every rank "
-                     f"of a group")
+        lines.append(f"spatial: {info.spatial_plan}")
     if info.warmup_steps:
         lines.append(f"warm-up: {info.warmup_steps} synthetic step(s) in {info.warmup_s:.2f} s (compile, autotune), "
                      f"the state put back; before run_start, outside the timed region")

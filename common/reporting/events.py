@@ -52,7 +52,7 @@ class RunInfo:
     model_name: str = ""
     num_params: int = 0               # trainable
     spatial_ranks: int = 1            # ranks that split each sample
-    gathered_at: tuple = ()           # split runs: the layers where the slabs are gathered
+    spatial_plan: str = ""            # split runs: how a sample is cut and gathered (Task.describe_split)
     batchnorm_layers: int = 0         # their running statistics are averaged over the ranks every epoch
     samples_per_epoch: int = 0        # all ranks, in whole steps
     shard_samples: int = 0            # the training samples of the shards (n_train)

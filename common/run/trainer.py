@@ -31,7 +31,6 @@ from common.inputs.page_cache import drop_from_page_cache
 from common.run.context import RunContext, RunState
 from common.parallel.fingerprint import variables_in_sync
 from common.run.result import RunResult
-from common.parallel.spatial import GatherSlabs, gradient_scales
 from common.run.steps import TrainStep, make_eval_step
 from common.parallel.sync_batchnorm import batchnorm_statistics
 from common.run.train_mode import TrainingRun
@@ -123,8 +122,11 @@ class Trainer:
         """(model, optimizer, schedule, loss, metric): the model under the precision policy with its
         batch-norm group, the task's optimizer wrapped for the precision and built."""
         dist, task = self.dist, self.task
-        # Collective (registers a process set): every rank, same order.
-        bn_group = dist.rank_group(task.batchnorm_group_size, "batchnorm_group_size")
+        # Collective (registers a process set): every rank, same order. A split sample's batch norm
+        # takes its statistics over the slabs of its spatial group too: K x the group's ranks.
+        k = task.mesh.size if task.mesh is not None else 1
+        bn_group = dist.rank_group(task.batchnorm_group_size * k, "batchnorm_group_size" if k == 1 else
+                                   f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})")
         with runtime_lib.dtype_policy(precision):
             model = task.build_model(bn_group)
         optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
@@ -151,7 +153,7 @@ class Trainer:
         rt = cfg.runtime
         train_step = TrainStep(model, optimizer, loss_fn, self.dist, rt.gradient_compression, rt.xla,
                                cfg.train.gradient_accumulation_frequency, preprocess=task.preprocess_batch,
-                               gradient_scales=gradient_scales(model),
+                               gradient_scales=task.gradient_scales(model),
                                grouped_allreduce=rt.gradient_allreduce == "grouped")
         eval_step = make_eval_step(model, metric, rt.xla, preprocess=task.preprocess_batch, loss_fn=loss_fn)
         specs = task.input_specs()
@@ -161,7 +163,6 @@ class Trainer:
 
     def _run_info(self, runtime, mesh, shards, plan, model, metric, start, warmup) -> RunInfo:
         cfg, dist, task = self.cfg, self.dist, self.task
-        gathered = tuple(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
         return RunInfo(
             benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
             accelerators_per_node=runtime_lib.accelerators_per_node(runtime["device"], dist),
@@ -170,7 +171,7 @@ class Trainer:
             target_name=metric.name, target=task.target, steps_per_epoch=plan.steps_per_epoch,
             n_epochs=cfg.train.n_epochs, resumed_from=start.resumed_from,
             model_name=model.name, num_params=int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-            spatial_ranks=mesh.size, gathered_at=gathered,
+            spatial_ranks=mesh.size, spatial_plan=task.describe_split(model) if mesh.is_split else "",
             batchnorm_layers=len(batchnorm_statistics(model)) // 2, samples_per_epoch=plan.samples_per_epoch,
             shard_samples=shards.n_train, resumed_source=start.source, warmup_steps=warmup.steps,
             warmup_s=warmup.seconds)

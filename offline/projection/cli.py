@@ -32,10 +32,13 @@ Flags:
   --ruleset R             mlperf_logging's hpc ruleset for the RCP table (default 3.0.0)
   --busy F                the device-busy fraction the local-batch answer aims at (default 0.9)
   --png PATH              where the figure goes (default runs/projection/<benchmark>_<machine>.png)
-  --spatial-ranks K       cosmoflow: each sample split along depth across K devices of a node; prints
-                          the split layers' halo/gather traffic per layer, memory per device at
-                          128^3/256^3/512^3 against the machine's, and K=1 beside K (default 1: the
-                          projection above, unchanged). Model: offline/projection/spatial.py
+  --spatial-ranks K       cosmoflow: each sample split along depth across K consecutive devices, a
+                          divisor of a node's devices (one node) or a multiple of them (K / devices
+                          per node whole nodes, the halos between them over the NIC); prints the
+                          split layers' halo/gather traffic per layer, which slab boundaries cross
+                          the network, memory per device at 128^3/256^3/512^3 against the machine's,
+                          and K=1 beside K (default 1: the projection above, unchanged). Model:
+                          offline/projection/spatial.py
   --sample-edge N         cosmoflow: 128 (default), 256 or 512 (analytic scaling of the 128^3 costs)
   --cycle-time-ms T       the split layers' latency per collective (default 1: Horovod's cycle time)
 """
@@ -92,7 +95,8 @@ def main(argv=None) -> int:
     parser.add_argument("--busy", type=float, default=0.9)
     parser.add_argument("--png")
     parser.add_argument("--spatial-ranks", type=int, default=1, metavar="K",
-                        help=f"{spatial.BENCHMARK}: split each sample along depth across K devices of a node")
+                        help=f"{spatial.BENCHMARK}: split each sample along depth across K consecutive devices "
+                             f"(a divisor or a multiple of a node's devices)")
     parser.add_argument("--sample-edge", type=int, default=128, choices=spatial.EDGES,
                         help=f"{spatial.BENCHMARK}: the sample's edge N (N^3 x 4 volumes)")
     parser.add_argument("--cycle-time-ms", type=float, default=spatial.HOROVOD_CYCLE_S * 1e3,

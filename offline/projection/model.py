@@ -263,8 +263,8 @@ def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: st
     of the split layers' collectives, added to the step (they sit in its critical path).
 
     Raises:
-      ValueError: fewer samples in the global batch than devices (groups of K devices); staging
-        timed on a machine whose staging rates are unknown.
+      ValueError: fewer samples in the global batch than devices (groups of K devices), or devices
+        that make no whole groups; staging timed on a machine whose staging rates are unknown.
     """
     precision = precision or machine.precision
     staging = staging_seconds(machine, dataset, nodes, instances)
@@ -272,6 +272,8 @@ def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: st
         raise ValueError(f"{machine.name} states no file-system or node-local bandwidth: staging cannot be "
                          f"projected (project it as untimed)")
     devices = nodes * machine.devices_per_node
+    if devices % spatial_ranks:
+        raise ValueError(f"the {devices} device(s) of {nodes} node(s) make no whole groups of {spatial_ranks}")
     groups = devices // spatial_ranks
     if global_batch < groups:
         raise ValueError(f"global batch {global_batch} is smaller than the {devices} devices of {nodes} node(s)"

@@ -17,9 +17,13 @@ that were never measured (256^3, 512^3) and split K ways:
   traffic       inputs + outputs of every layer once, float32, scaled the same way
   halo          per split conv layer and rank, forward: 2 halos x h planes x Y x X x Cin x element
                 bytes x local batch (h = k // 2, one alltoall in the group); backward the same
-                again (the alltoall's gradient is another alltoall), over the intra-node link
+                again (the alltoall's gradient is another alltoall), over the intra-node link, and
+                where a slab's neighbour is on another node (a group over several nodes) that halo
+                over the device's share of the node's NIC, plus the NIC's latency per alltoall;
+                the group waits for its slowest rank, the one with the most halos off its node
   gather        forward: an allgather receiving (K-1)/K of the tensor; backward: an allreduce of
-                the whole tensor's gradient (a ring, 2 (K-1)/K of it) and an allgather of sizes
+                the whole tensor's gradient (a ring, 2 (K-1)/K of it) and an allgather of sizes;
+                over several nodes at the NIC's share, and the NIC's latency per step of the 3 rings
   latency       ASSUMPTION: each collective issued in the step's critical path waits at most one
                 cycle of Horovod's background loop (HOROVOD_CYCLE_TIME, 1 ms by default since
                 Horovod 0.21.0, its changelog: "Changed default cycle time from 5ms to 1ms"),
@@ -32,13 +36,16 @@ that were never measured (256^3, 512^3) and split K ways:
                 the backward's working set (the gradients of the largest tensor's output and
                 input at once) and float32 weights, gradients and SGD's momentum slot.
 
-Groups are node-local (issue 21: a Horovod process set of K consecutive ranks), so K must divide a
-node's devices.
+A group is K consecutive devices, node by node (a Horovod process set of K consecutive ranks,
+common.parallel.placement): K divides a node's devices (the group sits on one node) or is a
+multiple of them (it spans K / devices-per-node whole nodes, and K / devices-per-node - 1 of its
+K - 1 slab boundaries join two nodes).
 """
 
 import dataclasses
 import math
 
+from common.parallel import placement
 from offline.projection.model import ELEMENT_BYTES, Machine, ModelCosts
 
 BENCHMARK = "cosmoflow"         # the network rebuilt here; no other benchmark splits its samples
@@ -97,19 +104,18 @@ def pool_stays_local(planes: int) -> bool:
 
 
 def check_split(machine: Machine, edge: int, spatial_ranks: int) -> None:
-    """The limits of a K-way split (cosmoflow/config.py's check_spatial_split, and node-local groups).
+    """The limits of a K-way split (cosmoflow/config.py's check_spatial_split, and groups of whole nodes).
 
     Raises:
-      ValueError: K does not divide the depth or a node's devices, or leaves too few planes per rank.
+      ValueError: K does not divide the depth, or leaves too few planes per rank.
+      ConfigError: K neither divides nor is a multiple of a node's devices.
     """
     k, halo = spatial_ranks, KERNEL // 2
     if k < 1:
         raise ValueError(f"--spatial-ranks must be at least 1, got {k}")
     if k == 1:
         return
-    if machine.devices_per_node % k:
-        raise ValueError(f"--spatial-ranks {k} does not divide the {machine.devices_per_node} device(s) of a "
-                         f"{machine.name} node (a spatial group is node-local)")
+    group_links(machine, k)   # refuses a K that fits no node: neither a divisor nor a multiple of its devices
     least = max(2, halo)
     if edge % k or edge // k < least:
         raise ValueError(f"--spatial-ranks {k} does not cut the depth {edge} into slabs of at least {least} "
@@ -185,6 +191,42 @@ def device_costs(measured: ModelCosts, edge: int, spatial_ranks: int) -> ModelCo
 
 # ------------------------------------------------------------------ the split layers' collectives
 @dataclasses.dataclass(frozen=True)
+class GroupLinks:
+    """The links between the K consecutive devices of a group, node by node."""
+    spatial_ranks: int
+    devices_per_node: int
+    nodes: int                  # nodes the group spans (placement.group_span)
+    intra_bytes_per_s: float    # between two devices of a node
+    network_bytes_per_s: float  # one device's share of its node's NIC
+    network_latency_s: float    # one message between nodes
+
+    def crossing_boundaries(self) -> list[int]:
+        """The slab boundaries that join two nodes: b between slabs b - 1 and b (b = 1 .. K - 1)."""
+        if self.nodes == 1:
+            return []
+        return [b for b in range(1, self.spatial_ranks) if b % self.devices_per_node == 0]
+
+    @property
+    def halos_across(self) -> int:
+        """The most of its 2 halos one rank sends off its node (the one the group waits for)."""
+        crossing = set(self.crossing_boundaries())
+        return max((i in crossing) + (i + 1 in crossing) for i in range(self.spatial_ranks))
+
+
+def group_links(machine: Machine, spatial_ranks: int) -> GroupLinks:
+    """The links of a group of `spatial_ranks` devices on `machine`.
+
+    Raises:
+      ConfigError: K neither divides nor is a multiple of a node's devices.
+    """
+    d = machine.devices_per_node
+    nodes = placement.group_span(spatial_ranks, d, f"--spatial-ranks {spatial_ranks}",
+                                 f"device(s) per node of {machine.name}")
+    return GroupLinks(spatial_ranks, d, nodes, intra_node_link(machine), machine.nic_bytes_per_s / d,
+                      machine.nic_latency_s)
+
+
+@dataclasses.dataclass(frozen=True)
 class Collective:
     """One split layer's collectives in a step, per sample of the local batch and per rank."""
     layer: str
@@ -193,12 +235,26 @@ class Collective:
     forward_bytes: float        # the bytes a rank sends (halo) or receives (gather), forward
     backward_bytes: float       # the same for the backward
     count: int                  # collectives per step (forward and backward)
+    network_messages: int       # messages in sequence per step where it crosses nodes (ring steps)
 
-    def transfer_s(self, link_bytes_per_s: float, local_batch: float) -> float:
-        return local_batch * (self.forward_bytes + self.backward_bytes) / link_bytes_per_s
+    def crosses(self, links: GroupLinks) -> bool:
+        return bool(links.halos_across) if self.what == "halo" else links.nodes > 1
 
-    def seconds(self, link_bytes_per_s: float, local_batch: float, cycle_s: float) -> float:
-        return self.transfer_s(link_bytes_per_s, local_batch) + self.count * cycle_s
+    def transfer_s(self, links: GroupLinks, local_batch: float) -> float:
+        sent = local_batch * (self.forward_bytes + self.backward_bytes)
+        if self.what == "halo":
+            off_node = links.halos_across / 2   # of the slowest rank's 2 halos
+            return sent * ((1 - off_node) / links.intra_bytes_per_s + off_node / links.network_bytes_per_s)
+        # A ring goes at its slowest link: the NIC's share once it joins nodes.
+        return sent / (links.network_bytes_per_s if self.crosses(links) else links.intra_bytes_per_s)
+
+    def latency_s(self, links: GroupLinks, cycle_s: float) -> float:
+        """The assumed cycle per collective, and the NIC's latency per message between nodes."""
+        network = self.network_messages * links.network_latency_s if self.crosses(links) else 0.0
+        return self.count * cycle_s + network
+
+    def seconds(self, links: GroupLinks, local_batch: float, cycle_s: float) -> float:
+        return self.transfer_s(links, local_batch) + self.latency_s(links, cycle_s)
 
 
 def halo_bytes(slab_shape: tuple, halo: int, element_bytes: int) -> int:
@@ -216,23 +272,25 @@ def collectives(edge: int, spatial_ranks: int, precision: str) -> list[Collectiv
         slab = (layer.in_shape[0] // k,) + tuple(layer.in_shape[1:])
         if layer.halo:
             exchanged = halo_bytes(slab, layer.halo, eb)
-            out.append(Collective(layer.name, "halo", slab, exchanged, exchanged, 2))
+            out.append(Collective(layer.name, "halo", slab, exchanged, exchanged, 2, 2))
         elif layer.kind == "gather":
             whole = math.prod(layer.in_shape) * eb
-            out.append(Collective(layer.name, "gather", slab, (k - 1) / k * whole, 2 * (k - 1) / k * whole, 3))
+            # Ring steps: the allgather K - 1, the allreduce 2 (K - 1), the allgather of sizes K - 1.
+            out.append(Collective(layer.name, "gather", slab, (k - 1) / k * whole, 2 * (k - 1) / k * whole, 3,
+                                  4 * (k - 1)))
     return out
 
 
 def intra_node_link(machine: Machine) -> float:
-    """The link a node-local group exchanges over: the intra-node one, or the NIC's share without it."""
+    """The link between devices of a node: the intra-node one, or the NIC's share without it."""
     return machine.intra_node_bytes_per_s or machine.nic_bytes_per_s / machine.devices_per_node
 
 
 def exchange_seconds(machine: Machine, edge: int, spatial_ranks: int, precision: str, local_batch: float,
                      cycle_s: float = HOROVOD_CYCLE_S) -> float:
     """Per step: the split layers' collectives at `local_batch` samples per group (0 at K = 1)."""
-    link = intra_node_link(machine)
-    return sum(c.seconds(link, local_batch, cycle_s) for c in collectives(edge, spatial_ranks, precision))
+    links = group_links(machine, spatial_ranks)
+    return sum(c.seconds(links, local_batch, cycle_s) for c in collectives(edge, spatial_ranks, precision))
 
 
 # ------------------------------------------------------------------ memory per device

@@ -42,26 +42,41 @@ def spatial_requests(args, machine: Machine, precision: str, means: dict, measur
 
 def collectives_table(machine: Machine, edge: int, k: int, precision: str, cycle_s: float) -> list[str]:
     """Per split layer: what a rank sends (halo) or receives (gather) per sample, and its time."""
-    link = spatial.intra_node_link(machine)
+    links = spatial.group_links(machine, k)
+    over = [f"over the intra-node link at {links.intra_bytes_per_s / 1e9:.0f} GB/s"] if links.devices_per_node > 1 else []
     lines = [f"the split layers' collectives per rank, per sample of a group's local batch, {precision} "
-             f"({spatial.ELEMENT_BYTES[precision]} bytes), over the intra-node link at "
-             f"{link / 1e9:.0f} GB/s:",
+             f"({spatial.ELEMENT_BYTES[precision]} bytes), " + "; ".join(over + network_lines(links)) + ":",
              f"{'layer':>22} {'kind':>6} {'slab in (Zs,Y,X,C)':>20} {'forward':>10} {'backward':>10} "
              f"{'transfer':>10} {'collectives':>11} {'latency':>9}"]
-    total_bytes = total_latency = 0.0
+    total_bytes = total_transfer = total_latency = 0.0
     for c in spatial.collectives(edge, k, precision):
-        latency = c.count * cycle_s
+        latency = c.latency_s(links, cycle_s)
         total_bytes += c.forward_bytes + c.backward_bytes
+        total_transfer += c.transfer_s(links, 1)
         total_latency += latency
         lines.append(f"{c.layer:>22} {c.what:>6} {'x'.join(map(str, c.slab)):>20} {c.forward_bytes / 1e6:>7.3f} MB "
-                     f"{c.backward_bytes / 1e6:>7.3f} MB {c.transfer_s(link, 1) * 1e6:>7.1f} us {c.count:>11} "
+                     f"{c.backward_bytes / 1e6:>7.3f} MB {c.transfer_s(links, 1) * 1e6:>7.1f} us {c.count:>11} "
                      f"{latency * 1e3:>6.1f} ms")
     lines.append(f"{'total':>22} {'':>6} {'':>20} {'':>10} {total_bytes / 1e6:>7.3f} MB "
-                 f"{total_bytes / link * 1e6:>7.1f} us {'':>11} {total_latency * 1e3:>6.1f} ms  (forward + backward)")
+                 f"{total_transfer * 1e6:>7.1f} us {'':>11} {total_latency * 1e3:>6.1f} ms  (forward + backward)")
     lines.append(f"latency: ASSUMPTION, at most one Horovod cycle ({cycle_s * 1e3:g} ms, HOROVOD_CYCLE_TIME's default "
-                 f"since Horovod 0.21.0) of waiting per collective issued serially; halo bytes = 2 halos x "
-                 f"h={spatial.KERNEL // 2} plane x Y x X x Cin x element bytes")
+                 f"since Horovod 0.21.0) of waiting per collective issued serially"
+                 + (f", plus the NIC's {links.network_latency_s * 1e6:g} us per message between nodes (1 per halo "
+                    f"alltoall, {4 * (k - 1)} for the gather's rings)" if links.nodes > 1 else "")
+                 + f"; halo bytes = 2 halos x h={spatial.KERNEL // 2} plane x Y x X x Cin x element bytes")
     return lines
+
+
+def network_lines(links: spatial.GroupLinks) -> list[str]:
+    """Which slab boundaries of a group join two nodes, and the link they cross (none on one node)."""
+    if links.nodes == 1:
+        return []
+    crossing = links.crossing_boundaries()
+    which = ("all of them" if len(crossing) == links.spatial_ranks - 1
+             else "slabs " + ", ".join(f"{b - 1}|{b}" for b in crossing) + ", numbered from 0")
+    return [f"a group of {links.spatial_ranks} devices spans {links.nodes} nodes: {len(crossing)} of its "
+            f"{links.spatial_ranks - 1} slab boundaries ({which}) cross the network, each at the device's share "
+            f"of the NIC, {links.network_bytes_per_s / 1e9:g} GB/s"]
 
 
 def memory_table(machine: Machine, k: int, precision: str) -> list[str]:

@@ -1,0 +1,158 @@
+"""DeepCAM split along height (deepcam.model on a SpatialMesh, common.parallel.spatial_rows): the split
+network computes the unsplit function.
+
+Real Horovod ranks under horovodrun/Gloo (tests/deepcam_split_probe.py, deepcam/train.py). Each
+comparison with the unsplit network has a negative control (the halo switched off), and is held
+to the noise of the unsplit network itself where fp32 summation order decides: the same unsplit
+step on 1 intra-op thread instead of 2, or a whole run on 1 and 2 threads.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests import helpers
+
+PROBE = helpers.REPO / "tests" / "deepcam_split_probe.py"
+TOLERANCE = 1e-5         # of each tensor's own scale
+NOISE = 1e-6             # gradients below this fraction of the largest one are the unsplit step's rounding noise
+
+# One launch per rank count (start-up and rendezvous cost more than a job); "1t": the control.
+LAUNCHES = {"1": ["step:1"], "1t": ["step:1"], "2": ["step:2", "step:2:no-halo"], "4": ["step:4", "step:2"]}
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    """probe(launch, job) -> each rank's results of `job`, from its launch (run once)."""
+    launched = {}
+
+    def results(launch: str, job: str) -> list[dict]:
+        if launch not in launched:
+            out = tmp_path_factory.mktemp(f"deepcam-split-{launch}")
+            cmd = [helpers.PYTHON, PROBE, "--out", out, *LAUNCHES[launch]]
+            ranks = int(launch.rstrip("t"))
+            if launch == "1t":
+                cmd += ["--threads", "1"]
+            launched[launch] = out, ranks, (helpers.horovodrun(ranks, cmd, timeout=900) if ranks > 1
+                                            else helpers.run(cmd, timeout=600))
+        out, ranks, proc = launched[launch]
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        found = []
+        for rank in range(ranks):
+            with np.load(out / job / f"rank-{rank:05d}.npz") as f:
+                found.append({k: f[k] for k in f.files})
+        return found
+
+    return results
+
+
+def _relative(got, want, floor: float = 0.0) -> float:
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), floor, 1e-30))
+
+
+def _gradient_errors(results, reference) -> dict:
+    """Per gradient, the largest error over the ranks, relative to the unsplit gradient's scale, or
+    to NOISE x the largest gradient for those the unsplit step gives as rounding noise."""
+    grads = sorted((k for k in reference if k.startswith("grad_")), key=lambda k: int(k.split("_")[1]))
+    largest = max(float(np.max(np.abs(reference[k]))) for k in grads)
+    return {k: max(_relative(r[k], reference[k], NOISE * largest) for r in results) for k in grads}
+
+
+def _errors(results, reference) -> dict:
+    """Logits (each rank's rows of its group's samples), IoU, loss and every variable after the step."""
+    k = len(results) // int(results[0]["groups"])
+    worst = {"logits": 0.0, "iou": 0.0, "variables": 0.0}
+    for r in results:
+        groups, group, index = int(r["groups"]), int(r["group"]), int(r["index"])
+        batch, rows = len(reference["logits"]) // groups, reference["logits"].shape[1] // k
+        want = reference["logits"][group * batch:(group + 1) * batch, index * rows:(index + 1) * rows]
+        worst["logits"] = max(worst["logits"], _relative(r["logits"], want))
+        worst["iou"] = max(worst["iou"], _relative(r["iou"], reference["iou"][group * batch:(group + 1) * batch]))
+        for name in (n for n in reference if n.startswith("var_")):
+            worst["variables"] = max(worst["variables"], _relative(r[name], reference[name]))
+    # Each rank's loss is its group's (the whole samples'); their mean over the groups is the global batch's.
+    per_group = {int(r["group"]): float(r["loss"]) for r in results}
+    worst["loss"] = abs(np.mean(list(per_group.values())) - float(reference["loss"])) / abs(float(reference["loss"]))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def unsplit(probe):
+    return probe("1", "step:1")[0]
+
+
+@pytest.fixture(scope="module")
+def thread_control(probe, unsplit):
+    """The largest gradient error of the unsplit step on 1 thread against the default 2."""
+    return max(_gradient_errors(probe("1t", "step:1"), unsplit).values())
+
+
+@pytest.mark.parametrize("launch,spatial_ranks,split_aspp", [
+    ("2", 2, "bottleneck.aspp2"),                                           # 6 rows/rank at stride 16
+    pytest.param("4", 4, None, marks=pytest.mark.slow),                   # 3 rows: every rate gathered
+    pytest.param("4", 2, "bottleneck.aspp2", marks=pytest.mark.slow),     # 2 data x 2 spatial
+])
+def test_split_step_equals_the_one_rank_step(probe, unsplit, thread_control, launch, spatial_ranks, split_aspp):
+    results = probe(launch, f"step:{spatial_ranks}")
+    layers = set(results[0]["layers"])
+    # At least one ASPP rate runs split where its halo fits a neighbour's slab; the wider read the gathered map.
+    gathered = {f"bottleneck.aspp{i}.atrous_convolution_halo_window" for i in (2, 3, 4)} & layers
+    assert "bottleneck.aspp4.atrous_convolution_halo_window" in gathered
+    if split_aspp:
+        assert f"{split_aspp}.atrous_convolution_halo" in layers and len(gathered) == 2
+    else:
+        assert len(gathered) == 3
+    assert "gathered map" in str(results[0]["plan"])
+    worst = _errors(results, unsplit)
+    assert all(v < TOLERANCE for v in worst.values()), worst
+    # Gradients: the unsplit step's own summation-order noise is above 1e-5 here (BN sums over a whole
+    # batch's pixels); the split must stay within it.
+    grads = _gradient_errors(results, unsplit)
+    assert max(grads.values()) <= max(TOLERANCE, 1.5 * thread_control), (thread_control, sorted(
+        grads.items(), key=lambda kv: -kv[1])[:3])
+
+
+def test_without_the_halo_the_split_step_differs(probe, unsplit, thread_control):
+    results = probe("2", "step:2:no-halo")
+    worst = _errors(results, unsplit)
+    assert worst["logits"] > 1e-3 and worst["variables"] > 1e-3, worst
+    assert max(_gradient_errors(results, unsplit).values()) > 100 * thread_control
+
+
+# ------------------------------------------------------------------ a whole run
+RUN = ["--max_epochs", "2", "--local_batch_size", "4", "--deterministic", "--set", "data.n_train=8",
+       "--set", "data.n_valid=4", "--set", "train.stop_at_target=false", "--set", "train.checkpoint_every=2",
+       "--set", "target_iou=0.01"]   # met at once, and training goes on: exit 0 after 2 epochs
+
+
+def _train(deepcam_config, data, out, ranks, *extra):
+    cmd = helpers.train_cmd("deepcam", deepcam_config, "--data_dir_prefix", data, "--output_dir", out, *RUN, *extra)
+    proc = helpers.horovodrun(ranks, cmd) if ranks > 1 else helpers.run(cmd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((out / "summary.json").read_text())
+
+
+def _final_weights(out) -> dict:
+    import tensorflow as tf
+    folder = sorted((out / "checkpoints").iterdir())[-1]
+    reader = tf.train.load_checkpoint(str(folder / "ckpt"))
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}
+
+
+@pytest.mark.slow
+def test_split_run_stays_within_the_drift_of_two_unsplit_runs(deepcam_data, deepcam_config, tmp_path):
+    _train(deepcam_config, deepcam_data, tmp_path / "one", 1, "--set", "runtime.intra_op_threads=1")
+    _train(deepcam_config, deepcam_data, tmp_path / "two", 1, "--set", "runtime.intra_op_threads=2")
+    proc, split = _train(deepcam_config, deepcam_data, tmp_path / "split", 2, "--spatial_ranks", "2",
+                         "--set", "runtime.intra_op_threads=1")
+    assert "2-way spatial x 1 data-parallel group(s)" in proc.stdout
+    assert "each rank holds 32 of every sample's 64 rows" in proc.stdout
+    assert '"key": "global_batch_size", "value": 4' in (tmp_path / "split" / "mlperf.log").read_text()
+    assert split["weights_in_sync"]
+    one, two, got = (_final_weights(tmp_path / name) for name in ("one", "two", "split"))
+    assert one.keys() == got.keys()
+    # The control: the largest relative difference of a variable between the two unsplit runs.
+    control = max(_relative(two[name], one[name]) for name in one)
+    split = {name: _relative(got[name], value) for name, value in one.items()}
+    assert max(split.values()) <= max(1.5 * control, 1e-4), (control, sorted(split.items(), key=lambda kv: -kv[1])[:3])
