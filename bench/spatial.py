@@ -1,15 +1,18 @@
 """Spatial parallelism on this machine: samples/s, memory per rank and the halo's share of the step,
 each splitting benchmark's models unsplit (K=1) and split K=2 ways, the halo overlapped and not.
 
-  python bench/spatial.py                                  # every row: the quiet run (~15 min, 2 cores)
+  python bench/spatial.py                                  # every row: the quiet run (~25 min, 2 cores)
   python bench/spatial.py --configs cosmoflow/configs/cosmoflow_spatial_256.yaml --ks 2 --halo-overlap on
   python bench/spatial.py --allow-load --steps 1 --configs cosmoflow/configs/cosmoflow_closed_gbs512.yaml \\
       --set data.sample_shape=32,32,32,4 --out-dir /tmp/smoke      # a smoke run on a busy machine
 
 Rows: the configs of each benchmark's `spatial_bench` in common/benchmarks.py (CosmoFlow: the
-reference's model at 128^3, the 256^3 config's; DeepCAM's 768x1152 model once its entry names
-one), at local batch 1, fp32, each K in --ks, and for K > 1 with parallel.halo_overlap on and off.
-A row is its own launch of K ranks under horovodrun (Gloo), so that its peak RSS is its own.
+reference's model at 128^3, the 256^3 config's; DeepCAM: its full model at 768x1152), at local
+batch 1, fp32, each K in --ks, and for K > 1 with parallel.halo_overlap on and off (off is left
+out where the overlapped row overlapped no layer: DeepCAM's split exchanges first either way).
+A row is its own launch of K ranks under horovodrun (Gloo), so that its peak RSS is its own; its
+data.data_dir a one-sample synthetic set (a preprocessing may read its statistics); the rows
+measured so far are written after each one.
 
 Per row, after one warm-up step: --steps timed training steps of the real TrainStep on random
 inputs of the task's shapes (samples/s: one group's samples over the slowest rank's time), then
@@ -21,8 +24,10 @@ lost time when overlapped: the samples/s of the two K=2 rows say what the overla
 Gloo over loopback shares the cores with the convolutions it overlaps, so that is this host's
 answer, not a GPU node's. Peak RSS is each rank's high-water mark (ru_maxrss); "above import"
 subtracts the RSS once TensorFlow and Horovod are loaded. What every rank holds whole whatever K
-(weights, optimizer slots, one set of gradients, the layers after the gather) is listed with its
-size beside each row: it is why K=2 holds more than half of K=1.
+(weights, optimizer slots, one set of gradients, the gathered activations) is listed with its
+size beside each row: it is why K=2 holds more than half of K=1. Halo bytes: what each exchange
+sends forward, recorded as the model is built; backward sends as much again per exchange but
+those on the model's input (the alltoalls/step column counts both directions).
 
 Refuses to measure (one `error:` line, exit 2) when the load average is above 0.5 per core;
 --allow-load measures anyway and the table says the load. Writes bench/results/spatial_<ISA>.md
@@ -31,6 +36,7 @@ and .json (--out-dir), and --json for bench/report.py.
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -80,30 +86,39 @@ def row_config(row: dict, sets: list[str]):
     return load_model_config(benchmarks.config_class(row["benchmark"]), REPO / row["config"], overrides)
 
 
-def halo_bytes_per_step(net) -> int:
-    """Bytes one interior rank sends per step: 2 halos of kernel // 2 planes per split conv forward, and
-    as many backward, but for a layer reading the model's input (which needs no gradient)."""
-    total = 0
-    for layer in net.layers:
-        if getattr(layer, "holds_slab", False):
-            _, _, y, x, c = layer.input.shape
-            directions = 1 if any(layer.input is t for t in net.inputs) else 2
-            total += directions * 2 * (layer.kernel_size[0] // 2) * y * x * c * 4
-    return total
+def build_recording_sends(task, bn_group, mesh) -> tuple:
+    """(the task's model, the bytes each of its halo exchanges sends forward): every exchange of either
+    benchmark goes through mesh.neighbour_planes, whose input's static shape is known as the model is
+    built (on the wire in float32). Backward sends as much again for each exchange whose input needs
+    a gradient (all but one reading the model's input)."""
+    sends, exchange = [], mesh.neighbour_planes
+
+    def recording(x, halo, name):
+        planes = exchange(x, halo, name)
+        sends.append(4 * math.prod(d for d in planes.sent.shape if d is not None))   # per sample: batch 1
+        return planes
+    mesh.neighbour_planes = recording
+    try:
+        net = task.build_model(bn_group)
+    finally:
+        mesh.neighbour_planes = exchange
+    return net, sends
 
 
 def replicated_bytes(net, optimizer) -> dict:
     """What every rank of a group holds whole, whatever K: the weights, the optimizer's slots, one set
-    of gradients, and the activations of the layers after the slabs are gathered (per sample)."""
+    of gradients, and the gathered activations (per sample): the gathers' outputs and CosmoFlow's head
+    after its gather."""
     from common.parallel.spatial import GatherSlabs
+    from common.parallel.spatial_rows import GatherRows
 
     def size(tensors) -> int:   # per sample: a layer's output has no batch size
         return int(sum(t.shape[int(t.shape[0] is None):].num_elements() * t.dtype.size for t in tensors))
-    gathered = [i for i, layer in enumerate(net.layers) if isinstance(layer, GatherSlabs)]
-    head = net.layers[gathered[0]:] if gathered else []
+    first = next((i for i, layer in enumerate(net.layers) if isinstance(layer, GatherSlabs)), len(net.layers))
+    gathered = [layer for i, layer in enumerate(net.layers) if i >= first or isinstance(layer, GatherRows)]
     slots = [v for v in optimizer.variables if v.shape.rank]   # the step counter aside
     return {"weights": size(net.weights), "optimizer_slots": size(slots), "gradients": size(net.trainable_weights),
-            "head_activations": size([layer.output for layer in head])}
+            "gathered_activations": size([layer.output for layer in gathered])}
 
 
 def halo_shares(timeline: Path, step_seconds: float) -> dict:
@@ -127,7 +142,6 @@ def worker(args) -> int:
     import numpy as np
     import tensorflow as tf
     from common.parallel.distribution import Distribution
-    from common.parallel.spatial import gradient_scales
     from common.run.steps import TrainStep
     row = json.loads(args.row)
     dist = Distribution()
@@ -135,10 +149,10 @@ def worker(args) -> int:
     mesh = dist.spatial_mesh(row["spatial_ranks"])
     base_rss = _current_rss_gib()
     task = benchmarks.task_class(row["benchmark"])(row_config(row, args.set), mesh if mesh.is_split else None)
-    net = task.build_model(dist.rank_group(task.batchnorm_group_size, "batchnorm_group_size"))
+    net, sends = build_recording_sends(task, dist.rank_group(task.batchnorm_group_size, "batchnorm_group_size"), mesh)
     optimizer, _ = task.build_optimizer(1, steps_per_epoch=100)
     step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,
-                     gradient_scales=gradient_scales(net))
+                     gradient_scales=task.gradient_scales(net))
     specs = task.input_specs()
     rng = np.random.default_rng(0)   # small non-negative integers (counts, classes), floats in [-1, 1)
     batch = tuple(tf.constant(rng.integers(0, 3, s.shape) if s.dtype.is_integer else rng.uniform(-1, 1, s.shape),
@@ -165,7 +179,8 @@ def worker(args) -> int:
     slab = specs[0].shape   # [B, Zs, ...spatial, C]: split along its first spatial axis
     record |= {"rank": dist.rank, "seconds_per_step": timed, "peak_rss_gib": _rss_gib(), "import_rss_gib": base_rss,
                "sample": [slab[1] * mesh.size, *slab[2:-1]],
-               "halo_bytes_per_step": halo_bytes_per_step(net) if mesh.is_split else 0,
+               "halo_bytes_forward": sum(sends), "halo_exchanges_forward": len(sends),
+               "overlapping_layers": sum(bool(getattr(layer, "overlaps", False)) for layer in net.layers),
                "parameters": int(sum(np.prod(v.shape) for v in net.trainable_variables)),
                "replicated_bytes": replicated_bytes(net, optimizer),
                "threads": tf.config.threading.get_intra_op_parallelism_threads()}
@@ -175,15 +190,27 @@ def worker(args) -> int:
     return 0
 
 
+def synthetic_data(benchmark: str, folder: Path, env: dict) -> Path:
+    """A one-sample synthetic set of the benchmark's generator (common/benchmarks.py) in `folder`: the
+    steps train on random tensors, but a task's preprocessing may read the set's statistics (DeepCAM's
+    normalization reads stats.h5)."""
+    b = benchmarks.get(benchmark)
+    cmd = [sys.executable, "-m", b.generator, "--output-dir", str(folder), *b.generator_args,
+           "--n-train", "1", "--n-valid", "1"]   # the last flags win
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+    return folder
+
+
 def measure(row: dict, steps: int, sets: list[str]) -> dict:
     k = row["spatial_ranks"]
+    env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     with tempfile.TemporaryDirectory(prefix="bench_spatial.") as tmp:
+        data = synthetic_data(row["benchmark"], Path(tmp) / "data", env)
         cmd = [sys.executable, __file__, "--worker", json.dumps(row), "--steps", str(steps), "--out", tmp,
-               *[f"--set={s}" for s in sets]]
+               f"--set=data.data_dir={data}", *[f"--set={s}" for s in sets]]
         cmd = launchers.on_this_host(cmd, k)
         load = machine_load.per_core()
         print(f"[bench] load {load:.2f} per core: {' '.join(cmd)}", flush=True)
-        env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
         code = subprocess.run(cmd, cwd=REPO, env=env).returncode
         if code != 0:
             raise RuntimeError(f"{row}: exited with status {code} (its output is above)")
@@ -192,7 +219,10 @@ def measure(row: dict, steps: int, sets: list[str]) -> dict:
     dims = r["sample"]
     return row | {
         "sample": dims, "sample_name": f"{dims[0]}^{len(dims)}" if len(set(dims)) == 1 else "x".join(map(str, dims)),
-        "halo": {None: "-", True: "overlapped", False: "exchanged first"}[row["halo_overlap"]],
+        "halo": "-" if row["halo_overlap"] is None else
+                ("overlapped" if r["overlapping_layers"] else "exchanged first (nothing overlaps)")
+                if row["halo_overlap"] else "exchanged first",
+        "overlapping_layers": r["overlapping_layers"],
         "parameters": r["parameters"], "threads_per_rank": r["threads"],
         "samples_per_s": 1.0 / r["seconds_per_step"], "seconds_per_step": r["seconds_per_step"],
         "load_per_core_before": load,
@@ -200,9 +230,14 @@ def measure(row: dict, steps: int, sets: list[str]) -> dict:
         "peak_rss_above_import_gib": max(x["peak_rss_gib"] - x["import_rss_gib"] for x in ranks),
         "import_rss_gib": max(x["import_rss_gib"] for x in ranks),
         "replicated_gib": {key: value / GIB for key, value in r["replicated_bytes"].items()},
-        "halo_mib_per_step_per_rank": r["halo_bytes_per_step"] / 2**20,
+        "halo_mib_forward_per_rank": r["halo_bytes_forward"] / 2**20,
+        "halo_exchanges_forward": r["halo_exchanges_forward"],
         "alltoalls_per_step": r.get("alltoalls"),
         "halo_in_flight_share": r.get("halo_in_flight_share"), "halo_transfer_share": r.get("halo_transfer_share")}
+
+
+def same_split(a: dict, b: dict) -> bool:
+    return (a["config"], a["spatial_ranks"]) == (b["config"], b["spatial_ranks"])
 
 
 def with_unsplit_ratios(rows: list[dict]) -> list[dict]:
@@ -228,25 +263,27 @@ def markdown(machine: dict, rows: list[dict], command: str) -> str:
              f"{min(loads):.2f}-{max(loads):.2f}" + ("." if quiet else
              f" (NOT QUIET, above {machine_load.QUIET_PER_CORE}: a smoke run, its timings are not figures)."), "",
              "| benchmark | sample | K | halo | params | threads/rank | samples/s | peak RSS/rank GiB "
-             "| above import GiB | vs K=1 | halo MiB/step/rank | alltoalls/step | halo in flight | halo transfer |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| above import GiB | vs K=1 | halo MiB/rank forward | exchanges forward | alltoalls/step "
+             "| halo in flight | halo transfer |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = "-" if r["above_import_vs_unsplit"] is None else f"{r['above_import_vs_unsplit']:.2f}x"
         lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['spatial_ranks']} | {r['halo']} | "
                      f"{r['parameters']:,} | {r['threads_per_rank']} | {r['samples_per_s']:.3f} | "
                      f"{r['peak_rss_gib_per_rank']:.2f} | {r['peak_rss_above_import_gib']:.2f} | {ratio} | "
-                     f"{r['halo_mib_per_step_per_rank']:.1f} | {r['alltoalls_per_step'] or '-'} | "
+                     f"{r['halo_mib_forward_per_rank']:.1f} | {r['halo_exchanges_forward'] or '-'} | "
+                     f"{r['alltoalls_per_step'] or '-'} | "
                      f"{_share(r['halo_in_flight_share'])} | {_share(r['halo_transfer_share'])} |")
-    lines += ["", "Held whole by every rank, whatever K (GiB; gradients: one set, during the step; head: the "
-              "activations after the gather, per sample, saved for backward):", "",
-              "| benchmark | sample | K | TF + Horovod at import | weights | optimizer slots | gradients | head |",
+    lines += ["", "Held whole by every rank, whatever K (GiB; gradients: one set, during the step; gathered: the "
+              "gathers' outputs and the layers after a gathered head, per sample, saved for backward):", "",
+              "| benchmark | sample | K | TF + Horovod at import | weights | optimizer slots | gradients | gathered |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         g = r["replicated_gib"]
         if r["halo_overlap"] is not False:   # one line per sample and K: the overlap holds the same
             lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['spatial_ranks']} | "
                          f"{r['import_rss_gib']:.2f} | {g['weights']:.3f} | {g['optimizer_slots']:.3f} | "
-                         f"{g['gradients']:.3f} | {g['head_activations']:.3f} |")
+                         f"{g['gradients']:.3f} | {g['gathered_activations']:.3f} |")
     unsplit = [name for name in benchmarks.names() if not benchmarks.get(name).spatial_bench]
     if unsplit:
         lines += ["", f"Not measured: {', '.join(unsplit)} (samples not split; its entry in common/benchmarks.py "
@@ -277,22 +314,26 @@ def main(argv=None) -> int:
         print(refusal, file=sys.stderr)
         return 2
     overlaps = [{"on": True, "off": False}[v] for v in args.halo_overlap.split(",")]
-    rows = []
-    for row in plan(args.configs.split(",") if args.configs else None, [int(k) for k in args.ks.split(",")], overlaps):
-        rows.append(measure(row, args.steps, args.set))
-        print(f"[bench] {json.dumps(rows[-1])}", flush=True)   # each row as it is measured
-    rows = with_unsplit_ratios(rows)
     from common import cpu
     from common.files import write_text_atomic
     import tensorflow as tf
     machine = cpu.describe() | {"cores": cpu.cores(), "tensorflow": tf.__version__, "date": time.strftime("%Y-%m-%d")}
-    table = markdown(machine, rows, "python bench/spatial.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])))
+    command = "python bench/spatial.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = "spatial_" + machine["isa"].replace(" ", "_")
-    record = json.dumps({"machine": machine, "rows": rows}, indent=2)
-    write_text_atomic(out / f"{name}.json", record)
-    write_text_atomic(out / f"{name}.md", table)
+    rows = []
+    for row in plan(args.configs.split(",") if args.configs else None, [int(k) for k in args.ks.split(",")], overlaps):
+        if not row["halo_overlap"] and any(same_split(r, row) and r["halo_overlap"] and not r["overlapping_layers"]
+                                           for r in rows):
+            continue   # its overlapped row overlapped nothing (DeepCAM's rows exchange first): the same run
+        rows.append(measure(row, args.steps, args.set))
+        print(f"[bench] {json.dumps(rows[-1])}", flush=True)
+        # Written after every row, so that a row that fails (out of memory) leaves those before it.
+        table = markdown(machine, with_unsplit_ratios(rows), command)
+        record = json.dumps({"machine": machine, "rows": with_unsplit_ratios(rows)}, indent=2)
+        write_text_atomic(out / f"{name}.json", record)
+        write_text_atomic(out / f"{name}.md", table)
     if args.json:
         write_text_atomic(args.json, record)
     print("\n" + table)

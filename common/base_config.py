@@ -110,9 +110,10 @@ class ParallelConfig:
     # node; the job's ranks / spatial_ranks groups do data parallelism. 1: none.
     spatial_ranks: int = 1
     # With spatial_ranks > 1: each split convolution computes the planes that read no neighbour
-    # while its halo exchange is in flight (common.parallel.spatial.SpatialConv3D), the same
-    # function either way. On: a GPU's collectives run on their own stream beside that compute;
-    # false exchanges first, then convolves the slab in one op (no copy of the output).
+    # while its halo exchange is in flight (CosmoFlow's common.parallel.spatial.SpatialConv3D;
+    # DeepCAM's row split exchanges first), the same function either way. On: a GPU's collectives
+    # run on their own stream beside that compute; false exchanges first, then convolves the slab
+    # in one op (no copy of the output).
     halo_overlap: bool = True
 
 

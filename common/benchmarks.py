@@ -166,8 +166,8 @@ BENCHMARKS = (
         one_core_reader="deepcam.input_bench:one_core_reader",
         one_core_reader_samples=4,
         input_bench="deepcam.input_bench",
-        # No spatial_bench until DeepCAM splits along height (issue 30): then its full-size closed
-        # config here gives bench/spatial.py the 768x1152 rows, unsplit and at K=2.
+        # The full-size model, 768x1152 (its row split exchanges before each convolution).
+        spatial_bench=("deepcam/configs/deepcam_closed_gbs1024.yaml",),
     ),
 )
 FIELDS = tuple(f.name for f in dataclasses.fields(Benchmark))

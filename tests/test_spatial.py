@@ -292,17 +292,18 @@ def test_spatial_bench_reports_memory_and_halo_bytes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(next(tmp_path.glob("spatial_*.json")).read_text())["rows"]
     one, two = rows
-    assert (one["spatial_ranks"], two["spatial_ranks"]) == (1, 2) and one["halo_mib_per_step_per_rank"] == 0
+    assert (one["spatial_ranks"], two["spatial_ranks"]) == (1, 2) and one["halo_mib_forward_per_rank"] == 0
     # Split conv layers at 32^3, K=2 (the closed model's 5 layers, 32..512 filters): the slab keeps its
-    # planes through pool4, then is gathered; each sends 2 planes of its input forward, and backward
-    # but for conv1 (its input, the sample, needs no gradient): 5 + 4 alltoalls in the timeline.
+    # planes through pool4, then is gathered; each sends 2 planes of its input forward, and again
+    # backward but for conv1 (its input, the sample, needs no gradient): 5 + 4 alltoalls in the timeline.
     planes = [(32, 4), (16, 32), (8, 64), (4, 128), (2, 256)]
-    expected = sum((1 if i == 0 else 2) * 2 * edge * edge * channels * 4 for i, (edge, channels) in enumerate(planes))
-    assert two["halo_mib_per_step_per_rank"] * 2 ** 20 == pytest.approx(expected)
-    assert two["alltoalls_per_step"] == 9
+    expected = sum(2 * edge * edge * channels * 4 for edge, channels in planes)
+    assert two["halo_mib_forward_per_rank"] * 2 ** 20 == pytest.approx(expected)
+    # conv1-3 (slabs of 16, 8, 4 planes) overlap; conv4 and conv5 (2, 1) have no interior.
+    assert (two["halo_exchanges_forward"], two["alltoalls_per_step"], two["overlapping_layers"]) == (5, 9, 3)
     assert 0 < two["halo_transfer_share"] <= two["halo_in_flight_share"] <= 1, two
     held = two["replicated_gib"]   # fp32 weights, and the head after the gather
-    assert held["weights"] * 2 ** 30 >= 4 * two["parameters"] and held["head_activations"] > 0
+    assert held["weights"] * 2 ** 30 >= 4 * two["parameters"] and held["gathered_activations"] > 0
     assert two["samples_per_s"] > 0 and two["peak_rss_gib_per_rank"] > 0
     table = next(tmp_path.glob("spatial_*.md")).read_text()
     assert "| cosmoflow | 32^3 | 2 | overlapped |" in table and "Load average per core" in table
