@@ -62,6 +62,9 @@ class Benchmark:
         bench runs: its frozen dataclass `Options` (the bench's --<name>-<field> flags, defaults and help)
         and `variants(run: bench.bench_timing.Run, options: Options) -> list[bench.bench_timing.Row]`;
         '' leaves it out of that bench.
+      spatial_split: the axis along which `parallel.spatial_ranks` K (train.py's spatial-ranks flag)
+        splits every sample across K ranks: 'depth' (a volume's z) or 'height' (a map's rows); '' when the benchmark
+        cannot split. offline/projection picks the network it rebuilds by it (`split_along`).
     """
     name: str
     submission_name: str
@@ -90,7 +93,10 @@ class Benchmark:
     one_core_reader: str = ""
     one_core_reader_samples: int = 4
     input_bench: str = ""
+    spatial_split: str = ""
 
+
+SPLIT_AXES = ("depth", "height")   # the values spatial_split may take besides ''
 
 BENCHMARKS = (
     Benchmark(
@@ -125,6 +131,7 @@ BENCHMARKS = (
         one_core_reader="cosmoflow.input_bench:one_core_reader",
         one_core_reader_samples=8,
         input_bench="cosmoflow.input_bench",
+        spatial_split="depth",
     ),
     Benchmark(
         name="deepcam",
@@ -159,6 +166,7 @@ BENCHMARKS = (
         one_core_reader="deepcam.input_bench:one_core_reader",
         one_core_reader_samples=4,
         input_bench="deepcam.input_bench",
+        spatial_split="height",
     ),
 )
 FIELDS = tuple(f.name for f in dataclasses.fields(Benchmark))
@@ -184,6 +192,18 @@ def get(name: str) -> Benchmark:
         if b.name == name:
             return b
     raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(names())}")
+
+
+def split_along(axis: str) -> str:
+    """The benchmark whose samples split along `axis` (a value of SPLIT_AXES).
+
+    Raises:
+      KeyError: no benchmark, or more than one, splits along it.
+    """
+    found = [b.name for b in BENCHMARKS if b.spatial_split == axis]
+    if len(found) != 1:
+        raise KeyError(f"{len(found)} benchmarks split along {axis!r} ({', '.join(found) or 'none'}); one expected")
+    return found[0]
 
 
 def closed_configs(name: str) -> list[Path]:
