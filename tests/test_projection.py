@@ -589,7 +589,7 @@ def test_deepcam_split_on_one_node(k, capsys):
     for words in (f"split {k} ways along height", "56,454,720 parameters, 74 layers reading rows beyond",
                   "76 batch-norm layers", f"slabs of {768 // k} rows", "over the intra-node link at 300 GB/s",
                   "xception_features.block4-19.rep.0.conv1      halo    1  16", "ASSUMPTION",
-                  "train.py sets 0.1 ms for batchnorm_group_size > 1 only", f"{k}-way spatial (height)",
+                  "train.py sets 0.1 ms for a height split", f"{k}-way spatial (height)",
                   "step: device + exchange + allreduce", "per K on Perlmutter", "splitting loses",
                   "past the data-parallel limit", f"a split step waits on {count} collectives"):
         assert words in out, words

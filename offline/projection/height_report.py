@@ -64,8 +64,8 @@ def collectives_table(machine: Machine, k: int, precision: str, cycle_s: float) 
 def cycle_line(cycle_s: float) -> str:
     return (f"latency: ASSUMPTION, at most one Horovod cycle ({cycle_s * 1e3:g} ms) of waiting per collective issued "
             f"serially (HOROVOD_CYCLE_TIME: Horovod's default {cycle_time.DEFAULT_MS:g} ms; train.py sets "
-            f"{cycle_time.BATCHNORM_GROUP_MS:g} ms for batchnorm_group_size > 1 only, so a split at "
-            f"batchnorm_group_size 1 waits {cycle_time.DEFAULT_MS:g} ms unless HOROVOD_CYCLE_TIME is set)")
+            f"{cycle_time.BATCHNORM_GROUP_MS:g} ms for a height split, whose batch norm sums over the spatial "
+            f"group, unless HOROVOD_CYCLE_TIME is set: --cycle-time-ms {cycle_time.BATCHNORM_GROUP_MS:g})")
 
 
 def memory_table(machine: Machine, k: int, precision: str) -> list[str]:

@@ -32,9 +32,9 @@ share of the split is counted at any K:
   latency       the ASSUMPTION of spatial.py: at most one Horovod cycle per collective issued in the
                 step's critical path (each layer's waits on the layer before), plus the NIC's latency
                 per message where a group spans nodes. train.py shortens the cycle to 0.1 ms
-                (common.parallel.cycle_time.BATCHNORM_GROUP_MS) only for batchnorm_group_size > 1;
-                a split at batchnorm_group_size 1 runs at Horovod's 1 ms unless HOROVOD_CYCLE_TIME
-                is set (--cycle-time-ms 0.1 projects that)
+                (common.parallel.cycle_time.BATCHNORM_GROUP_MS) for a height split, whose batch norm
+                sums over the spatial group, unless HOROVOD_CYCLE_TIME is set; the default here is
+                Horovod's 1 ms (--cycle-time-ms 0.1 projects what train.py runs)
   memory        per device, local batch 1: every layer's output / K (what the backward keeps), each
                 halo layer's padded slab (kept for its 'valid' convolution's backward; unsplit, the
                 strided layers' zero-padded inputs), the gathered
