@@ -62,9 +62,11 @@ class Benchmark:
         bench runs: its frozen dataclass `Options` (the bench's --<name>-<field> flags, defaults and help)
         and `variants(run: bench.bench_timing.Run, options: Options) -> list[bench.bench_timing.Row]`;
         '' leaves it out of that bench.
-      spatial_bench: the configs bench/spatial.py builds its models from, each measured unsplit and split
-        (parallel.spatial_ranks): the benchmarks whose samples split, and the sizes their rows show;
-        () while a benchmark's samples do not split.
+      spatial_split: the axis along which `parallel.spatial_ranks` K (train.py's spatial-ranks flag)
+        splits every sample across K ranks: 'depth' (a volume's z) or 'height' (a map's rows); '' when the benchmark
+        cannot split. offline/projection picks the network it rebuilds by it (`split_along`).
+      spatial_bench: the configs bench/spatial.py builds its models from (a benchmark with a spatial_split),
+        each measured unsplit and split 2 ways: the sizes its rows show; () leaves the benchmark out.
     """
     name: str
     submission_name: str
@@ -93,8 +95,11 @@ class Benchmark:
     one_core_reader: str = ""
     one_core_reader_samples: int = 4
     input_bench: str = ""
+    spatial_split: str = ""
     spatial_bench: tuple[str, ...] = ()
 
+
+SPLIT_AXES = ("depth", "height")   # the values spatial_split may take besides ''
 
 BENCHMARKS = (
     Benchmark(
@@ -129,6 +134,7 @@ BENCHMARKS = (
         one_core_reader="cosmoflow.input_bench:one_core_reader",
         one_core_reader_samples=8,
         input_bench="cosmoflow.input_bench",
+        spatial_split="depth",
         # The reference's model at 128^3 (the closed configs') and the 256^3 config's.
         spatial_bench=("cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
                        "cosmoflow/configs/cosmoflow_spatial_256.yaml"),
@@ -166,6 +172,7 @@ BENCHMARKS = (
         one_core_reader="deepcam.input_bench:one_core_reader",
         one_core_reader_samples=4,
         input_bench="deepcam.input_bench",
+        spatial_split="height",
         # The full-size model, 768x1152 (its row split exchanges before each convolution).
         spatial_bench=("deepcam/configs/deepcam_closed_gbs1024.yaml",),
     ),
@@ -193,6 +200,18 @@ def get(name: str) -> Benchmark:
         if b.name == name:
             return b
     raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(names())}")
+
+
+def split_along(axis: str) -> str:
+    """The benchmark whose samples split along `axis` (a value of SPLIT_AXES).
+
+    Raises:
+      KeyError: no benchmark, or more than one, splits along it.
+    """
+    found = [b.name for b in BENCHMARKS if b.spatial_split == axis]
+    if len(found) != 1:
+        raise KeyError(f"{len(found)} benchmarks split along {axis!r} ({', '.join(found) or 'none'}); one expected")
+    return found[0]
 
 
 def closed_configs(name: str) -> list[Path]:

@@ -202,7 +202,10 @@ class DeepCAMTask(Task):
     @classmethod
     def requested_batchnorm_group_size(cls, config_path, overrides: dict) -> int:
         # Without a config file the job's size picks a closed config: all have batchnorm_group_size 1.
-        return peek(cls.config_class, config_path, overrides, "model.batchnorm_group_size") or 1
+        # A height split's batch norm sums over its spatial group as well (the trainer's K x group size):
+        # its ~150 sequential allreduces a step wait on Horovod's cycle like a batch-norm group's.
+        group = peek(cls.config_class, config_path, overrides, "model.batchnorm_group_size") or 1
+        return group * (peek(cls.config_class, config_path, overrides, "parallel.spatial_ranks") or 1)
 
     def build_model(self, bn_group):
         return model.from_config(self.cfg, bn_group, self._split)

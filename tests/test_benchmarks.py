@@ -222,9 +222,9 @@ ONE_BENCHMARK_TOOLS = {
     "bench/deepcam_vs_reference.py": "deepcam",     # our model's step against the PyTorch reference's
     "bench/staging_throughput.py": "cosmoflow",     # its gzip TFRecords are the GUNZIP layout's sources
 }
-# The one constant naming the benchmark whose network offline/projection/spatial.py rebuilds (bench/ takes
-# the benchmarks whose samples split from the table's spatial_bench).
-SPATIAL_CONSTANT = ("offline/projection/spatial.py", "BENCHMARK")
+# The modules of the projection that rebuild a split network: each takes its benchmark from the table's
+# spatial_split (bench/spatial.py and bench/report.py take their rows from spatial_bench).
+SPLIT_MODULES = ("offline/projection/spatial.py", "offline/projection/height_split.py")
 
 
 def _benchmark_names_in_code(source: str, names=NAMES) -> list[tuple[int, str, str]]:
@@ -286,7 +286,7 @@ def test_bench_and_offline_take_every_benchmark_from_the_table():
         if b.throughput_bench:
             allowed[b.throughput_bench] = b.name
     files = sorted(p for folder in ("bench", "offline", "offline/projection") for p in (REPO / folder).glob("*.py"))
-    assert REPO / SPATIAL_CONSTANT[0] in files and REPO / "bench" / "input_pipeline.py" in files
+    assert {REPO / m for m in SPLIT_MODULES} <= set(files) and REPO / "bench" / "input_pipeline.py" in files
     stray, constants = [], []
     for path in files:
         rel = path.relative_to(REPO).as_posix()
@@ -296,12 +296,27 @@ def test_bench_and_offline_take_every_benchmark_from_the_table():
             elif allowed.get(rel) != name:
                 stray.append(f"{rel}:{line}: {text!r}")
     assert not stray, "bench/ and offline/ name a benchmark by hand:\n" + "\n".join(stray)
-    assert constants == [SPATIAL_CONSTANT], constants
+    assert constants == [], constants    # no `BENCHMARK = "<name>"`: the split modules read the table
+
+
+def test_the_projection_splits_each_benchmark_along_its_table_axis():
+    """spatial_split picks the rebuilt network: every axis a benchmark names has a projection, and each
+    split module's BENCHMARK is the benchmark the table splits along its axis."""
+    from offline.projection import cli, height_split, spatial
+    axes = {b.name: b.spatial_split for b in benchmarks.BENCHMARKS if b.spatial_split}
+    assert set(axes.values()) <= set(benchmarks.SPLIT_AXES) == set(cli.SPLIT_PROJECTIONS)
+    assert {spatial.AXIS: spatial.BENCHMARK, height_split.AXIS: height_split.BENCHMARK} == \
+        {axis: name for name, axis in axes.items()}
+    assert [benchmarks.split_along(axis) for axis in benchmarks.SPLIT_AXES] == [spatial.BENCHMARK,
+                                                                                height_split.BENCHMARK]
+    with pytest.raises(KeyError, match="0 benchmarks split along 'width'"):
+        benchmarks.split_along("width")
 
 
 def test_the_spatial_bench_configs_are_their_benchmarks_own():
     """bench/spatial.py's rows: each config lives in its benchmark's folder, and at least one benchmark splits."""
     assert benchmarks.names_with("spatial_bench")
     for b in benchmarks.BENCHMARKS:
+        assert b.spatial_split or not b.spatial_bench, b.name   # rows only of a benchmark that splits
         for config in b.spatial_bench:
             assert config.startswith(f"{b.name}/configs/") and (REPO / config).is_file(), config

@@ -68,6 +68,9 @@ def test_the_group_size_is_read_before_the_config_from_flags_or_file(tmp_path):
     assert requested(config, {"model.batchnorm_group_size": "2"}) == 2    # the command line wins
     assert requested(tmp_path / "missing.yaml", {}) == 1                  # load_config will say what is wrong
     assert requested(None, {"model.batchnorm_group_size": "two"}) == 1
+    # A height split's batch norm spans its spatial group too: K x the group size.
+    assert requested(None, {"parallel.spatial_ranks": "2"}) == 2
+    assert requested(config, {"parallel.spatial_ranks": "2"}) == 8
     # Without a config file the job's size picks a closed config: each must then have groups of 1.
     for path in benchmarks.closed_configs(DeepCAMTask.name):
         assert peek(DeepCAMConfig, path, {}, "model.batchnorm_group_size") == 1, path

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from common.errors import InputError
-from offline.projection import cli, inputs, model, published_points, questions, rcp, spatial
+from offline.projection import cli, height_report, height_split, inputs, model, published_points, questions, rcp, spatial
 from offline.projection.model import Dataset, Machine, ModelCosts
 from tests import helpers
 
@@ -495,7 +495,8 @@ def test_split_command_prints_collectives_memory_and_verdicts(tmp_path, capsys):
     assert png.stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("flags", [["--benchmark", "deepcam", "--spatial-ranks", "2"],
+@pytest.mark.parametrize("flags", [["--benchmark", "deepcam", "--spatial-ranks", "32"],   # 768 / 32 = 24 < 16 x 2
+                                   ["--benchmark", "deepcam", "--spatial-ranks", "2", "--png", "x.png"],
                                    ["--benchmark", "deepcam", "--sample-edge", "256"],
                                    ["--benchmark", "cosmoflow", "--spatial-ranks", "3"],
                                    ["--benchmark", "cosmoflow", "--spatial-ranks", "256", "--machine", "eos-h100"]])
@@ -522,3 +523,119 @@ def test_the_projected_large_models_are_the_shipped_spatial_configs(edge):
     assert cfg["data"]["sample_shape"][0] == edge
     assert spatial.conv_layer_count(edge) == cfg["model"]["n_conv_layers"]
     assert spatial.MAX_CHANNELS[edge] == cfg["model"]["max_channels"]
+
+
+# ------------------------------------------------------------------ DeepCAM split along height (height_split.py)
+# tests/test_height_split_rebuild.py holds the rebuilt layers against deepcam.model's (TensorFlow).
+def test_height_split_costs_are_the_measured_model_over_k():
+    """K=1 gives back the measured costs; every layer computes its rows, so FLOPs are / K (but for the
+    pooled branch's 1x1 convolution on every rank), the traffic about / K (the unsplit model's zero
+    padding layers are gone, the gathered ASPP input is whole on every rank)."""
+    measured, _ = inputs.load_costs("deepcam")
+    one = height_split.device_costs(measured, 1)
+    for field in ("flops_train", "flops_forward", "activation_bytes_train", "weight_bytes_train", "gradient_bytes"):
+        assert getattr(one, field) == pytest.approx(getattr(measured, field), rel=1e-12)
+    for k in (2, 4, 8):
+        split = height_split.device_costs(measured, k)
+        assert split.flops_train == pytest.approx(measured.flops_train / k, rel=2e-5)
+        assert split.gradient_bytes == measured.gradient_bytes
+        assert 0.95 / k < split.activation_bytes_train / measured.activation_bytes_train < 1.05 / k
+    # analytic: 2 k^2 Cin Cout per output pixel, within 1% of the measured (ASPP padded into tiles there)
+    analytic = sum(layer.forward_flops for layer in height_split.network_layers(1))
+    assert analytic == pytest.approx(measured.flops_forward, rel=0.01)
+
+
+def test_height_split_collective_count():
+    """K=2: 74 halo layers and 76 batch norms, each one collective forward and one backward, the image
+    pooling's 2, the loss's 1. K=4 (12 rows at stride 16): rate 18 reads from the gathered ASPP input
+    (allgather, then allreduce and an allgather of sizes backward) instead of its halo."""
+    counts = {}
+    for k in (2, 4):
+        cs = height_split.collectives(k, "fp16")
+        counts[k] = {what: sum(c.count for c in cs if c.what == what) for what in ("halo", "gather", "allreduce")}
+    assert counts[2] == {"halo": 2 * 74, "gather": 0, "allreduce": 2 * 76 + 2 + 1}
+    assert counts[4] == {"halo": 2 * 73, "gather": 3, "allreduce": 2 * 76 + 2 + 1}
+    gathered = [c.layer for c in height_split.collectives(4, "fp16") if c.what == "gather"]
+    assert gathered == ["xception_features.relu5_gather"]
+    assert height_split.collectives(1, "fp16") == []
+
+
+def test_height_split_halo_term_by_hand():
+    """The last transposed convolution at K=2, fp16, on Perlmutter: its input slab is 192 of 384 rows x 576
+    x 256; it needs one row from below, exchanged symmetric: 2 x 1 x 576 x 256 x 2 bytes each way, forward
+    and backward, over the 300 GB/s link, plus a cycle for each of its 2 alltoalls."""
+    machine = inputs.load_machine("perlmutter-a100")
+    c = next(c for c in height_split.collectives(2, "fp16") if c.layer == "upsample.last_deconv.0")
+    assert (c.what, c.slab, c.forward_bytes, c.backward_bytes, c.count) == ("halo", (192, 576, 256), 589_824,
+                                                                            589_824, 2)
+    links = spatial.group_links(machine, 2)
+    assert c.seconds(links, 3, 1e-3) == pytest.approx(3 * 2 * 589_824 / 300e9 + 2e-3)
+    # ASPP rate 12 at K=4 (12 rows at stride 16): 12 rows of 72 x 2048 each way
+    aspp = next(c for c in height_split.collectives(4, "fp16") if c.layer == "bottleneck.aspp3.atrous_convolution")
+    assert aspp.forward_bytes == 2 * 12 * 72 * 2048 * 2
+    # batch norm: [mean, mean of squares] of 2048 channels in float32, a ring over 4, whatever the batch
+    bn = next(c for c in height_split.collectives(4, "fp16") if c.layer == "xception_features.bn5.bn")
+    assert bn.forward_bytes == 2 * 3 / 4 * 2 * 2048 * 4 and not bn.per_sample
+    assert bn.transfer_s(links, 8) == bn.transfer_s(links, 1)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_deepcam_split_on_one_node(k, capsys):
+    rc = cli.main(["--benchmark", "deepcam", "--machine", "machines/perlmutter-a100.yaml", "--spatial-ranks", str(k),
+                   "--global-batch", "2048", "--nodes", "256,512,1024"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    count = sum(c.count for c in height_split.collectives(k, "fp16"))
+    for words in (f"split {k} ways along height", "56,454,720 parameters, 74 layers reading rows beyond",
+                  "76 batch-norm layers", f"slabs of {768 // k} rows", "over the intra-node link at 300 GB/s",
+                  "xception_features.block4-19.rep.0.conv1      halo    1  16", "ASSUMPTION",
+                  "train.py sets 0.1 ms for a height split", f"{k}-way spatial (height)",
+                  "step: device + exchange + allreduce", "per K on Perlmutter", "splitting loses",
+                  "past the data-parallel limit", f"a split step waits on {count} collectives"):
+        assert words in out, words
+    assert ("gathered maps: xception_features.relu5" in out) == (k == 4)
+    assert "spans" not in out                    # K divides the node's 4 GPUs
+
+
+def test_deepcam_split_across_nodes(capsys):
+    """K=8 on 4-GPU nodes: a group over 2 nodes, its middle boundary over the NIC; the per-K table tells the
+    node-local Ks from those across nodes; at the 0.1 ms cycle the split pays from 2 samples per group."""
+    rc = cli.main(["--benchmark", "deepcam", "--machine", "perlmutter-a100", "--spatial-ranks", "8",
+                   "--global-batch", "2048", "--nodes", "1024,2048", "--cycle-time-ms", "0.1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert ("a group of 8 devices spans 2 nodes: 1 of its 7 slab boundaries (slabs 3|4, numbered from 0) cross "
+            "the network") in out
+    table = out[out.index("per K on"):].split("\n\n")[0].splitlines()
+    rows = {line.split()[0]: line for line in table[2:]}
+    assert sorted(map(int, rows)) == [2, 4, 8, 12, 16, 24, 48]    # 3 and 6 fit no 4-GPU node
+    assert "on one node" in rows["4"] and "over 2 nodes" in rows["8"] and "over 12 nodes" in rows["48"]
+    assert rows["8"].endswith("local batch 2")
+    # The NIC costs: the same 8 devices' collectives as if on one node's links are faster.
+    machine = inputs.load_machine("perlmutter-a100")
+    local = dataclasses.replace(spatial.group_links(machine, 8), nodes=1)
+    on_node = sum(c.seconds(local, 1, 1e-4) for c in height_split.collectives(8, "fp16"))
+    assert on_node < height_split.exchange_seconds(machine, 8, "fp16", 1, 1e-4)
+
+
+def test_deepcam_split_pays_where_the_device_time_dwarfs_the_cycles(capsys):
+    """Fugaku (fp32 on a CPU, seconds per sample): a split over nodes wins at once; on Perlmutter at
+    Horovod's 1 ms cycle no K=2 batch that fits pays."""
+    fugaku = inputs.load_machine("fugaku-a64fx")
+    measured, _ = inputs.load_costs("deepcam")
+    assert height_report.break_even(fugaku, measured, 4, "fp32", 1e-3)[0] == 1
+    perlmutter = inputs.load_machine("perlmutter-a100")
+    assert height_report.break_even(perlmutter, measured, 2, "fp16", 1e-3)[0] is None
+    assert height_report.break_even(perlmutter, measured, 2, "fp16", 1e-4)[0] == 2
+
+
+def test_deepcam_split_memory():
+    """Activations / K plus the halo copies; the state (weights, gradients, LAMB's 2 slots) whole."""
+    one = height_split.memory_per_device(1, "fp16")
+    # K=1: the padded inputs of the strided layers (ZeroPadding2D) are its only copies
+    assert one.state == 4 * 4 * 56_454_720 and 0 < one.halo_copies < 0.1 * one.split_activations
+    for k in (2, 4, 8):
+        m = height_split.memory_per_device(k, "fp16")
+        assert m.state == one.state and m.split_activations == pytest.approx(one.split_activations / k, rel=0.01)
+        assert 0 < m.halo_copies < m.split_activations
+        assert m.total < one.total

@@ -32,24 +32,40 @@ Flags:
   --ruleset R             mlperf_logging's hpc ruleset for the RCP table (default 3.0.0)
   --busy F                the device-busy fraction the local-batch answer aims at (default 0.9)
   --png PATH              where the figure goes (default runs/projection/<benchmark>_<machine>.png)
-  --spatial-ranks K       cosmoflow: each sample split along depth across K consecutive devices, a
+  --spatial-ranks K       each sample split across K consecutive devices along the axis of its
+                          benchmark's spatial_split in common/benchmarks.py (cosmoflow: depth,
+                          offline/projection/spatial.py; deepcam: height, height_split.py), K a
                           divisor of a node's devices (one node) or a multiple of them (K / devices
                           per node whole nodes, the halos between them over the NIC); prints the
-                          split layers' halo/gather traffic per layer, which slab boundaries cross
-                          the network, memory per device at 128^3/256^3/512^3 against the machine's,
-                          and K=1 beside K (default 1: the projection above, unchanged). Model:
-                          offline/projection/spatial.py
-  --sample-edge N         cosmoflow: 128 (default), 256 or 512 (analytic scaling of the 128^3 costs)
-  --cycle-time-ms T       the split layers' latency per collective (default 1: Horovod's cycle time)
+                          split's collectives per layer, which slab boundaries cross the network,
+                          memory per device against the machine's, K=1 beside K and where the split
+                          pays (default 1: the projection above, unchanged)
+  --sample-edge N         the depth split: 128 (default), 256 or 512 (analytic scaling of the 128^3 costs)
+  --cycle-time-ms T       the split's latency per collective (default 1: Horovod's cycle time)
 """
 
 import argparse
 
 from common import benchmarks
 from common.errors import InputError, tool_main
-from offline.projection import (inputs, model, plots, published_points, questions, rcp, report, spatial,
-                                spatial_report)
+from offline.projection import (
+    height_report,
+    height_split,
+    inputs,
+    model,
+    plots,
+    published_points,
+    questions,
+    rcp,
+    report,
+    spatial,
+    spatial_report,
+)
 from offline.projection.request import Request
+
+# The projection of each split axis of common/benchmarks.py's spatial_split.
+SPLIT_PROJECTIONS = {spatial.AXIS: spatial_report.run_spatial_projection,
+                     height_split.AXIS: height_report.run_height_projection}
 
 
 def run_projection(args) -> int:
@@ -94,9 +110,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ruleset", default="3.0.0")
     parser.add_argument("--busy", type=float, default=0.9)
     parser.add_argument("--png")
+    splits = ", ".join(f"{b.name}: {b.spatial_split}" for b in benchmarks.BENCHMARKS if b.spatial_split)
     parser.add_argument("--spatial-ranks", type=int, default=1, metavar="K",
-                        help=f"{spatial.BENCHMARK}: split each sample along depth across K consecutive devices "
-                             f"(a divisor or a multiple of a node's devices)")
+                        help=f"split each sample across K consecutive devices ({splits}; K a divisor or a "
+                             f"multiple of a node's devices)")
     parser.add_argument("--sample-edge", type=int, default=128, choices=spatial.EDGES,
                         help=f"{spatial.BENCHMARK}: the sample's edge N (N^3 x 4 volumes)")
     parser.add_argument("--cycle-time-ms", type=float, default=spatial.HOROVOD_CYCLE_S * 1e3,
@@ -115,8 +132,12 @@ def main(argv=None) -> int:
             or (args.local_batch is not None and args.local_batch < 1):
         raise InputError("--instances, --global-batch and --local-batch must be at least 1")
     if args.spatial_ranks != 1 or args.sample_edge != spatial.MEASURED_EDGE:
-        if args.benchmark != spatial.BENCHMARK:
-            raise InputError(f"--spatial-ranks and --sample-edge are for {spatial.BENCHMARK} only, "
+        axis = benchmarks.get(args.benchmark).spatial_split
+        if args.sample_edge != spatial.MEASURED_EDGE and axis != spatial.AXIS:
+            raise InputError(f"--sample-edge is for {spatial.BENCHMARK} only (the {spatial.AXIS} split), "
                              f"not {args.benchmark}")
-        return spatial_report.run_spatial_projection(args)
+        if axis not in SPLIT_PROJECTIONS:
+            raise InputError(f"--spatial-ranks: {args.benchmark} does not split its samples "
+                             f"(no spatial_split in common/benchmarks.py)")
+        return SPLIT_PROJECTIONS[axis](args)
     return run_projection(args)

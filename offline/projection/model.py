@@ -218,6 +218,13 @@ def memory_seconds(machine: Machine, costs: ModelCosts, local_batch: float, prec
     return (local_batch * activation + costs.weight_bytes_train) / machine.memory_bytes_per_s
 
 
+def device_step_seconds(machine: Machine, costs: ModelCosts, local_batch: float, precision: str,
+                        benchmark: str) -> float:
+    """The roofline's step on one device, derated by the benchmark's efficiency."""
+    return (max(compute_seconds(machine, costs, local_batch, precision),
+                memory_seconds(machine, costs, local_batch, precision)) / machine.efficiency_for(benchmark))
+
+
 def allreduce_seconds(machine: Machine, gradient_bytes: float, nodes: int) -> float:
     """One ring allreduce of `gradient_bytes` over every device of `nodes` nodes."""
     p = nodes * machine.devices_per_node
@@ -284,7 +291,7 @@ def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: st
     efficiency = machine.efficiency_for(benchmark)
     compute = compute_seconds(machine, costs, local_batch, precision)
     memory = memory_seconds(machine, costs, local_batch, precision)
-    device_step = max(compute, memory) / efficiency
+    device_step = device_step_seconds(machine, costs, local_batch, precision, benchmark)
     allreduce = allreduce_seconds(machine, costs.gradient_bytes, nodes)
     exchange = exchange_s_for(local_batch) if exchange_s_for else 0.0
     step = device_step + exchange + (1 - machine.allreduce_overlap) * allreduce

@@ -1,5 +1,9 @@
 """Spatial parallelism in the projection: CosmoFlow samples split along depth across K devices.
 
+The benchmark is the one common/benchmarks.py's table splits along depth; the links of a group,
+a collective's time and the scaling of analytic costs to the measured model (`GroupLinks`,
+`Collective`, `scaled_costs`) serve the height split too (height_split.py, DeepCAM).
+
 Pure arithmetic, as model.py (no TensorFlow). The network is rebuilt here from its
 layer shapes, as cosmoflow/model.py builds it, so that the terms can be computed at sample edges
 that were never measured (256^3, 512^3) and split K ways:
@@ -45,10 +49,12 @@ K - 1 slab boundaries join two nodes).
 import dataclasses
 import math
 
+from common import benchmarks
 from common.parallel import placement
 from offline.projection.model import ELEMENT_BYTES, Machine, ModelCosts
 
-BENCHMARK = "cosmoflow"         # the network rebuilt here; no other benchmark splits its samples
+AXIS = "depth"
+BENCHMARK = benchmarks.split_along(AXIS)   # the network rebuilt here (the table's spatial_split)
 MEASURED_EDGE = 128            # offline/model_costs/cosmoflow.json is the 128^3 closed model
 EDGES = (128, 256, 512)
 IN_CHANNELS = 4
@@ -155,7 +161,7 @@ def parameters(layers: list[Layer]) -> int:
     return sum(layer.params for layer in layers)
 
 
-def _split_and_head(layers: list[Layer], value) -> tuple[float, float]:
+def split_and_head(layers: list[Layer], value) -> tuple[float, float]:
     """(the split layers' sum of value(layer), the replicated layers' sum)."""
     split = sum(value(layer) for layer in layers if layer.split)
     return split, sum(value(layer) for layer in layers if not layer.split)
@@ -164,18 +170,27 @@ def _split_and_head(layers: list[Layer], value) -> tuple[float, float]:
 def device_costs(measured: ModelCosts, edge: int, spatial_ranks: int) -> ModelCosts:
     """One device's share of one sample at `edge`^3 split K ways: the split layers' / K plus the head.
 
-    FLOPs and traffic: the analytic counts, scaled by measured / analytic at the measured 128^3
-    model. Weights and gradients are the whole model's on every device. The input rate is the
-    128^3 reader's (each rank of a group decodes the whole sample, then slices it: issue 21,
-    item 4); at other edges it is unknown (None).
+    The input rate is the 128^3 reader's (each rank of a group decodes the whole sample, then
+    slices it: issue 21, item 4); at other edges it is unknown (None).
+    """
+    return scaled_costs(measured, network_layers(MEASURED_EDGE), network_layers(edge, spatial_ranks),
+                        spatial_ranks,
+                        measured.input_samples_per_s_per_core if edge == MEASURED_EDGE else None)
+
+
+def scaled_costs(measured: ModelCosts, reference: list, layers: list, spatial_ranks: int,
+                 input_rate: float | None) -> ModelCosts:
+    """One device's share of one sample of `layers` split K ways (the split layers' / K plus the
+    replicated ones), from the analytic counts scaled by measured / analytic of `reference`, the
+    measured model rebuilt. Weights and gradients are the whole model's on every device.
+
+    `reference` and `layers` hold layers with `forward_flops`, `traffic_elements`, `split` and `params`.
     """
     k = spatial_ranks
-    reference = network_layers(MEASURED_EDGE)
     flop_ratio = measured.flops_forward / sum(layer.forward_flops for layer in reference)
     byte_ratio = measured.activation_bytes_forward / (4 * sum(layer.traffic_elements for layer in reference))
-    layers = network_layers(edge, k)
-    flops_split, flops_head = _split_and_head(layers, lambda layer: layer.forward_flops)
-    traffic_split, traffic_head = _split_and_head(layers, lambda layer: 4 * layer.traffic_elements)
+    flops_split, flops_head = split_and_head(layers, lambda layer: layer.forward_flops)
+    traffic_split, traffic_head = split_and_head(layers, lambda layer: 4 * layer.traffic_elements)
     flops_forward = flop_ratio * (flops_split / k + flops_head)
     traffic_forward = byte_ratio * (traffic_split / k + traffic_head)
     weight_scale = parameters(layers) / parameters(reference)
@@ -186,7 +201,7 @@ def device_costs(measured: ModelCosts, edge: int, spatial_ranks: int) -> ModelCo
         activation_bytes_forward=traffic_forward,
         weight_bytes_train=measured.weight_bytes_train * weight_scale,
         gradient_bytes=measured.gradient_bytes * weight_scale,
-        input_samples_per_s_per_core=measured.input_samples_per_s_per_core if edge == MEASURED_EDGE else None)
+        input_samples_per_s_per_core=input_rate)
 
 
 # ------------------------------------------------------------------ the split layers' collectives
@@ -230,18 +245,19 @@ def group_links(machine: Machine, spatial_ranks: int) -> GroupLinks:
 class Collective:
     """One split layer's collectives in a step, per sample of the local batch and per rank."""
     layer: str
-    what: str                   # 'halo' or 'gather'
-    slab: tuple                 # the rank's input (Zs, Y, X, C)
+    what: str                   # 'halo', 'gather' or 'allreduce' (a ring over the group)
+    slab: tuple                 # the rank's input (Zs, Y, X, C), or (Hs, W, C) of a height split
     forward_bytes: float        # the bytes a rank sends (halo) or receives (gather), forward
     backward_bytes: float       # the same for the backward
     count: int                  # collectives per step (forward and backward)
     network_messages: int       # messages in sequence per step where it crosses nodes (ring steps)
+    per_sample: bool = True     # False: the bytes are the step's whatever the batch (batch-norm statistics)
 
     def crosses(self, links: GroupLinks) -> bool:
         return bool(links.halos_across) if self.what == "halo" else links.nodes > 1
 
     def transfer_s(self, links: GroupLinks, local_batch: float) -> float:
-        sent = local_batch * (self.forward_bytes + self.backward_bytes)
+        sent = (local_batch if self.per_sample else 1) * (self.forward_bytes + self.backward_bytes)
         if self.what == "halo":
             off_node = links.halos_across / 2   # of the slowest rank's 2 halos
             return sent * ((1 - off_node) / links.intra_bytes_per_s + off_node / links.network_bytes_per_s)
@@ -258,9 +274,8 @@ class Collective:
 
 
 def halo_bytes(slab_shape: tuple, halo: int, element_bytes: int) -> int:
-    """Bytes one rank sends in one halo exchange of one sample: h planes to each of 2 neighbours."""
-    _, y, x, c = slab_shape
-    return 2 * halo * y * x * c * element_bytes
+    """Bytes one rank sends in one halo exchange of one sample: h planes (or rows) to each of 2 neighbours."""
+    return 2 * halo * math.prod(slab_shape[1:]) * element_bytes
 
 
 def collectives(edge: int, spatial_ranks: int, precision: str) -> list[Collective]:
@@ -297,7 +312,7 @@ def exchange_seconds(machine: Machine, edge: int, spatial_ranks: int, precision:
 @dataclasses.dataclass(frozen=True)
 class Memory:
     """Bytes on one device at local batch 1 (one sample per group)."""
-    edge: int
+    edge: int                   # the sample's size along the split axis (a CosmoFlow edge, DeepCAM's height)
     spatial_ranks: int
     split_activations: float    # the slab's share of the split layers' saved tensors
     halo_copies: float          # each split conv's padded slab with its halo planes
@@ -338,7 +353,7 @@ def memory_per_device(edge: int, spatial_ranks: int, precision: str) -> Memory:
     """Memory on one device of a K-way split at local batch 1 (module docstring)."""
     k, eb = spatial_ranks, ELEMENT_BYTES[precision]
     layers = network_layers(edge, k)
-    split, head = _split_and_head(layers, saved_elements)
+    split, head = split_and_head(layers, saved_elements)
     largest = max(saved_elements(layer) / (k if layer.split else 1) for layer in layers)
     return Memory(edge=edge, spatial_ranks=k, split_activations=eb * split / k,
                   halo_copies=eb * sum(padded_slab_elements(layer, k) for layer in layers),

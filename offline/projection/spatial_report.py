@@ -12,7 +12,7 @@ from offline.projection.model import Machine, ModelCosts, Projection
 from offline.projection.request import Request
 
 
-def _gb(nbytes: float) -> str:
+def gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f} GB"
 
 
@@ -48,23 +48,31 @@ def collectives_table(machine: Machine, edge: int, k: int, precision: str, cycle
              f"({spatial.ELEMENT_BYTES[precision]} bytes), " + "; ".join(over + network_lines(links)) + ":",
              f"{'layer':>22} {'kind':>6} {'slab in (Zs,Y,X,C)':>20} {'forward':>10} {'backward':>10} "
              f"{'transfer':>10} {'collectives':>11} {'latency':>9}"]
-    total_bytes = total_transfer = total_latency = 0.0
-    for c in spatial.collectives(edge, k, precision):
-        latency = c.latency_s(links, cycle_s)
-        total_bytes += c.forward_bytes + c.backward_bytes
-        total_transfer += c.transfer_s(links, 1)
-        total_latency += latency
-        lines.append(f"{c.layer:>22} {c.what:>6} {'x'.join(map(str, c.slab)):>20} {c.forward_bytes / 1e6:>7.3f} MB "
-                     f"{c.backward_bytes / 1e6:>7.3f} MB {c.transfer_s(links, 1) * 1e6:>7.1f} us {c.count:>11} "
-                     f"{latency * 1e3:>6.1f} ms")
-    lines.append(f"{'total':>22} {'':>6} {'':>20} {'':>10} {total_bytes / 1e6:>7.3f} MB "
-                 f"{total_transfer * 1e6:>7.1f} us {'':>11} {total_latency * 1e3:>6.1f} ms  (forward + backward)")
+    entries = [(c, 1) for c in spatial.collectives(edge, k, precision)]
+    for c, _ in entries:
+        lines.append(f"{c.layer:>22} {c.what:>6} {'x'.join(map(str, c.slab)):>20} {collective_cells(c, links, cycle_s)}")
+    lines.append(f"{'total':>22} {'':>6} {'':>20} {total_cells(entries, links, cycle_s)}")
     lines.append(f"latency: ASSUMPTION, at most one Horovod cycle ({cycle_s * 1e3:g} ms, HOROVOD_CYCLE_TIME's default "
                  f"since Horovod 0.21.0) of waiting per collective issued serially"
                  + (f", plus the NIC's {links.network_latency_s * 1e6:g} us per message between nodes (1 per halo "
                     f"alltoall, {4 * (k - 1)} for the gather's rings)" if links.nodes > 1 else "")
                  + f"; halo bytes = 2 halos x h={spatial.KERNEL // 2} plane x Y x X x Cin x element bytes")
     return lines
+
+
+def collective_cells(c: spatial.Collective, links: spatial.GroupLinks, cycle_s: float) -> str:
+    """A collective's bytes forward and backward per sample, its transfer at one sample, its count and latency."""
+    return (f"{c.forward_bytes / 1e6:>7.3f} MB {c.backward_bytes / 1e6:>7.3f} MB {c.transfer_s(links, 1) * 1e6:>7.1f} us "
+            f"{c.count:>11} {c.latency_s(links, cycle_s) * 1e3:>6.1f} ms")
+
+
+def total_cells(entries: list, links: spatial.GroupLinks, cycle_s: float) -> str:
+    """The total line's cells over (collective, times it runs in a step) pairs, at one sample per group."""
+    nbytes = sum(n * (c.forward_bytes + c.backward_bytes) for c, n in entries)
+    transfer = sum(n * c.transfer_s(links, 1) for c, n in entries)
+    latency = sum(n * c.latency_s(links, cycle_s) for c, n in entries)
+    return (f"{'':>10} {nbytes / 1e6:>7.3f} MB {transfer * 1e6:>7.1f} us {'':>11} {latency * 1e3:>6.1f} ms  "
+            f"(forward + backward)")
 
 
 def network_lines(links: spatial.GroupLinks) -> list[str]:
@@ -82,9 +90,7 @@ def network_lines(links: spatial.GroupLinks) -> list[str]:
 def memory_table(machine: Machine, k: int, precision: str) -> list[str]:
     """Memory per device at local batch 1, each edge, K = 1 and K, against the device's memory."""
     device = machine.device_memory_bytes
-    lines = [f"memory per device, local batch 1 (one sample per group), {precision} activations, float32 weights + "
-             f"gradients + momentum (K=1: nothing split, all of it replicated); device memory "
-             f"{_gb(device) if device else 'unknown (no device_memory_bytes)'}:",
+    lines = [memory_title(precision, "momentum (K=1: nothing split, all of it replicated)", device),
              f"{'sample':>7} {'K':>3} {'split/K':>10} {'halo':>10} {'replicated':>10} {'backward':>10} {'state':>9} "
              f"{'total':>10} {'fp32 total':>11} {'fits':>5}"]
     for edge in spatial.EDGES:
@@ -92,10 +98,19 @@ def memory_table(machine: Machine, k: int, precision: str) -> list[str]:
             m = spatial.memory_per_device(edge, ranks, precision)
             fp32 = spatial.memory_per_device(edge, ranks, "fp32")
             fits = "-" if device is None else ("yes" if m.fits(device) else "NO")
-            lines.append(f"{edge:>5}^3 {ranks:>3} {_gb(m.split_activations):>10} {_gb(m.halo_copies):>10} "
-                         f"{_gb(m.head_activations):>10} {_gb(m.backward_working):>10} {_gb(m.state):>9} "
-                         f"{_gb(m.total):>10} {_gb(fp32.total):>11} {fits:>5}")
+            lines.append(f"{edge:>5}^3 {ranks:>3} {memory_cells(m, fp32)} {fits:>5}")
     return lines
+
+
+def memory_title(precision: str, state: str, device: float | None) -> str:
+    return (f"memory per device, local batch 1 (one sample per group), {precision} activations, float32 weights + "
+            f"gradients + {state}; device memory {gb(device) if device else 'unknown (no device_memory_bytes)'}:")
+
+
+def memory_cells(m: spatial.Memory, fp32: spatial.Memory) -> str:
+    """A memory row's parts at local batch 1, its total, and the total in fp32."""
+    return (f"{gb(m.split_activations):>10} {gb(m.halo_copies):>10} {gb(m.head_activations):>10} "
+            f"{gb(m.backward_working):>10} {gb(m.state):>9} {gb(m.total):>10} {gb(fp32.total):>11}")
 
 
 def spatial_verdicts(args, precision: str, base: tuple, split_rows: list) -> list[str]:
@@ -106,16 +121,29 @@ def spatial_verdicts(args, precision: str, base: tuple, split_rows: list) -> lis
     and its cost the collectives. At equal node counts the devices would do the same work.
     `base`: (the K=1 request, its costs).
     """
-    base_request, base_costs = base
-    k, machine, out = args.spatial_ranks, base_request.machine, []
+    k, machine, out = args.spatial_ranks, base[0].machine, []
     device = machine.device_memory_bytes
     for e in spatial.EDGES if device else ():
         one = spatial.memory_per_device(e, 1, precision)
         many = spatial.memory_per_device(e, k, precision)
         if not one.fits(device):
-            out.append(f"{e}^3: one sample needs {_gb(one.total)} on one device ({precision}), more than its "
-                       f"{_gb(device)}: splitting is the only way; K={k} needs {_gb(many.total)} "
+            out.append(f"{e}^3: one sample needs {gb(one.total)} on one device ({precision}), more than its "
+                       f"{gb(device)}: splitting is the only way; K={k} needs {gb(many.total)} "
                        + ("(fits)" if many.fits(device) else "(does not fit either: a larger K)"))
+    out += node_verdicts(k, base, split_rows)
+    collectives = spatial.collectives(args.sample_edge, k, precision)
+    latency_ms = sum(c.count for c in collectives) * args.cycle_time_ms
+    out.append(f"a split step waits on {sum(c.count for c in collectives)} collectives, ~{latency_ms:g} ms of latency "
+               f"whatever the batch (the assumed cycle): splitting pays where the device time it saves exceeds "
+               f"that, or where K=1 cannot run at all")
+    return out
+
+
+def node_verdicts(k: int, base: tuple, split_rows: list) -> list[str]:
+    """Each split row against K=1 on N / K nodes (the same groups at the same local batch), the rows
+    past the data-parallel limit, and the fastest of each. `base`: (the K=1 request, its costs)."""
+    base_request, base_costs = base
+    out = []
     for p in (p for p in split_rows if not isinstance(p, str)):
         if p.nodes % k:
             continue
@@ -137,12 +165,21 @@ def spatial_verdicts(args, precision: str, base: tuple, split_rows: list) -> lis
                    default=None) for rows in (base_request.rows(base_costs), split_rows)]
     out.append("fastest of the node counts asked: " + "; ".join(
         f"K={ranks} {_span(p)} on {p.nodes} nodes" for ranks, p in zip((1, k), fastest) if p is not None))
-    collectives = spatial.collectives(args.sample_edge, k, precision)
-    latency_ms = sum(c.count for c in collectives) * args.cycle_time_ms
-    out.append(f"a split step waits on {sum(c.count for c in collectives)} collectives, ~{latency_ms:g} ms of latency "
-               f"whatever the batch (the assumed cycle): splitting pays where the device time it saves exceeds "
-               f"that, or where K=1 cannot run at all")
     return out
+
+
+def print_projections(args, base: tuple, split: tuple, costs_line: str, split_title: str) -> dict:
+    """Prints the K=1 projection and, for K > 1, the split one; returns their rows by K.
+    `base`, `split`: (request, its costs)."""
+    rows = {}
+    for (request, costs), title in ((base, "data parallel only (K=1)"), (split, split_title)):
+        if request is split[0] and request.spatial_ranks == 1:
+            break
+        rows[request.spatial_ranks] = request.rows(costs)
+        print(f"\n{title}:")
+        epochs_line = report.rcp_line(args, request.means) if request.means else "none (no RCP at this size)"
+        print(report.format_projections(request, costs, costs_line, rows[request.spatial_ranks], epochs_line))
+    return rows
 
 
 def _span(p: Projection) -> str:
@@ -184,15 +221,8 @@ def run_spatial_projection(args) -> int:
         print("\n".join(collectives_table(machine, edge, k, precision, args.cycle_time_ms / 1e3)))
         print()
     print("\n".join(memory_table(machine, k, precision)))
-    rows = {}
-    for request, costs, title in ((base, base_costs, "data parallel only (K=1)"),
-                                  (split, split_costs, f"{k}-way spatial x data parallel")):
-        if request is split and k == 1:
-            break
-        rows[request.spatial_ranks] = request.rows(costs)
-        print(f"\n{title}:")
-        epochs_line = report.rcp_line(args, request.means) if request.means else "none (no RCP at this size)"
-        print(report.format_projections(request, costs, costs_line, rows[request.spatial_ranks], epochs_line))
+    rows = print_projections(args, (base, base_costs), (split, split_costs), costs_line,
+                             f"{k}-way spatial x data parallel")
     print()
     print("\n".join(spatial_verdicts(args, precision, (base, base_costs), rows.get(k, []))))
     machine_stem = inputs.machine_path(args.machine).stem

@@ -1,0 +1,104 @@
+"""Where DeepCAM's height split spends memory: one process per variant, its peak RSS after two train steps.
+
+  python bench/deepcam_split_memory.py                      # 384 x 576, K = 2, mixed bf16 where native
+  python bench/deepcam_split_memory.py --height 768 --width 1152 --precision float32
+
+Variants, each in a fresh process (peak RSS is a process's high-water mark):
+  unsplit H      the reference model on whole samples (H rows): what one rank holds at K = 1
+  unsplit H/K    the reference model on H / K rows: what a perfect split would hold per rank
+  split K        one rank of a K-way split (deepcam.model with a mesh) whose neighbours are stubbed
+                 (zeros for their rows, the local map for the gathered one, x K for group sums): the
+                 split's own layers, copies and group batch norm, without Horovod
+  split K, BN    the same with Keras' fused batch norm instead of the group one: the share of
+                 GroupBatchNormalization's unfused kernel (its statistics would then be the slab's)
+The real split's memory across ranks (input pipeline, Horovod) is measured with deepcam/train.py
+--benchmark under /usr/bin/time -v: bench/results/deepcam_split_memory_AVX-512.md.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool) -> str:
+    """One variant in this process: 'peak_gib step_s'."""
+    import importlib
+    import resource
+    import time
+
+    import tensorflow as tf
+    sys.path.insert(0, str(REPO))
+    from common import benchmarks
+    from common.parallel.distribution import RankGroup
+    model = importlib.import_module(f"{benchmarks.split_along('height')}.model")   # the table names it
+    tf.keras.mixed_precision.set_global_policy(precision)
+
+    class StubMesh:   # one rank of a K-way split whose neighbours send zeros
+        size, index, is_split, groups, group = k, 0, k > 1, 1, 0
+
+        def exchange_halo(self, x, halo, name):
+            return tf.pad(x, [[0, 0], [halo, halo]] + [[0, 0]] * (x.shape.rank - 2))
+
+        def gather(self, x, name):
+            return tf.concat([x] * k, axis=1)
+
+        def sum(self, x, name):
+            return x * k
+
+    bn_group = None
+    if k > 1 and group_bn:
+        bn_group = RankGroup(k, None)
+        bn_group.sum = lambda t: t * float(k)
+    net = model.build_model(height, width, 16, bn_group=bn_group, mesh=StubMesh() if k > 1 else None)
+    optimizer = tf.keras.optimizers.SGD(0.01)
+    x, y = tf.random.normal((1, rows, width, 16)), tf.zeros((1, rows, width), tf.int32)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits = tf.cast(net(x, training=True), tf.float32)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+        optimizer.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables))
+        return loss
+
+    step(x, y)
+    start = time.perf_counter()
+    step(x, y)
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} {time.perf_counter() - start:.1f}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--height", type=int, default=384)
+    p.add_argument("--width", type=int, default=576)
+    p.add_argument("--k", type=int, default=2)
+    p.add_argument("--precision", default="mixed_bfloat16")
+    p.add_argument("--variant", help=argparse.SUPPRESS)   # run one variant here (the child)
+    args = p.parse_args(argv)
+    h, w, k = args.height, args.width, args.k
+    variants = {"unsplit H": (h, 1, True), "unsplit H/K": (h // k, 1, True), "split K": (h, k, True),
+                "split K, BN": (h, k, False)}
+    if args.variant:
+        height, kk, group_bn = variants[args.variant]
+        print(measure(height, w, height // kk, kk, args.precision, group_bn))
+        return 0
+    print(f"DeepCAM {h} x {w} x 16, K = {k}, {args.precision}, batch 1, SGD; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'variant':<14} {'peak RSS GiB':>12} {'step s':>7}")
+    for name in variants:
+        out = subprocess.run([sys.executable, __file__, "--height", str(h), "--width", str(w), "--k", str(k),
+                              "--precision", args.precision, "--variant", name], capture_output=True, text=True,
+                             env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2"))
+        if out.returncode:
+            print(f"error: variant '{name}' failed: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            return 1
+        peak, seconds = out.stdout.split()[-2:]
+        print(f"{name:<14} {peak:>12} {seconds:>7}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
