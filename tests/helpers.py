@@ -308,3 +308,18 @@ class SingleProcess:
     @staticmethod
     def average_gradients(grads, compression="none", grouped=False):
         return grads
+
+
+def train_to_summary(cmd, ranks: int, out) -> tuple:
+    """Runs a train.py command on `ranks` ranks (horovodrun above 1) that must exit 0; (the process, out's summary)."""
+    proc = horovodrun(ranks, cmd) if ranks > 1 else run(cmd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((Path(out) / "summary.json").read_text())
+
+
+def final_model_weights(out) -> dict:
+    """{checkpoint name: array} of the model's variables in the run folder's newest checkpoint."""
+    import tensorflow as tf
+    folder = sorted((Path(out) / "checkpoints").iterdir())[-1]
+    reader = tf.train.load_checkpoint(str(folder / "ckpt"))
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}

@@ -7,8 +7,6 @@ to the noise of the unsplit network itself where fp32 summation order decides: t
 step on 1 intra-op thread instead of 2, or a whole run on 1 and 2 threads.
 """
 
-import json
-
 import numpy as np
 import pytest
 
@@ -128,16 +126,7 @@ RUN = ["--max_epochs", "2", "--local_batch_size", "4", "--deterministic", "--set
 
 def _train(deepcam_config, data, out, ranks, *extra):
     cmd = helpers.train_cmd("deepcam", deepcam_config, "--data_dir_prefix", data, "--output_dir", out, *RUN, *extra)
-    proc = helpers.horovodrun(ranks, cmd) if ranks > 1 else helpers.run(cmd)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, json.loads((out / "summary.json").read_text())
-
-
-def _final_weights(out) -> dict:
-    import tensorflow as tf
-    folder = sorted((out / "checkpoints").iterdir())[-1]
-    reader = tf.train.load_checkpoint(str(folder / "ckpt"))
-    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}
+    return helpers.train_to_summary(cmd, ranks, out)
 
 
 @pytest.mark.slow
@@ -150,7 +139,7 @@ def test_split_run_stays_within_the_drift_of_two_unsplit_runs(deepcam_data, deep
     assert "each rank holds 32 of every sample's 64 rows" in proc.stdout
     assert '"key": "global_batch_size", "value": 4' in (tmp_path / "split" / "mlperf.log").read_text()
     assert split["weights_in_sync"]
-    one, two, got = (_final_weights(tmp_path / name) for name in ("one", "two", "split"))
+    one, two, got = (helpers.final_model_weights(tmp_path / name) for name in ("one", "two", "split"))
     assert one.keys() == got.keys()
     # The control: the largest relative difference of a variable between the two unsplit runs.
     control = max(_relative(two[name], one[name]) for name in one)

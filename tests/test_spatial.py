@@ -180,16 +180,7 @@ RUN = ["--n-train", "16", "--n-valid", "16", "--batch-size", "4", "--n-epochs", 
 
 def _train(tiny_config, data, out, ranks, *extra):
     cmd = helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", data, "--output-dir", out, *RUN, *extra)
-    proc = helpers.horovodrun(ranks, cmd) if ranks > 1 else helpers.run(cmd)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, json.loads((out / "summary.json").read_text())
-
-
-def _final_weights(out) -> dict:
-    import tensorflow as tf
-    folder = sorted((out / "checkpoints").iterdir())[-1]
-    reader = tf.train.load_checkpoint(str(folder / "ckpt"))
-    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}
+    return helpers.train_to_summary(cmd, ranks, out)
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +201,7 @@ def test_spatial_run_ends_as_the_one_rank_run(cosmo_data, tiny_config, tmp_path,
     for a, b in zip(one["history"], split["history"]):
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
         assert abs(a["metric"] - b["metric"]) <= 1e-4 * abs(a["metric"]), (a, b)
-    want, got = _final_weights(tmp_path / "one"), _final_weights(split_dir)
+    want, got = helpers.final_model_weights(tmp_path / "one"), helpers.final_model_weights(split_dir)
     assert want.keys() == got.keys()
     for name, value in want.items():
         assert _relative_error(got[name], value) <= 1e-4, name
