@@ -5,6 +5,7 @@ core (the 1-minute load average), the figures say more about that work than abou
 """
 
 import os
+import time
 
 QUIET_PER_CORE = 0.5
 
@@ -23,3 +24,15 @@ def refusal(allow: bool = False) -> str | None:
         return None
     return (f"error: load average {load:.2f} per core (above {QUIET_PER_CORE}): other work on the cores would "
             f"make the figures meaningless; run on a quiet machine")
+
+
+def settle(max_wait_s: float = 180.0, poll_s: float = 5.0, sleep=time.sleep) -> float:
+    """Waits until the 1-minute load per core is at most QUIET_PER_CORE, or `max_wait_s` has passed;
+    returns the load then. A bench's own earlier row stays in the 1-minute average for a minute or
+    two after it ends: without the wait its next row would be measured, and labelled, as if the
+    machine were busy."""
+    waited = 0.0
+    while per_core() > QUIET_PER_CORE and waited < max_wait_s:
+        sleep(poll_s)
+        waited += poll_s
+    return per_core()

@@ -201,7 +201,7 @@ def synthetic_data(benchmark: str, folder: Path, env: dict) -> Path:
     return folder
 
 
-def measure(row: dict, steps: int, sets: list[str]) -> dict:
+def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict:
     k = row["spatial_ranks"]
     env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     with tempfile.TemporaryDirectory(prefix="bench_spatial.") as tmp:
@@ -209,7 +209,8 @@ def measure(row: dict, steps: int, sets: list[str]) -> dict:
         cmd = [sys.executable, __file__, "--worker", json.dumps(row), "--steps", str(steps), "--out", tmp,
                f"--set=data.data_dir={data}", *[f"--set={s}" for s in sets]]
         cmd = launchers.on_this_host(cmd, k)
-        load = machine_load.per_core()
+        # The previous row's own load out of the 1-minute average first (not for a smoke run: --allow-load).
+        load = machine_load.settle() if settle else machine_load.per_core()
         print(f"[bench] load {load:.2f} per core: {' '.join(cmd)}", flush=True)
         code = subprocess.run(cmd, cwd=REPO, env=env).returncode
         if code != 0:
@@ -327,7 +328,7 @@ def main(argv=None) -> int:
         if not row["halo_overlap"] and any(same_split(r, row) and r["halo_overlap"] and not r["overlapping_layers"]
                                            for r in rows):
             continue   # its overlapped row overlapped nothing (DeepCAM's rows exchange first): the same run
-        rows.append(measure(row, args.steps, args.set))
+        rows.append(measure(row, args.steps, args.set, settle=not args.allow_load))
         print(f"[bench] {json.dumps(rows[-1])}", flush=True)
         # Written after every row, so that a row that fails (out of memory) leaves those before it.
         table = markdown(machine, with_unsplit_ratios(rows), command)

@@ -56,6 +56,19 @@ def test_the_bench_refuses_a_busy_machine_with_one_line(monkeypatch, capsys):
     assert machine_load.refusal() is None
 
 
+def test_a_row_waits_for_the_previous_row_s_load_to_fall(monkeypatch):
+    from bench import machine_load
+    cores = machine_load.os.cpu_count() or 1
+    loads = iter([2.0, 1.5, 0.9, 0.3, 0.3])   # per core, as the previous row's load decays
+    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (next(loads) * cores, 0, 0))
+    slept = []
+    assert machine_load.settle(sleep=slept.append) == 0.3 and len(slept) == 3
+    # A machine that stays busy: it gives up after max_wait_s and says the load it measured at.
+    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (2.0 * cores, 0, 0))
+    slept.clear()
+    assert machine_load.settle(max_wait_s=20, poll_s=5, sleep=slept.append) == 2.0 and len(slept) == 4
+
+
 def test_the_bench_rows_come_from_the_table():
     from bench import spatial
     from common import benchmarks
