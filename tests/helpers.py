@@ -323,3 +323,12 @@ def final_model_weights(out) -> dict:
     folder = sorted((Path(out) / "checkpoints").iterdir())[-1]
     reader = tf.train.load_checkpoint(str(folder / "ckpt"))
     return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}
+
+
+def rank_results(out, job: str, ranks: int) -> list[dict]:
+    """Each rank's arrays of a probe's `job` (OUT/JOB/rank-NNNNN.npz, as tests/*_probe.py write them), in rank order."""
+    found = []
+    for rank in range(ranks):
+        with np.load(Path(out) / job / f"rank-{rank:05d}.npz") as f:
+            found.append({k: f[k] for k in f.files})
+    return found

@@ -36,11 +36,7 @@ def probe(tmp_path_factory):
                                             else helpers.run(cmd, timeout=600))
         out, ranks, proc = launched[launch]
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        found = []
-        for rank in range(ranks):
-            with np.load(out / job / f"rank-{rank:05d}.npz") as f:
-                found.append({k: f[k] for k in f.files})
-        return found
+        return helpers.rank_results(out, job, ranks)
 
     return results
 
