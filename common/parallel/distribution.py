@@ -234,10 +234,12 @@ class RankGroup:
         """The Horovod process set (None for a group of one rank)."""
         return self._process_set
 
-    def sum(self, tensor):
+    def sum(self, tensor, name: str | None = None):
+        """`tensor` summed over the group's ranks (each passes the same shape); `name` names the
+        collective, the same on every rank."""
         if self._process_set is None:
             return tensor
-        return hvd.allreduce(tensor, op=hvd.Sum, process_set=self._process_set)
+        return hvd.allreduce(tensor, op=hvd.Sum, name=name, process_set=self._process_set)
 
 
 class SpatialMesh:
@@ -273,14 +275,6 @@ class SpatialMesh:
         spans = ("each on one node" if most == 1 else f"each across {most} nodes" if least == most
                  else f"across {least} to {most} nodes")
         return f"{self.size}-way spatial x {self.groups} data-parallel group(s), {spans}"
-
-    def exchange_halo(self, x, halo: int, name: str):
-        """[B, Zs, ...] -> [B, Zs + 2 * halo, ...]: the slab with its neighbours' boundary planes
-        (zeros beyond the volume's faces), as 'same' padding along z would give the whole sample."""
-        if not self.is_split or halo == 0:
-            return x
-        received = self.neighbour_planes(x, halo, name)
-        return tf.concat([received.below, x, received.above], axis=1)
 
     def neighbour_planes(self, x, halo: int, name: str) -> "NeighbourPlanes":
         """The halo of the slab x [B, Zs, ...] (a split mesh): the `halo` planes next to it from
