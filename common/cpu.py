@@ -120,6 +120,14 @@ def onednn_enabled():
         return None
 
 
+def onednn_runs_bfloat16(flags=None) -> bool:
+    """Whether TensorFlow's oneDNN kernels take bfloat16 on this CPU: only with AVX-512 (TensorFlow
+    logs "oneDNN supports DT_BFLOAT16 only on platforms with AVX-512" and falls back to its Eigen
+    kernels elsewhere)."""
+    flags = _cpuinfo()[1] if flags is None else flags
+    return "avx512f" in flags or "amx_tile" in flags
+
+
 def describe() -> dict:
     """The CPU, its ISA, bf16 support and oneDNN state, for the [init] line and summary.json."""
     model, flags = _cpuinfo()

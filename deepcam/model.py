@@ -43,7 +43,7 @@ import tensorflow as tf
 from tensorflow.keras import layers
 
 from common import cpu
-from common.parallel.spatial_rows import GatherRows, GroupMeanPool, RowHalo, RowWindow
+from common.parallel.spatial_rows import GatherRows, GroupMeanPool, RowHalo, RowWindow, SlabConvolution
 from common.parallel.sync_batchnorm import GroupBatchNormalization
 
 # PyTorch's BatchNorm2d defaults. Its momentum 0.1 weighs the new batch
@@ -131,9 +131,42 @@ class DilatedConv2D(layers.Conv2D):
         return super().get_config() | {"direct": self.direct}
 
 
-def direct_dilation_supported() -> bool:
-    """Whether a dilated Conv2D op has a backward pass here: oneDNN kernels on, or a GPU."""
-    return bool(cpu.onednn_enabled()) or bool(tf.config.list_logical_devices("GPU"))
+class SlabConv2D(SlabConvolution, DilatedConv2D):
+    """A Conv2D of a height-split network (any kernel, stride or dilation): 'valid' on its slab with
+    the `row_halo` rows (common.parallel.spatial_rows.RowHalo), or on a window of the gathered map."""
+
+    def __init__(self, *args, row_halo: RowHalo | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.row_halo = row_halo
+
+    def convolution_op(self, inputs, kernel):
+        return self.convolve_slab(inputs, kernel, super().convolution_op)
+
+
+class SlabDepthwiseConv2D(SlabConvolution, layers.DepthwiseConv2D):
+    """The DepthwiseConv2D (no bias) of a height-split network, as SlabConv2D."""
+
+    def __init__(self, *args, row_halo: RowHalo | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.use_bias:
+            raise ValueError(f"{self.name}: a depthwise convolution on a slab takes no bias here")
+        self.row_halo = row_halo
+
+    def call(self, inputs):
+        return self.convolve_slab(inputs, self.depthwise_kernel, self._depthwise)
+
+    def _depthwise(self, x, kernel):
+        return tf.keras.backend.depthwise_conv2d(x, kernel, strides=self.strides, padding=self.padding,
+                                                 dilation_rate=self.dilation_rate, data_format=self.data_format)
+
+
+def direct_dilation_supported(dtype=tf.float32) -> bool:
+    """Whether a dilated Conv2D op of `dtype` has a backward pass here: oneDNN runs it (its kernels on,
+    and for bfloat16 an AVX-512 CPU: elsewhere TensorFlow falls back to its Eigen kernels, which have
+    none), or a GPU."""
+    if tf.config.list_logical_devices("GPU"):
+        return True
+    return bool(cpu.onednn_enabled()) and (tf.as_dtype(dtype) != tf.bfloat16 or cpu.onednn_runs_bfloat16())
 
 
 def entry_conv(x, filters: int, name: str, b: "_Builder | None" = None):
@@ -143,12 +176,13 @@ def entry_conv(x, filters: int, name: str, b: "_Builder | None" = None):
     1 after: output pixel o would read inputs 2o..2o+2 instead of 2o-1..2o+1.
     """
     fan_in = 9 * x.shape[-1]
-    x = (b or _Builder(1.0, None)).strided_padding(x, 1, name=f"{name}_pad")
-    return layers.Conv2D(filters, 3, strides=2, use_bias=False, kernel_initializer=KaimingNormal(fan_in),
-                         name=name)(x)
+    b = b or _Builder(1.0, None)
+    x, halo = b.strided_padding(x, 1, name=f"{name}_pad")
+    return b.conv2d(filters, 3, halo, strides=2, use_bias=False, kernel_initializer=KaimingNormal(fan_in),
+                    name=name)(x)
 
 
-class TorchConvTranspose2D(layers.Conv2DTranspose):
+class TorchConvTranspose2D(SlabConvolution, layers.Conv2DTranspose):
     """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1): output 2H x 2W.
 
     There input i reaches output o = 2i - 1 + k through tap k. That is the
@@ -161,42 +195,42 @@ class TorchConvTranspose2D(layers.Conv2DTranspose):
     (oneDNN's filter gradient over the odd-sized map was the slow part; TF
     keeps explicitly padded transposed convolutions on its own kernels).
 
-    On a height slab (`row_below`), the last output row also takes the first input row of the
-    slab below (o = 2i - 1 with k = 0): the input then carries that row last, and the padding
-    after it grows by one, so the output is still 2 x the slab's own rows.
+    On a height slab (`row_halo`: one row below), the last output row also takes the first input
+    row of the slab below (o = 2i - 1 with k = 0): the input then carries that row last, and the
+    padding after it grows by one, so the output is still 2 x the slab's own rows.
     """
 
-    def __init__(self, filters: int, row_below: bool = False, **kwargs):
+    def __init__(self, filters: int, row_halo: RowHalo | None = None, **kwargs):
         super().__init__(filters, 3, strides=2, padding="valid", **kwargs)
-        self.row_below = bool(row_below)
+        self.row_halo = row_halo
 
     def call(self, inputs):
         batch = tf.shape(inputs)[0]
-        height, width = inputs.shape[1] - self.row_below, inputs.shape[2]
+        height, width = inputs.shape[1], inputs.shape[2]
         output_shape = tf.stack([batch, 2 * height, 2 * width, self.filters])
-        padding = [[0, 0], [1, 1 + self.row_below], [1, 1], [0, 0]]
-        outputs = tf.nn.conv2d_transpose(inputs, self.kernel, output_shape, strides=2, padding=padding)
+        below = self.row_halo.bottom if self.row_halo is not None else 0
+        padding = [[0, 0], [1, 1 + below], [1, 1], [0, 0]]
+        outputs = self.convolve_slab(inputs, self.kernel, lambda x, kernel: tf.nn.conv2d_transpose(
+            x, kernel, output_shape, strides=2, padding=padding))
         if self.use_bias:
             outputs = tf.nn.bias_add(outputs, self.bias)
         return tf.ensure_shape(outputs, [None, 2 * height, 2 * width, self.filters])
 
     def compute_output_shape(self, input_shape):
         shape = tf.TensorShape(input_shape).as_list()
-        return tf.TensorShape([shape[0], 2 * (shape[1] - self.row_below), 2 * shape[2], self.filters])
+        return tf.TensorShape([shape[0], 2 * shape[1], 2 * shape[2], self.filters])
 
     def get_config(self):
         config = super().get_config()
         for key in ("kernel_size", "strides", "padding"):
             config.pop(key)
-        return config | {"row_below": self.row_below}
+        return config
 
 
 def transposed_conv(x, filters: int, name: str, dtype=None, b: "_Builder | None" = None):
     """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1), no bias, default init."""
-    split = b is not None and b.mesh is not None
-    if split:
-        x = b.rows_beyond(x, 0, 1, 0, name=f"{name}_halo")
-    return TorchConvTranspose2D(filters, row_below=split, use_bias=False,
+    halo = RowHalo(b.mesh, 0, 1) if b is not None and b.mesh is not None else None
+    return TorchConvTranspose2D(filters, row_halo=halo, use_bias=False,
                                 kernel_initializer=TorchDefaultUniform(9 * filters), dtype=dtype, name=name)(x)
 
 
@@ -206,32 +240,50 @@ class _Builder:
     def __init__(self, width: float, bn_group, mesh=None):
         self.width = width
         self.bn_group = bn_group
-        self.direct_dilation = direct_dilation_supported()
+        # Built under the run's dtype policy: the layers compute in its dtype.
+        self.direct_dilation = direct_dilation_supported(tf.keras.mixed_precision.global_policy().compute_dtype)
         self.mesh = mesh if mesh is not None and mesh.is_split else None
         self._gathered = {}   # id(tensor) -> (tensor, its gathered whole map): one allgather per map
 
     def rows_beyond(self, x, top: int, bottom: int, cols: int, name: str):
-        """Split runs: x with `top` rows above its slab, `bottom` below and `cols` zero columns each side,
-        from the neighbours while their slabs hold that many rows, else cut from the gathered map."""
+        """Split runs: (input, RowHalo or None) for a 'valid' layer reading `top` rows above x's slab,
+        `bottom` below and `cols` zero columns each side: the slab and the halo its layer takes from
+        the neighbours while their slabs hold that many rows, else the window cut from the gathered map."""
         if max(top, bottom) <= x.shape[1]:
-            return RowHalo(self.mesh, top, bottom, cols, name=name)(x)
+            return x, RowHalo(self.mesh, top, bottom, cols)
         if id(x) not in self._gathered:
             self._gathered[id(x)] = (x, GatherRows(self.mesh, name=f"{name}_gather")(x))
-        return RowWindow(self.mesh, top, bottom, cols, name=f"{name}_window")(self._gathered[id(x)][1])
+        return RowWindow(self.mesh, top, bottom, cols, name=f"{name}_window")(self._gathered[id(x)][1]), None
 
     def same_padding(self, x, halo: int, name: str):
-        """(input, padding) for a stride-1 layer padded `halo` on each side: unsplit "same"; split,
-        the halo rows and zero columns added here and "valid"."""
+        """(input, RowHalo or None, padding) for a stride-1 layer padded `halo` on each side: unsplit
+        "same"; split, "valid" with the halo rows and zero columns (rows_beyond)."""
         if self.mesh is None or halo == 0:
-            return x, "same"
-        return self.rows_beyond(x, halo, halo, halo, name=f"{name}_halo"), "valid"
+            return x, None, "same"
+        return *self.rows_beyond(x, halo, halo, halo, name=f"{name}_halo"), "valid"
 
     def strided_padding(self, x, pad: int, name: str):
-        """The symmetric zero padding of a stride-2 layer of kernel 2 * pad + 1. Split, its output rows
-        read `pad` rows above the slab and pad - 1 below (the last zero row is never read)."""
+        """(input, RowHalo or None) for a stride-2 layer of kernel 2 * pad + 1 padded symmetrically, then
+        "valid". Split, its output rows read `pad` rows above the slab and pad - 1 below (the last zero
+        row is never read)."""
         if self.mesh is None:
-            return layers.ZeroPadding2D(pad, name=name)(x)
+            return layers.ZeroPadding2D(pad, name=name)(x), None
         return self.rows_beyond(x, pad, pad - 1, pad, name=name)
+
+    def conv2d(self, filters: int, kernel: int, row_halo: RowHalo | None, dilation: int = 1, **kwargs):
+        """The Conv2D layer: Keras' (DilatedConv2D where dilated) unsplit; SlabConv2D split."""
+        direct = dilation != 1 and self.direct_dilation
+        if self.mesh is not None:
+            return SlabConv2D(filters, kernel, row_halo=row_halo, dilation_rate=dilation, direct=direct, **kwargs)
+        if dilation != 1:
+            return DilatedConv2D(filters, kernel, dilation_rate=dilation, direct=direct, **kwargs)
+        return layers.Conv2D(filters, kernel, **kwargs)
+
+    def depthwise(self, row_halo: RowHalo | None, **kwargs):
+        """The 3x3 DepthwiseConv2D layer (no bias): Keras' unsplit, SlabDepthwiseConv2D split."""
+        if self.mesh is not None:
+            return SlabDepthwiseConv2D(3, row_halo=row_halo, use_bias=False, **kwargs)
+        return layers.DepthwiseConv2D(3, use_bias=False, **kwargs)
 
     def pooled_mean(self, x, name: str):
         """The mean over every pixel of the sample, [B, 1, 1, C]."""
@@ -252,12 +304,9 @@ class _Builder:
     def conv(self, x, filters, kernel, name, init, dilation=1, use_bias=False):
         """Stride-1 convolution; "same" pads odd kernels symmetrically, as PyTorch's padding=dilation*(k-1)/2."""
         fan_in = kernel * kernel * x.shape[-1]
-        x, padding = self.same_padding(x, dilation * (kernel // 2), name)
-        kwargs = dict(padding=padding, dilation_rate=dilation, use_bias=use_bias, kernel_initializer=init(fan_in),
-                      bias_initializer=TorchDefaultUniform(fan_in), name=name)
-        if dilation != 1:
-            return DilatedConv2D(filters, kernel, direct=self.direct_dilation, **kwargs)(x)
-        return layers.Conv2D(filters, kernel, **kwargs)(x)
+        x, halo, padding = self.same_padding(x, dilation * (kernel // 2), name)
+        return self.conv2d(filters, kernel, halo, dilation, padding=padding, use_bias=use_bias,
+                           kernel_initializer=init(fan_in), bias_initializer=TorchDefaultUniform(fan_in), name=name)(x)
 
     def sep_conv(self, x, filters, name, stride=1, dilation=1):
         """The reference's SeparableConv2d_same: depthwise 3x3 (`.conv1`) then pointwise 1x1, no bias,
@@ -266,13 +315,11 @@ class _Builder:
         # cheap here, and DepthwiseConv2dNative with a `dilations` attribute gave
         # input and filter gradients unlike this route's (TF 2.15, oneDNN on).
         if stride == 1:
-            x, padding = self.same_padding(x, dilation, f"{name}.conv1")
-            x = layers.DepthwiseConv2D(3, padding=padding, dilation_rate=dilation, use_bias=False,
-                                       depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
+            x, halo, padding = self.same_padding(x, dilation, f"{name}.conv1")
         else:
-            x = self.strided_padding(x, dilation, name=f"{name}_pad")
-            x = layers.DepthwiseConv2D(3, strides=stride, dilation_rate=dilation, use_bias=False,
-                                       depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
+            (x, halo), padding = self.strided_padding(x, dilation, name=f"{name}_pad"), "valid"
+        x = self.depthwise(halo, strides=stride, padding=padding, dilation_rate=dilation,
+                           depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
         return layers.Conv2D(filters, 1, use_bias=False, kernel_initializer=KaimingNormal(x.shape[-1]),
                              name=f"{name}.pointwise")(x)
 

@@ -33,10 +33,14 @@ HEIGHT, WIDTH, CHANNELS = 192, 32, 4
 
 
 def _without_halo(mesh):
-    def exchange(x, halo, name):
+    """The negative control: the neighbours' rows replaced by zeros (as if every slab were a whole sample)."""
+    from common.parallel.distribution import NeighbourPlanes
+
+    def zeros(x, halo, name):
         del name
-        return tf.pad(x, [[0, 0], [halo, halo]] + [[0, 0]] * (x.shape.rank - 2))
-    mesh.exchange_halo = exchange
+        rows = tf.zeros_like(x[:, :halo])
+        return NeighbourPlanes(below=rows, above=rows, sent=x)
+    mesh.neighbour_planes = zeros
 
 
 def _task(mesh, groups: int):
@@ -80,6 +84,7 @@ def step(mesh, dist) -> dict:
     train_step(iter([(x, tf.constant(y))]))
     out = dict(logits=logits.numpy(), loss=loss.numpy(), iou=iou.numpy(), group=mesh.group, groups=mesh.groups,
                layers=np.array([layer.name for layer in net.layers]),
+               halos=np.array([layer.name for layer in net.layers if getattr(layer, "row_halo", None)]),
                plan=task.describe_split(net) if mesh.is_split else "")
     for i, g in enumerate(reduced):
         out[f"grad_{i}"] = g.numpy()

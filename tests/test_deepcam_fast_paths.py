@@ -68,3 +68,18 @@ def test_explicitly_padded_transposed_conv_equals_valid_then_crop(size):
     got = _output_and_gradients(layer, x, layer.kernel)
     assert got[0].shape == (2, 2 * size[0], 2 * size[1], 4)
     _assert_same(got, _output_and_gradients(valid_then_crop, x, layer.kernel))
+
+
+@pytest.mark.parametrize("flags, bf16_direct", [({"avx2"}, False), ({"avx2", "avx512f"}, True)])
+def test_bfloat16_dilation_takes_the_direct_op_only_where_onednn_runs_bfloat16(monkeypatch, flags, bf16_direct):
+    # oneDNN takes bfloat16 only on AVX-512 CPUs; elsewhere TensorFlow's Eigen kernels run the direct
+    # dilated op, and they have no backward pass for it: the Keras route is taken then. float32 is oneDNN's
+    # on either (where its kernels are on: this suite's runs turn them on).
+    from common import cpu
+    monkeypatch.setattr(cpu, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
+    monkeypatch.setattr(cpu, "onednn_enabled", lambda: True)
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [])
+    assert model.direct_dilation_supported(tf.float32)
+    assert model.direct_dilation_supported(tf.bfloat16) == bf16_direct
+    monkeypatch.setattr(cpu, "onednn_enabled", lambda: False)
+    assert not model.direct_dilation_supported(tf.float32)

@@ -332,7 +332,7 @@ def test_layer_rebuild_is_the_measured_closed_model():
 
 
 def test_halo_bytes_against_the_slabs_a_rank_sends():
-    """Per split conv: the bytes of the tensor exchange_halo sends (the slab's first and last h planes),
+    """Per split conv: the bytes of the tensor neighbour_planes sends (the slab's first and last h planes),
     built here from the layer shapes with numpy; one alltoall forward and one backward."""
     np = pytest.importorskip("numpy")
     for edge, k, precision in ((128, 4, "fp16"), (256, 2, "fp32"), (512, 4, "bf16")):

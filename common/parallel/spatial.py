@@ -16,12 +16,14 @@ The replicated layers get the same whole gradient on every rank of the group.
 import tensorflow as tf
 from tensorflow.keras import layers
 
+from common.parallel.rebuilt_input import convolve_rebuilding_input
+
 
 class SpatialConv3D(layers.Conv3D):
     """Conv3D (stride 1, 'same' padding, odd kernel) on a z-slab: the variables and names of
     Conv3D, so checkpoints and imported weights load either way.
 
-    The neighbours' boundary planes come in through `mesh.exchange_halo` (zeros at the
+    The neighbours' boundary planes come in through `mesh.neighbour_planes` (zeros at the
     volume's faces, as 'same' padding gives), y and x are zero-padded here, then the
     convolution is 'valid' in all three axes.
 
@@ -32,6 +34,10 @@ class SpatialConv3D(layers.Conv3D):
     `boundary_above`), concatenated. Every output plane reads the same window through the same
     kernel as without overlap; the cost is that concatenation, one copy of the output (and of
     its gradient in backward).
+
+    Either way each convolution keeps, for backward, the planes it was given rather than their
+    zero-padded copy, which backward builds again (common.parallel.rebuilt_input): a split layer
+    holds its slab once, as the unsplit one does.
     """
 
     def __init__(self, filters, kernel_size, mesh, *, overlap: bool, **kwargs):
@@ -54,29 +60,36 @@ class SpatialConv3D(layers.Conv3D):
         if not self.holds_slab:
             return super().call(inputs)
         hz = self.kernel_size[0] // 2
+        kernel = tf.convert_to_tensor(self.kernel)
         if self.overlaps:
-            outputs = self._overlapped(inputs, hz)
+            outputs = self._overlapped(inputs, kernel, hz)
         else:
-            outputs = self._valid(self.mesh.exchange_halo(inputs, hz, name=f"{self.name}.halo"), name="slab")
+            halo = self.mesh.neighbour_planes(inputs, hz, name=f"{self.name}.halo")
+            outputs = self._valid([halo.below, inputs, halo.above], kernel, name="slab")
         if self.use_bias:
             outputs = tf.nn.bias_add(outputs, self.bias)
         return self.activation(outputs) if self.activation is not None else outputs
 
-    def _overlapped(self, inputs, hz: int):
+    def _overlapped(self, inputs, kernel, hz: int):
         zs = inputs.shape[1]
         halo = self.mesh.neighbour_planes(inputs, hz, name=f"{self.name}.halo")
         # After the alltoall's input, so the exchange is under way while the slab convolves.
         with tf.control_dependencies([halo.sent]):
-            interior = self._valid(inputs, name="interior")
-        below = self._valid(tf.concat([halo.below, inputs[:, :2 * hz]], axis=1), name="boundary_below")
-        above = self._valid(tf.concat([inputs[:, zs - 2 * hz:], halo.above], axis=1), name="boundary_above")
+            interior = self._valid([inputs], kernel, name="interior")
+        below = self._valid([halo.below, inputs[:, :2 * hz]], kernel, name="boundary_below")
+        above = self._valid([inputs[:, zs - 2 * hz:], halo.above], kernel, name="boundary_above")
         return tf.concat([below, interior, above], axis=1)
 
-    def _valid(self, x, name=None):
-        """The convolution of x zero-padded in y and x, 'valid' along z: 2h planes fewer than x."""
+    def _valid(self, planes: list, kernel, name: str):
+        """The convolution of `planes` stacked along z and zero-padded in y and x, 'valid' along z (2h
+        planes fewer than the stack), backward rebuilding that padded stack."""
+        return convolve_rebuilding_input(planes, self._stack_and_pad, kernel, lambda x, k: tf.nn.conv3d(
+            x, k, strides=[1] * 5, padding="VALID", name=name))
+
+    def _stack_and_pad(self, *planes):
         _, hy, hx = (k // 2 for k in self.kernel_size)
-        x = tf.pad(x, [[0, 0], [0, 0], [hy, hy], [hx, hx], [0, 0]])
-        return tf.nn.conv3d(x, self.kernel, strides=[1] * 5, padding="VALID", name=name)
+        x = planes[0] if len(planes) == 1 else tf.concat(planes, axis=1)
+        return tf.pad(x, [[0, 0], [0, 0], [hy, hy], [hx, hx], [0, 0]])
 
 
 class GatherSlabs(layers.Layer):

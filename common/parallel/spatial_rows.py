@@ -2,11 +2,12 @@
 
 A rank holds a slab of Hs = H / K consecutive rows of each sample ([B, Hs, W, C]; the mesh is
 common.parallel.distribution.SpatialMesh, whose exchange works along axis 1 whatever the rank).
-The layers here hold no weights: they give a convolution of the unsplit network the rows it
-reads beyond its slab, so the convolution itself stays the layer it was, with its variables and
-names, run with 'valid' padding:
+A convolution of the unsplit network stays the layer it was, with its variables and names, and
+reads the rows beyond its slab as follows:
 - `RowHalo`: the neighbours' boundary rows, one alltoall in the group (zeros beyond the sample's
-  top and bottom, as 'same' padding gives the whole sample), and the columns zero-padded;
+  top and bottom, as 'same' padding gives the whole sample), and the columns zero-padded; the
+  layer (`SlabConvolution`) convolves slab and halo 'valid', keeping for backward the slab and
+  the halo's rows rather than their padded copy (common.parallel.rebuilt_input);
 - `GatherRows` then `RowWindow`: where the halo is taller than a slab (DeepCAM's dilated ASPP
   branches at small slabs), the group's slabs gathered once and each rank's window cut from
   the whole map;
@@ -17,30 +18,63 @@ gradient of every variable on a rank is its slab's part: the update needs the su
 group (`all_partial_scales`), unlike CosmoFlow's gathered head (common.parallel.spatial).
 """
 
+import dataclasses
+
 import tensorflow as tf
 from tensorflow.keras import layers
 
+from common.parallel.rebuilt_input import convolve_rebuilding_input
 
-class RowHalo(layers.Layer):
-    """[B, Hs, W, C] -> [B, top + Hs + bottom, W + 2 * cols, C]: `top` rows of the slab above
-    (the previous rank's last rows), `bottom` rows of the slab below (the next rank's first),
-    zeros beyond the sample, then `cols` zero columns on each side.
+
+@dataclasses.dataclass(frozen=True)
+class RowHalo:
+    """What a convolution on a height slab reads beyond it: `top` rows of the slab above (the
+    previous rank's last rows), `bottom` rows of the slab below (the next rank's first), zeros
+    beyond the sample, then `cols` zero columns on each side.
 
     The exchange is the mesh's symmetric one (max(top, bottom) rows each way, every rank the same
     shapes, so Horovod's derived names agree), cropped: a one-sided halo (stride-2 layers need
     one row above, transposed convolutions one below) sends a row it does not use.
     """
+    mesh: object
+    top: int
+    bottom: int
+    cols: int = 0
 
-    def __init__(self, mesh, top: int, bottom: int, cols: int = 0, **kwargs):
-        super().__init__(**kwargs)
-        self.mesh, self.top, self.bottom, self.cols = mesh, int(top), int(bottom), int(cols)
+    def padded_shape(self, shape) -> tf.TensorShape:
+        """[B, Hs, W, C] -> the shape of the slab with its halo, [B, top + Hs + bottom, W + 2 cols, C]."""
+        b, rows, width, c = tf.TensorShape(shape).as_list()
+        return tf.TensorShape([b, rows + self.top + self.bottom, width + 2 * self.cols, c])
 
-    def call(self, inputs):
+    def convolve(self, slab, kernel, convolve, name: str):
+        """convolve(the slab with its halo, kernel), the padded input rebuilt for backward."""
         halo = max(self.top, self.bottom)
-        x = self.mesh.exchange_halo(inputs, halo, name=f"{self.name}.alltoall")
-        rows = inputs.shape[1]
-        x = x[:, halo - self.top: halo + rows + self.bottom]
-        return _pad_cols(x, self.cols)
+        received = self.mesh.neighbour_planes(slab, halo, name=f"{name}.alltoall")
+        # The mesh's `below` comes from the previous rank: the rows above this slab.
+        above, below = received.below[:, halo - self.top:], received.above[:, :self.bottom]
+        return convolve_rebuilding_input([above, slab, below], self._assemble, tf.convert_to_tensor(kernel),
+                                         convolve)
+
+    def _assemble(self, above, slab, below):
+        return _pad_cols(tf.concat([above, slab, below], axis=1), self.cols)
+
+
+class SlabConvolution:
+    """Mixin for a Keras convolution layer whose input may be a height slab: with `row_halo` (a
+    RowHalo) its op convolves the slab with that halo ('valid' padding), else the input as given.
+    The layer keeps its class's variables and names."""
+    row_halo: RowHalo | None = None
+
+    def convolve_slab(self, inputs, kernel, convolve):
+        """convolve(inputs, kernel), with the halo rows added first when the layer has them."""
+        if self.row_halo is None:
+            return convolve(inputs, kernel)
+        return self.row_halo.convolve(inputs, kernel, convolve, name=self.name)
+
+    def compute_output_shape(self, input_shape):
+        if self.row_halo is not None:
+            input_shape = self.row_halo.padded_shape(input_shape)
+        return super().compute_output_shape(input_shape)
 
 
 class GatherRows(layers.Layer):
