@@ -108,8 +108,9 @@ def read_fields(path, channels, height, width):
     return x, y
 
 
-def read_fields_into(path, channels, height, width, x_out, y_out) -> None:
-    """One HDF5 sample into x_out (float32 [H, W, len(channels)]) and y_out (uint8 [H, W]), labels checked.
+def read_fields_into(path, channels, height, width, x_out, y_out, first_row: int = 0) -> None:
+    """One HDF5 sample into x_out (float32 [R, W, len(channels)]) and y_out (uint8 [R, W]), labels checked:
+    its rows [first_row, first_row + R), R = len(x_out) (all H by default; a slab of a height split).
 
     h5py serializes its calls behind one lock (a read releases the GIL, not that lock), so a
     rank's h5py readers take turns. A dataset stored as one contiguous block of native values
@@ -117,7 +118,9 @@ def read_fields_into(path, channels, height, width, x_out, y_out) -> None:
     are) is therefore read from its offset in the file with readinto, which holds neither: the
     fields (57 of a sample's 60 MB at 768x1152x16, float32 labels) go straight into the batch.
     h5py only opens the file and says where the values lie; other layouts are read through it.
+    Rows lie contiguous in either: a slab is one byte range of each dataset.
     """
+    rows = slice(first_row, first_row + len(x_out))
     with h5py.File(path, "r") as f:
         data, labels = _checked_datasets(f, path, channels, height, width)
         all_channels = _all_channels(channels, data.shape[2])
@@ -125,20 +128,21 @@ def read_fields_into(path, channels, height, width, x_out, y_out) -> None:
         labels_at = _contiguous_offset(labels)
         if data_at is None:
             if all_channels:
-                data.read_direct(x_out)    # HDF5 writes straight into the batch: no array in between
+                data.read_direct(x_out, source_sel=np.s_[rows])   # HDF5 writes straight into the batch
             else:
-                x_out[...] = data[...][..., list(channels)]
-        stored = data.shape
-        y = labels[...] if labels_at is None else np.empty(labels.shape, labels.dtype)
+                x_out[...] = data[rows][..., list(channels)]
+        stored = (len(x_out),) + data.shape[1:]
+        row_bytes = (data.shape[1] * data.shape[2] * data.dtype.itemsize, labels.shape[1] * labels.dtype.itemsize)
+        y = labels[rows] if labels_at is None else np.empty((len(x_out),) + labels.shape[1:], labels.dtype)
     if data_at is not None or labels_at is not None:
         with open(path, "rb", buffering=0) as raw:
             if data_at is not None:
                 whole = x_out if all_channels else np.empty(stored, x_out.dtype)
-                _read_at(raw, data_at, whole, path)
+                _read_at(raw, data_at + first_row * row_bytes[0], whole, path)
                 if not all_channels:
                     np.take(whole, list(channels), axis=2, out=x_out)
             if labels_at is not None:
-                _read_at(raw, labels_at, y, path)
+                _read_at(raw, labels_at + first_row * row_bytes[1], y, path)
     y_out[...] = labels_as_uint8(y, path)
 
 
@@ -172,17 +176,23 @@ def _readinto(f, out: np.ndarray) -> bool:
     return True
 
 
-def read_raw_into(path, x_out, y_out) -> None:
-    """One staged raw sample (layout.RAW_SUFFIX) into x_out and y_out (C-contiguous), with no copy in between.
+def read_raw_into(path, x_out, y_out, height: int | None = None, first_row: int = 0) -> None:
+    """One staged raw sample (layout.RAW_SUFFIX) into x_out and y_out (C-contiguous), with no copy in between:
+    rows [first_row, first_row + R) of a sample of `height` rows (default: all R = len(x_out)).
 
     readinto releases the GIL while the kernel copies, so a rank's readers run on every core.
     """
-    expected = x_out.nbytes + y_out.nbytes
+    height = height or len(x_out)
+    rows = len(x_out)
+    expected = (x_out.nbytes + y_out.nbytes) // rows * height
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         if size != expected:
             raise InputError(f"{path}: staged raw sample of {size:,} bytes, expected {expected:,}")
-        for out in (x_out, y_out):
+        # The fields' rows, then the labels' (after all of the fields).
+        for out, at in ((x_out, first_row * (x_out.nbytes // rows)),
+                        (y_out, x_out.nbytes // rows * height + first_row * (y_out.nbytes // rows))):
+            f.seek(at)
             if not _readinto(f, out):
                 raise InputError(f"{path}: staged raw sample shorter than {expected:,} bytes while read")
 
@@ -300,16 +310,17 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
     Validation: one pass in file order; the last batch may be partial.
     With `cache`, decoded samples stay in memory after the first pass.
     About `readers` files are in flight at once (each up to 57 MB).
-    `slab` (index, K): a rank of a height split keeps rows [index * H / K, (index + 1) * H / K)
-    of every sample (whole samples are read, then cut).
+    `slab` (index, K): a rank of a height split reads (and caches) only rows
+    [index * H / K, (index + 1) * H / K) of every sample.
     """
     channels = tuple(int(c) for c in channels)
     raw = is_raw(files)
+    rows = _Rows(height, *slab) if slab is not None else _Rows(height)
     if cache:
         # Samples are kept one by one, so they are read one by one.
-        read, read_batches = _sample_reader(raw, channels, height, width, readers), None
+        read, read_batches = _sample_reader(raw, channels, rows, width, readers), None
     else:
-        read, read_batches = None, _batch_reader(raw, channels, height, width, batch_size, readers, prefetch,
+        read, read_batches = None, _batch_reader(raw, channels, rows, width, batch_size, readers, prefetch,
                                                  batch_dim=batch_size if training else None)
     if training:
         n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
@@ -323,14 +334,18 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
             ds = read(paths).cache().batch(batch_size)
         else:
             ds = read_batches(paths.batch(batch_size))
-    if slab is not None:
-        index, k = slab
-        rows = height // k
-        ds = ds.map(lambda x, y: (x[:, index * rows:(index + 1) * rows], y[:, index * rows:(index + 1) * rows]))
     return ds.prefetch(prefetch)
 
 
-def _batch_reader(raw, channels, height, width, batch_size, readers, prefetch, batch_dim):
+class _Rows:
+    """The rows of each sample a reader fills: all `height`, or slab `index` of `k` (height / k rows)."""
+
+    def __init__(self, height: int, index: int = 0, k: int = 1):
+        self.height, self.count = height, height // k
+        self.first = index * self.count
+
+
+def _batch_reader(raw, channels, rows, width, batch_size, readers, prefetch, batch_dim):
     """Dataset of path batches -> Dataset of (x, y) batches, each filled in place in a reused buffer.
 
     Each file is read straight into its slot of the batch (common.inputs.batch_buffers): no
@@ -342,10 +357,10 @@ def _batch_reader(raw, channels, height, width, batch_size, readers, prefetch, b
     n_ch = len(channels)
     in_flight = max(1, -(-readers // batch_size))    # batches being read at once: ~`readers` files
     # Alive at once: the batches being read, those in map's and prefetch's buffers, the one in use.
-    buffers = BatchBuffers([((height, width, n_ch), np.float32), ((height, width), np.uint8)], batch_size,
+    buffers = BatchBuffers([((rows.count, width, n_ch), np.float32), ((rows.count, width), np.uint8)], batch_size,
                            max_buffers=2 * in_flight + prefetch + 2)
 
-    read_into = _file_reader(raw, channels, height, width)
+    read_into = _file_reader(raw, channels, rows, width)
 
     def fill(paths):
         x, y = buffers.take(len(paths))
@@ -355,35 +370,35 @@ def _batch_reader(raw, channels, height, width, batch_size, readers, prefetch, b
 
     def load(paths):
         x, y = tf.numpy_function(fill, [paths], (tf.float32, tf.uint8), stateful=False)
-        x.set_shape((batch_dim, height, width, n_ch))
-        y.set_shape((batch_dim, height, width))
+        x.set_shape((batch_dim, rows.count, width, n_ch))
+        y.set_shape((batch_dim, rows.count, width))
         return x, y
 
     return lambda path_batches: path_batches.map(load, num_parallel_calls=in_flight)
 
 
-def _file_reader(raw, channels, height, width):
-    """(path, x_out, y_out) -> None: one sample file, staged raw or HDF5, read into the arrays given."""
+def _file_reader(raw, channels, rows: _Rows, width):
+    """(path, x_out, y_out) -> None: `rows` of one sample file, staged raw or HDF5, read into the arrays given."""
     if raw:
-        return read_raw_into
-    return lambda path, x_out, y_out: read_fields_into(path, channels, height, width, x_out, y_out)
+        return lambda path, x_out, y_out: read_raw_into(path, x_out, y_out, rows.height, rows.first)
+    return lambda path, x_out, y_out: read_fields_into(path, channels, rows.height, width, x_out, y_out, rows.first)
 
 
-def _sample_reader(raw, channels, height, width, readers):
+def _sample_reader(raw, channels, rows: _Rows, width, readers):
     """Dataset of paths -> Dataset of (x, y) samples, each in its own aligned arrays (cached runs keep them)."""
     n_ch = len(channels)
-    read_into = _file_reader(raw, channels, height, width)
+    read_into = _file_reader(raw, channels, rows, width)
 
     def read_one(path):
         # Aligned: TensorFlow takes them without a copy (common.inputs.batch_buffers).
-        x, y = aligned_empty((height, width, n_ch), np.float32), aligned_empty((height, width), np.uint8)
+        x, y = aligned_empty((rows.count, width, n_ch), np.float32), aligned_empty((rows.count, width), np.uint8)
         read_into(path.decode(), x, y)
         return x, y
 
     def load(path):
         x, y = tf.numpy_function(read_one, [path], (tf.float32, tf.uint8), stateful=False)
-        x.set_shape((height, width, n_ch))
-        y.set_shape((height, width))
+        x.set_shape((rows.count, width, n_ch))
+        y.set_shape((rows.count, width))
         return x, y
 
     return lambda paths: paths.map(load, num_parallel_calls=readers)

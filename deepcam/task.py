@@ -10,7 +10,7 @@ from common.inputs.memory import fits_in_memory
 from common.base_config import check_global_batch
 from common.config_loading import peek
 from common.inputs.sharding import list_files, select_and_shard
-from common.parallel.spatial_rows import RowHalo, RowWindow, all_partial_scales
+from common.parallel.spatial_rows import RowWindow, all_partial_scales
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
 from deepcam.config import N_CLASSES, DeepCAMConfig
@@ -167,13 +167,14 @@ class DeepCAMTask(Task):
 
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None):
         cfg, d = self.cfg, self.cfg.data
-        sample_bytes = data.raw_sample_bytes(len(d.channels), d.height, d.width)
+        split = self._split
+        # What a rank reads and caches of each sample: its rows.
+        sample_bytes = data.raw_sample_bytes(len(d.channels), self._rows(), d.width)
         cache = {"true": True, "false": False}.get(cfg.staging.cache)
         if cache is None:
             cache = fits_in_memory((len(shards.train_files) + len(shards.valid_files)) * sample_bytes, local_size)
-        split = self._split
-        # The ranks of a height split read whole samples and keep their rows; they must hold rows of
-        # the same sample at each place of a batch, so they read in order (as exact resume does).
+        # The ranks of a height split read their rows of each sample; they must hold rows of the same
+        # sample at each place of a batch, so they read in order (as exact resume does).
         common = dict(channels=d.channels, height=d.height, width=d.width,
                       batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache,
                       slab=(split.index, split.size) if split else None)
@@ -328,7 +329,7 @@ def mean_iou(mesh=None) -> EvalMetric:
 def describe_height_split(net, k: int, height: int) -> str:
     """The [init] line of a height split: the rows per rank and which layers read a gathered map."""
     windows = [layer.name.removesuffix("_halo_window") for layer in net.layers if isinstance(layer, RowWindow)]
-    halos = sum(isinstance(layer, RowHalo) for layer in net.layers)
+    halos = sum(getattr(layer, "row_halo", None) is not None for layer in net.layers)
     gathered = (f"; from the group's gathered map (halo taller than a slab): {', '.join(windows)}" if windows
                 else "; no layer reads further than a neighbour's slab")
     return (f"each rank holds {height // k} of every sample's {height} rows (1/{k}); {halos} layers take halo rows "

@@ -146,6 +146,32 @@ def test_contiguous_hdf5_datasets_are_read_past_h5py_as_h5py_reads_them(tmp_path
         np.testing.assert_array_equal(y_out, y.astype(np.uint8))
 
 
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("channels", [tuple(range(16)), (3, 0, 15)])
+def test_a_height_split_rank_reads_its_rows_of_every_layout(tmp_path, channels, cache):
+    # A rank of a height split (slab=(index, K)) reads only its rows of each sample: the same values as
+    # the whole sample's rows, from every HDF5 layout (past h5py or through it) and staged raw files.
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-5, 20, (H, W, 16)).astype(np.float32)
+    y = rng.integers(0, 3, (H, W)).astype(np.float32)
+    layouts = ("contiguous", "user block", "chunked, gzip", "big-endian", "float64")
+    for layout in layouts:
+        _write_layout(tmp_path / f"{layout}.h5", x, y, layout)
+    staged, _ = stage_files([str(tmp_path / "contiguous.h5")], tmp_path / "stage", data.raw_layout(channels, H, W))
+    sources = {layout: [str(tmp_path / f"{layout}.h5")] for layout in layouts} | {"staged": staged}
+    common = dict(channels=channels, height=H, width=W, batch_size=1, training=False, cache=cache)
+    k, rows = 4, H // 4
+    for name, files in sources.items():
+        for index in range(k):
+            [(x_slab, y_slab)] = list(data.make_dataset(files, slab=(index, k), **common))
+            want = slice(index * rows, (index + 1) * rows)
+            assert x_slab.shape == (1, rows, W, len(channels)), name
+            np.testing.assert_array_equal(x_slab.numpy()[0], x[want][..., list(channels)], err_msg=f"{name} {index}")
+            np.testing.assert_array_equal(y_slab.numpy()[0], y[want].astype(np.uint8), err_msg=f"{name} {index}")
+    # The negative control: the slabs differ from each other, so reading the wrong rows would show.
+    assert not np.array_equal(x[:rows], x[rows:2 * rows])
+
+
 def test_a_label_out_of_range_in_a_contiguous_file_is_still_named(tmp_path):
     y = np.zeros((H, W), np.float32)
     y[3, 4] = 7
