@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from bench import tf_profile  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.spatial import SpatialConv3D  # noqa: E402
 
@@ -37,23 +38,14 @@ LAYER = "conv1"
 
 def trace_intervals(logdir: str, layer: str) -> dict:
     """The layer's alltoall and convolutions in the profile under `logdir` (see the module's doc)."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(next(Path(logdir).rglob("*.xplane.pb")).read_bytes())
+    ops, kernels = tf_profile.read(logdir)
     found = {"alltoall": [None, None], "convolutions": {}}
-    for plane in space.planes:
-        events, stats = plane.event_metadata, plane.stat_metadata
-        for line in plane.lines:
-            for event in line.events:
-                begin = (line.timestamp_ns * 1000 + event.offset_ps) / 1e6
-                name = events[event.metadata_id].name
-                if name.startswith("ExecutorState::ProcessAsync::"):
-                    args = {stats[s.metadata_id].name: s.str_value or stats[s.ref_value].name for s in event.stats}
-                    if args.get("kernel_type") == "HorovodAlltoall" and args.get("name", "").startswith(layer + "/"):
-                        found["alltoall"][name.endswith("Done")] = begin
-                elif name.startswith(layer + "/") and "Conv3D" in name:   # "conv1/interior:_MklNativeFusedConv3D"
-                    op = name.split(":")[0][len(layer) + 1:]
-                    found["convolutions"][op] = [begin, begin + event.duration_ps / 1e6]
+    for kernel in kernels:
+        if kernel.kind == "HorovodAlltoall" and kernel.name.startswith(layer + "/"):
+            found["alltoall"][kernel.done] = kernel.time
+    for op in ops:
+        if op.name.startswith(layer + "/") and "Conv3D" in op.kind:   # "conv1/interior:_MklNativeFusedConv3D"
+            found["convolutions"][op.name[len(layer) + 1:]] = [op.begin, op.end]
     return found
 
 

@@ -4,8 +4,10 @@ step of each.
 
   horovodrun -np 2 python tests/overlap_probe.py --out DIR
 
-Per variant (DIR/VARIANT/rank-NNNNN.npz: the weights after 3 steps; rank 0 also writes
-DIR/VARIANT/timeline.json, Horovod's timeline of the third step):
+Per variant (DIR/VARIANT/rank-NNNNN.npz: the weights after 3 steps; rank 0 also writes, of the third
+step, DIR/VARIANT/timeline.json, Horovod's timeline, and DIR/VARIANT/profile.json, from TensorFlow's
+profiler: when the executor launched each allreduce ("launches", op name -> us) and when backward's
+ops ran ("backward": [first begin, last end], the ops under the tape's gradient_tape/ scope)):
   overlap:       an allreduce per gradient (runtime.gradient_allreduce=overlap, the default)
   grouped:       one grouped allreduce after backward (runtime.gradient_allreduce=grouped)
   overlap-fp16:  overlap with fp16 compression on the wire: the negative control, whose
@@ -13,8 +15,11 @@ DIR/VARIANT/timeline.json, Horovod's timeline of the third step):
 """
 
 import argparse
+import contextlib
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -22,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from bench import tf_profile  # noqa: E402
 from common.config_loading import load_config  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.run.steps import TrainStep  # noqa: E402
@@ -30,6 +36,22 @@ from cosmoflow.task import CosmoFlowTask  # noqa: E402
 VARIANTS = {"overlap": (False, "none"), "grouped": (True, "none"), "overlap-fp16": (False, "fp16")}
 # 64^3: backward long enough (tens of ms) that its gradients come apart even on loaded cores.
 EDGE, BATCH, STEPS = 64, 2, 3
+
+
+@contextlib.contextmanager
+def _profiled(out: Path):
+    """TensorFlow's profiler around the block; its launches and backward written to `out`."""
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            yield
+        finally:
+            tf.profiler.experimental.stop()
+        ops, kernels = tf_profile.read(logdir)
+    backward = [op for op in ops if op.name.startswith("gradient_tape/")]
+    out.write_text(json.dumps({
+        "launches": {k.name: k.time for k in kernels if k.kind.startswith("Horovod") and not k.done},
+        "backward": [min(op.begin for op in backward), max(op.end for op in backward)]}, indent=1))
 
 
 def _run(dist, grouped: bool, compression: str, timeline: Path | None) -> dict:
@@ -48,7 +70,8 @@ def _run(dist, grouped: bool, compression: str, timeline: Path | None) -> dict:
                 tf.constant(data.uniform(-1, 1, (BATCH, 4)).astype(np.float32))) for _ in range(STEPS)]
     for i, batch in enumerate(batches):
         if timeline is not None and i == STEPS - 1:
-            with dist.timeline(timeline):
+            profile = _profiled(timeline.with_name("profile.json")) if dist.is_root else contextlib.nullcontext()
+            with profile, dist.timeline(timeline):   # the timeline stopped first: reading the profile takes a while
                 float(step(iter([batch])).loss)
         else:
             float(step(iter([batch])).loss)
