@@ -1,7 +1,7 @@
 """Where DeepCAM's height split spends memory: one process per variant, its peak RSS after two train steps.
 
   python bench/deepcam_split_memory.py                      # 384 x 576, K = 2, mixed bf16 where native
-  python bench/deepcam_split_memory.py --height 768 --width 1152 --precision float32
+  python bench/deepcam_split_memory.py --height 768 --width 1152 --precision float32 --optimizer LAMB
 
 Variants, each in a fresh process (peak RSS is a process's high-water mark):
   unsplit H      the reference model on whole samples (H rows): what one rank holds at K = 1
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool) -> str:
+def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool, optimizer: str) -> str:
     """One variant in this process: 'peak_gib step_s'."""
     import importlib
     import resource
@@ -32,7 +32,7 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
 
     import tensorflow as tf
     sys.path.insert(0, str(REPO))
-    from common import benchmarks
+    from common import benchmarks, optimizers
     from common.parallel.distribution import NeighbourPlanes, RankGroup
     model = importlib.import_module(f"{benchmarks.split_along('height')}.model")   # the table names it
     tf.keras.mixed_precision.set_global_policy(precision)
@@ -55,7 +55,8 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
         bn_group = RankGroup(k, None)
         bn_group.sum = lambda t, name=None: t * float(k)
     net = model.build_model(height, width, 16, bn_group=bn_group, mesh=StubMesh() if k > 1 else None)
-    optimizer = tf.keras.optimizers.SGD(0.01)
+    optimizer = optimizers.build_optimizer(optimizer, learning_rate=0.01, weight_decay=0.01,
+                                           max_grad_norm=1.0)
     x, y = tf.random.normal((1, rows, width, 16)), tf.zeros((1, rows, width), tf.int32)
 
     @tf.function
@@ -78,6 +79,8 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=576)
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--precision", default="mixed_bfloat16")
+    p.add_argument("--optimizer", default="SGD", help="SGD (no slots) or the closed configs' LAMB (two slots, a "
+                   "global norm clip)")
     p.add_argument("--variant", help=argparse.SUPPRESS)   # run one variant here (the child)
     args = p.parse_args(argv)
     h, w, k = args.height, args.width, args.k
@@ -85,13 +88,15 @@ def main(argv=None) -> int:
                 "split K, BN": (h, k, False)}
     if args.variant:
         height, kk, group_bn = variants[args.variant]
-        print(measure(height, w, height // kk, kk, args.precision, group_bn))
+        print(measure(height, w, height // kk, kk, args.precision, group_bn, args.optimizer))
         return 0
-    print(f"DeepCAM {h} x {w} x 16, K = {k}, {args.precision}, batch 1, SGD; load average {os.getloadavg()[0]:.1f}")
+    print(f"DeepCAM {h} x {w} x 16, K = {k}, {args.precision}, batch 1, {args.optimizer}; "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'variant':<14} {'peak RSS GiB':>12} {'step s':>7}")
     for name in variants:
         out = subprocess.run([sys.executable, __file__, "--height", str(h), "--width", str(w), "--k", str(k),
-                              "--precision", args.precision, "--variant", name], capture_output=True, text=True,
+                              "--precision", args.precision, "--optimizer", args.optimizer, "--variant", name],
+                             capture_output=True, text=True,
                              env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2"))
         if out.returncode:
             print(f"error: variant '{name}' failed: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)

@@ -49,7 +49,9 @@ class LAMB(tf.keras.optimizers.Optimizer):
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
                  weight_decay_rate=0.0, max_grad_norm=1.0, name="LAMB", **kwargs):
-        super().__init__(name=name, global_clipnorm=max_grad_norm or None, **kwargs)
+        # weight_decay=None: Keras' own decoupled decay (its default here is 0) would multiply every
+        # variable by 0 each step, as the step starts (it waits for no gradient).
+        super().__init__(name=name, global_clipnorm=max_grad_norm or None, weight_decay=None, **kwargs)
         self._learning_rate = self._build_learning_rate(learning_rate)
         self.beta_1 = beta_1
         self.beta_2 = beta_2
@@ -72,14 +74,20 @@ class LAMB(tf.keras.optimizers.Optimizer):
         b1, b2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
         index = self._index_dict[self._var_key(variable)]
         m, v = self._m[index], self._v[index]
-        m.assign(b1 * m + (1.0 - b1) * gradient)
-        v.assign(b2 * v + (1.0 - b2) * tf.square(gradient))
+        # Every term the size of the variable comes from the gradient or after it: a graph runs an op
+        # once its inputs are ready, and one of the slots or weights alone (b1 * m, decay * w) would
+        # run as the step starts and be held through forward and backward (1.2 GiB more at the peak
+        # of DeepCAM's step: bench/deepcam_split_memory.py --optimizer LAMB).
+        m.assign_add((gradient - m) * (1.0 - b1))                 # b1 m + (1 - b1) g
+        v.assign_add((tf.square(gradient) - v) * (1.0 - b2))      # b2 v + (1 - b2) g^2
         m_hat = m / (1.0 - tf.pow(b1, step))
         v_hat = v / (1.0 - tf.pow(b2, step))
         update = m_hat / (tf.sqrt(v_hat) + tf.cast(self.epsilon, dtype))
         if self.weight_decay_rate:
-            update += tf.cast(self.weight_decay_rate, dtype) * variable
-            w_norm, u_norm = tf.norm(variable), tf.norm(update)
+            with tf.control_dependencies([update]):
+                update += tf.cast(self.weight_decay_rate, dtype) * variable
+                w_norm = tf.norm(variable)
+            u_norm = tf.norm(update)
             ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, tf.ones_like(w_norm))
         else:
             ratio = tf.constant(1.0, dtype)

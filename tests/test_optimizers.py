@@ -27,6 +27,36 @@ def lamb_numpy(w, grads, lr, b1, b2, eps, wd, max_norm):
     return w
 
 
+def _update_terms_without_the_gradient(optimizer) -> list:
+    """The ops of a traced update whose output has the variable's shape and that do not depend on
+    the gradient: a graph runs them as soon as the step starts, and holds them until the gradient
+    arrives, through forward and backward."""
+    variable = tf.Variable(tf.ones((64, 32)))
+
+    @tf.function(input_signature=[tf.TensorSpec((64, 32))])
+    def apply(gradient):
+        optimizer.apply_gradients([(gradient, variable)])
+
+    graph = apply.get_concrete_function().graph
+    [gradient] = [op for op in graph.get_operations() if op.type == "Placeholder" and op.name == "gradient"]
+    downstream, todo = {gradient.name}, [gradient]
+    while todo:   # everything reached from the gradient by data or control edges
+        op = todo.pop()
+        for child in [c for t in op.outputs for c in t.consumers()] + list(op._control_outputs):
+            if child.name not in downstream:
+                downstream.add(child.name)
+                todo.append(child)
+    return [op.name for op in graph.get_operations()
+            if op.type not in ("ReadVariableOp", "Identity", "Placeholder", "Const") and op.name not in downstream
+            and any(t.shape == variable.shape for t in op.outputs)]
+
+
+def test_lamb_computes_no_variable_sized_term_before_the_gradient_arrives():
+    assert _update_terms_without_the_gradient(LAMB(weight_decay_rate=0.01)) == []
+    # The negative control: Keras' SGD with momentum computes momentum x slot from the slot alone.
+    assert _update_terms_without_the_gradient(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+
+
 def test_lamb_matches_numpy_reference_with_clipping_and_trust_ratio():
     rng = np.random.default_rng(0)
     w0 = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
