@@ -70,7 +70,7 @@ preflight: install
 # Both run on TEST_WORKERS pytest processes (pytest-xdist), a test file to one process so that its
 # module fixtures (a shared launch, a shared run) run once: most tests wait on a TensorFlow
 # subprocess tracing its graphs on one core, so two keep both cores busy. TEST_WORKERS=1: one
-# process (.ci/run, which runs two streams of its own).
+# process. .ci/run runs `make test-all TEST_WORKERS=2`, the costliest files first (tests/conftest.py).
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: install

@@ -12,7 +12,8 @@ Variants, each in a fresh process (peak RSS is a process's high-water mark):
   split K, BN    the same with Keras' fused batch norm instead of the group one: the share of
                  GroupBatchNormalization's unfused kernel (its statistics would then be the slab's)
 The real split's memory across ranks (input pipeline, Horovod) is measured with deepcam/train.py
---benchmark under /usr/bin/time -v: bench/results/deepcam_split_memory_AVX-512.md.
+--benchmark under /usr/bin/time -v (bench/results/deepcam_split_memory_AVX-512.md) and by bench/spatial.py;
+this script's 768 x 1152 LAMB figures on an AVX2 CPU: bench/results/deepcam_split_memory_AVX2.md.
 """
 
 import argparse

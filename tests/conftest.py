@@ -1,3 +1,4 @@
+import collections
 import os
 
 import pytest
@@ -45,3 +46,64 @@ def deepcam_data(tmp_path_factory):
 @pytest.fixture(scope="session")
 def deepcam_config():
     return helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"
+
+
+# The test files that cost most, the longest first (CI's figures: tools/test_costs.py prints them).
+# pytest-xdist's --dist loadfile hands out files largest (most tests) first, which puts the CPU image,
+# the older stack and the SLURM cluster, files of 3-5 long tests, last: they then end a run on one
+# busy core. Handed out first, they start at once and the short files fill in behind them.
+HEAVY_FIRST = (
+    "test_older_stack.py", "test_images.py", "test_slurm.py", "test_exact_resume.py",
+    "test_deepcam_split.py", "test_cosmoflow_end_to_end.py", "test_deepcam_end_to_end.py",
+    "test_fuzz_inputs.py", "test_spatial.py", "test_flag_combinations.py", "test_horovod.py",
+    "test_results_tools.py",
+)
+_HEAVY_RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
+
+
+class _CostliestFilesFirst(collections.OrderedDict):
+    """xdist's queue of files (scope -> tests); the file it takes next is the first of HEAVY_FIRST
+    still queued, else the one xdist put first."""
+
+    def popitem(self, last=True):
+        if last or not self:
+            return super().popitem(last)
+        scope = min(self, key=lambda s: _HEAVY_RANK.get(os.path.basename(s.split("::")[0]), len(HEAVY_FIRST)))
+        return scope, self.pop(scope)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+    scheduler = LoadFileScheduling(config, log)
+    scheduler.workqueue = _CostliestFilesFirst()
+    return scheduler
+
+
+def _cpu_busy_seconds() -> float:
+    """Busy CPU time of the whole machine so far (/proc/stat), in seconds."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """TEST_COST_LOG=FILE: one JSON line per test, its wall seconds (setup, call and teardown) and
+    the machine's busy CPU seconds meanwhile: its own CPU cost when it ran alone, what `.ci/run`
+    prints per module (tools/test_costs.py) to say where CI's time goes."""
+    log = os.environ.get("TEST_COST_LOG")
+    if not log:
+        yield
+        return
+    import json
+    import time
+    t0, cpu0 = time.monotonic(), _cpu_busy_seconds()
+    yield
+    record = {"test": item.nodeid, "wall_s": round(time.monotonic() - t0, 2),
+              "machine_cpu_s": round(_cpu_busy_seconds() - cpu0, 2),
+              "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    with open(log, "a") as f:
+        f.write(json.dumps(record) + "\n")

@@ -201,13 +201,19 @@ def own_lines(stderr: str) -> list[str]:
     return [line for line in stderr.strip().splitlines() if not _TF_LOG_LINE.match(line)]
 
 
-def _rank_pid(rank: int, marker: bytes):
-    """PID of the training process of `rank`, found by its command line and launcher variables."""
+def _rank_pid(rank: int, run_dir):
+    """PID of the training process of `rank` of the run writing to `run_dir`: a Python whose arguments
+    hold run_dir, with the rank in its launcher variables. Never another test's rank, nor a launcher
+    (srun, horovodrun) whose own arguments hold run_dir: CI runs two test files at once, and a search
+    by "/train.py" alone once sent SIGKILL and SIGTERM to the other file's ranks and srun (stop 36's
+    exit 137s, stop 37's rehearsal)."""
+    wanted = b"\0" + str(run_dir).encode() + b"\0"
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            if marker not in (d / "cmdline").read_bytes():
+            cmdline = b"\0" + (d / "cmdline").read_bytes()
+            if wanted not in cmdline or not os.path.basename(cmdline.split(b"\0")[1]).startswith(b"python"):
                 continue
             environ = dict(kv.split(b"=", 1) for kv in (d / "environ").read_bytes().split(b"\0") if b"=" in kv)
         except OSError:
@@ -218,6 +224,19 @@ def _rank_pid(rank: int, marker: bytes):
                     return int(d.name)
                 break
     return None
+
+
+def saying_its_exit_code(cmd, before: str = "") -> list:
+    """`cmd` for each rank of a launch, run by a shell that then prints "rank R exit CODE" (horovodrun
+    reports 1 for any failure); `before`: shell commands to run first. Read back by `said_exit_codes`."""
+    return ["sh", "-c", f'{before} "$0" "$@"; code=$?; echo "rank $HOROVOD_RANK exit $code"; exit $code',
+            *map(str, cmd)]
+
+
+def said_exit_codes(output: str) -> dict:
+    """{rank: exit code} of the ranks whose shell got to say it (`saying_its_exit_code`). Once the first
+    rank exits, horovodrun terminates the rest, whose shells may then say nothing."""
+    return {int(r): int(c) for r, c in re.findall(r"rank (\d+) exit (\d+)", output)}
 
 
 def kill_a_rank_mid_epoch(cmd, out_dir: Path, rank: int = 1, environ=None, timeout: float = 300):
@@ -235,7 +254,7 @@ def kill_a_rank_mid_epoch(cmd, out_dir: Path, rank: int = 1, environ=None, timeo
             raise AssertionError("training never started an epoch:\n" + proc.communicate()[0][-3000:])
         time.sleep(0.2)
     time.sleep(2.0)   # mid-epoch, steps in flight
-    pid = _rank_pid(rank, b"/train.py")
+    pid = _rank_pid(rank, out_dir)
     assert pid is not None, f"no process of rank {rank} found"
     start = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -272,6 +291,11 @@ def assert_same_final_state(whole: Path, resumed: Path, bench: str) -> None:
     whole_history = json.loads((Path(whole) / "summary.json").read_text())["history"]
     history = json.loads((Path(resumed) / "summary.json").read_text())["history"]
     assert history[-1]["loss"] == whole_history[-1]["loss"]
+
+
+# DeepCAM at 1/16 of the reference's width (the tiny config's half), for tests whose property does not
+# depend on the width (flags running together, a resumed run ending bitwise equal): each trains less.
+DEEPCAM_NARROW = ["--set", "model.width=0.0625"]
 
 
 # A short CosmoFlow run for the resume tests (test_exact_resume.py, test_slurm.py): 3 epochs of

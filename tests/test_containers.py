@@ -220,7 +220,7 @@ def test_dockerfiles_lint_clean(hadolint, dockerfile, tmp_path):
 def test_shell_scripts_lint_clean(shellcheck):
     scripts = [*sorted((helpers.REPO / "slurm").glob("*.sbatch")), helpers.REPO / "slurm" / "env.sh",
                helpers.REPO / "tools" / "local_slurm.sh", helpers.REPO / "tools" / "install.sh",
-               helpers.REPO / "tools" / "wheelhouse.sh"]
+               helpers.REPO / "tools" / "wheelhouse.sh", helpers.REPO / ".ci" / "run"]
     proc = subprocess.run([str(shellcheck), "-x", *map(str, scripts)], cwd=helpers.REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,7 +1,6 @@
 import json
 
 import numpy as np
-import pytest
 
 from common.inputs import synthetic_files
 from cosmoflow import data, synthetic
@@ -43,16 +42,3 @@ def test_writes_public_layout_and_skips_a_second_time(tmp_path):
     messages.clear()
     synthetic.generate(tmp_path, size=8, n_train=6, n_valid=2, seed=1, workers=1, progress=messages.append)
     assert messages == [f"[synthetic] {tmp_path} already holds this data set; nothing to do"]
-
-
-@pytest.mark.slow   # the 32^3 samples of every other test are written by the same code; this is the layout at a larger size
-def test_a_256_cube_sample_is_written_in_the_public_layout(tmp_path):
-    # The spatial configs' size: the same generator and format, read back by the training reader.
-    synthetic.main(["--output-dir", str(tmp_path), "--size", "256", "--n-train", "1", "--n-valid", "1"])
-    files = sorted(str(p) for p in (tmp_path / "train").iterdir())
-    ds = data.make_dataset(files, (256, 256, 256, 4), batch_size=1, compression="GZIP", training=False)
-    x, y = next(iter(ds))
-    assert x.shape == (1, 256, 256, 256, 4) and x.dtype.name == "int16"
-    assert np.all(np.abs(y.numpy()) <= 1) and x.numpy().mean() > 0.5
-    # The field is not a constant: the parameters shape it (test_field_statistics_follow_the_parameters).
-    assert x.numpy()[..., 3].std() > x.numpy()[..., 0].std()

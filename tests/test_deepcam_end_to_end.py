@@ -99,38 +99,6 @@ def test_bad_input_ends_the_run_with_one_line_naming_the_file(deepcam_data, deep
         assert "(64, 80, 16)" in errors[0]
 
 
-@pytest.mark.slow   # tests/test_horovod.py proves a bad file on one of 2 ranks ends both, under Gloo and MPI; the single-rank tests here name DeepCAM's bad files
-def test_bad_file_on_one_rank_ends_both_ranks(deepcam_data, deepcam_config, tmp_path):
-    from common.config_loading import load_config
-    from common.inputs.sharding import list_files, select_and_shard
-    from deepcam.config import DeepCAMConfig
-    data = tmp_path / "data"
-    files = _copy_data(deepcam_data, data)
-    # The 2-rank run's shards, as the task cuts them: all 16 training files, the run's seed.
-    seed = load_config(DeepCAMConfig, deepcam_config, {"data.data_dir": str(data)}).train.seed
-    paths = list_files(data / "train", (".h5",))
-    assert len(paths) == len(files) == 16
-    shards = [select_and_shard(paths, 16, rank, 2, seed, "data.n_train") for rank in (0, 1)]
-    victim = data / "train" / sorted(shards[1])[0].rsplit("/", 1)[1]   # read by rank 1 only, in epoch 1
-    assert str(victim) in shards[1] and str(victim) not in shards[0]
-    victim.write_bytes(victim.read_bytes()[:2000])
-    proc = helpers.horovodrun(2, helpers.train_cmd("deepcam", deepcam_config, "--data_dir_prefix", data,
-                                                   "--output_dir", tmp_path / "run", "--max_epochs", "1",
-                                                   "--set", "runtime.record_shards=true"),
-                              timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode != 0, output[-3000:]
-    errors = helpers.error_lines(output)
-    # Rank 1, which read it, names the file in one line; no line names another file
-    # (rank 0 may say that it was stopped).
-    from_rank_1 = [line for line in errors if line.startswith("[1]")]
-    assert len(from_rank_1) == 1 and str(victim) in from_rank_1[0], output[-3000:]
-    assert not [line for line in errors for p in paths if p != str(victim) and p.rsplit("/", 1)[1] in line], errors
-    # The run's own record of what rank 1 reads agrees with the sharding above.
-    record = json.loads((tmp_path / "run" / "shards" / "rank-00001.json").read_text())
-    assert str(victim) in record["train"]
-
-
 @pytest.mark.parametrize("flags, culprit", [
     (["--batchnorm_group_size", "3"], "batchnorm_group_size=3"),
     (["--lr_schedule", "type=multistep,gamma=0.1"], "gamma=0.1"),

@@ -1,7 +1,7 @@
 """A run killed with SIGKILL at a random moment, or stopped by SIGUSR1 / SIGTERM, and
 resumed with --resume ends with the weights of an uninterrupted run, bit for bit
-(runtime.deterministic), on 1 and 2 ranks, for both benchmarks: model, optimizer, step
-count and dropout generator state. (Requeued by SLURM: tests/test_slurm.py.)
+(runtime.deterministic), for both benchmarks (CosmoFlow on 1 and 2 ranks, DeepCAM on 1): model,
+optimizer, step count and dropout generator state. (Requeued by SLURM: tests/test_slurm.py.)
 
 Each case trains the same run uninterrupted (once per module), then interrupted, then
 resumed. Checkpoints every 3 steps, so a kill lands mid-epoch or between epochs, mid-save
@@ -35,7 +35,7 @@ def _deepcam(data, config, out, *extra):
                              "--local_batch_size", "2", "--max_epochs", "2", "--checkpoint_steps", "3",
                              "--deterministic", "--set", "data.n_train=32", "--set", "data.n_valid=8",
                              "--target_iou", "0", "--set", "train.stop_at_target=false",
-                             "--set", "runtime.check_log=false", *extra)
+                             *helpers.DEEPCAM_NARROW, "--set", "runtime.check_log=false", *extra)
 
 
 def _launch(ranks: int, cmd) -> list:
@@ -75,7 +75,7 @@ def _kill_at_random(cmd, out: Path, total_steps: int, rng: random.Random, timeou
     s1 = seen[-1][0]
     delay = rng.uniform(0.0, save_interval)
     time.sleep(delay)
-    victim = proc.pid if cmd[0] != launchers.HOROVODRUN else helpers._rank_pid(rng.randrange(2), b"/train.py")
+    victim = proc.pid if cmd[0] != launchers.HOROVODRUN else helpers._rank_pid(rng.randrange(2), out)
     if victim is not None and proc.poll() is None:
         os.kill(victim, signal.SIGKILL)
     output = proc.communicate(timeout=timeout)[0]
@@ -115,7 +115,11 @@ def _resume_and_compare(runs, bench, ranks, broken):
     print(f"{bench}, {ranks} rank(s): ended bitwise equal to the uninterrupted run")
 
 
-@pytest.mark.parametrize("bench,ranks", [("cosmoflow", 1), ("cosmoflow", 2), ("deepcam", 1), ("deepcam", 2)])
+# DeepCAM on 2 ranks is not a case (it was until stop 36, 3-6 minutes of CI): what a second rank adds
+# to a resume (every rank restores the same checkpoint, the shards and the dropout generators follow
+# the step) is the shared trainer's and checkpoint code's, which CosmoFlow's 2-rank case proves;
+# DeepCAM's own state (LAMB's slots, batch-norm statistics, its step schedule) is its 1-rank case's.
+@pytest.mark.parametrize("bench,ranks", [("cosmoflow", 1), ("cosmoflow", 2), ("deepcam", 1)])
 def test_killed_and_resumed_run_ends_bitwise_equal(bench, ranks, runs, tmp_path):
     make, whole = runs
     whole(bench, ranks)
@@ -144,7 +148,7 @@ def test_a_signal_on_one_rank_stops_every_rank_with_a_checkpoint(signum, rank, r
     while not _published_steps(out):
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         time.sleep(0.02)
-    pid = helpers._rank_pid(rank, b"/train.py")
+    pid = helpers._rank_pid(rank, out)
     start = time.monotonic()
     os.kill(pid, signum)
     output = proc.communicate(timeout=300)[0]

@@ -4,7 +4,7 @@ collective XLA has no kernel for did, once: the halo's alltoall under --xla).
 
 Covered elsewhere, not repeated here: --amp alone (test_cosmoflow_end_to_end.py), --benchmark alone
 (test_benchmark_mode.py), --benchmark with a split (test_spatial.py), group batch norm with
-accumulation (test_deepcam_end_to_end.py), a split alone (test_spatial.py)."""
+accumulation (test_deepcam_end_to_end.py), a split alone (test_spatial.py, test_deepcam_split.py)."""
 
 import pytest
 
@@ -88,44 +88,25 @@ def test_a_split_trains_with_bf16_and_accumulation_on_two_ranks(cosmo_data, tiny
     assert "2-way spatial x 1 data-parallel group(s)" in proc.stdout and "mixed_bfloat16" in proc.stdout
 
 
-def test_group_batch_norm_benchmarks_with_accumulation_on_two_ranks(deepcam_data, deepcam_config, tmp_path):
-    # In fp32: bf16 would be emulated on an AVX2 CPU (7-14x slower); --amp's mechanism (the dtype
-    # policy, Horovod carrying bf16 as float32) runs in the split's test above.
-    data = tmp_path / "data"
-    helpers.copy_deepcam_subset(deepcam_data, data, n_train=16, n_valid=4)
-    out = tmp_path / "run"
-    proc = helpers.horovodrun(2, helpers.train_cmd(
-        "deepcam", deepcam_config, "--data_dir_prefix", data, "--output_dir", out, "--batchnorm_group_size", "2",
-        "--gradient_accumulation_frequency", "2", "--local_batch_size", "2", "--benchmark", "1",
-        "--set", "train.benchmark_warmup_steps=0", "--set", "train.warmup_steps=1"), timeout=600)
-    _trained_a_step(proc, out, benchmark=True)
-
-
 DEEPCAM_SPLIT_BENCH = ["--spatial_ranks", "2", "--local_batch_size", "1", "--benchmark", "1",
-                       "--set", "train.benchmark_warmup_steps=0", "--set", "train.warmup_steps=1"]
+                       "--set", "train.benchmark_warmup_steps=0", "--set", "train.warmup_steps=1",
+                       *helpers.DEEPCAM_NARROW]   # narrowed: bf16 is emulated, slowly, on an AVX2 CPU
 
 
-def test_a_deepcam_split_benchmarks_with_bf16_and_accumulation_on_two_ranks(deepcam_data, deepcam_config, tmp_path):
-    # The height split's halo rows, gathered ASPP input, pooled mean and loss sum in bf16 (Horovod
-    # carries them as float32), the split's gradients accumulated, in benchmark mode.
-    data = tmp_path / "data"
-    helpers.copy_deepcam_subset(deepcam_data, data, n_train=4, n_valid=2)
-    out = tmp_path / "run"
-    proc = helpers.horovodrun(2, helpers.train_cmd(
-        "deepcam", deepcam_config, "--data_dir_prefix", data, "--output_dir", out, *DEEPCAM_SPLIT_BENCH, *BF16,
-        "--gradient_accumulation_frequency", "2"), timeout=600)
-    _trained_a_step(proc, out, benchmark=True)
-    assert "2-way spatial x 1 data-parallel group(s)" in proc.stdout and "mixed_bfloat16" in proc.stdout
-
-
+# DeepCAM's pairs in one run of 4 ranks (until stop 36 also two 2-rank runs, a split with bf16 and
+# accumulation and group batch norm with accumulation: 2 minutes of CI that this run holds too; group
+# batch norm with accumulation alone trains in test_deepcam_end_to_end.py).
 @pytest.mark.slow   # four ranks
-def test_a_deepcam_split_with_group_batch_norm_benchmarks_on_four_ranks(deepcam_data, deepcam_config, tmp_path):
-    # Batch norm over 2 data-parallel groups x 2 slabs: one group of the 4 ranks.
+def test_a_deepcam_split_with_group_batch_norm_bf16_and_accumulation_benchmarks_on_four_ranks(
+        deepcam_data, deepcam_config, tmp_path):
+    # Batch norm over 2 data-parallel groups x 2 slabs: one group of the 4 ranks. The height split's
+    # halo rows, gathered ASPP input, pooled mean and loss sum in bf16 (Horovod carries them as
+    # float32), the split's gradients accumulated, in benchmark mode.
     data = tmp_path / "data"
     helpers.copy_deepcam_subset(deepcam_data, data, n_train=4, n_valid=2)
     out = tmp_path / "run"
     proc = helpers.horovodrun(4, helpers.train_cmd(
         "deepcam", deepcam_config, "--data_dir_prefix", data, "--output_dir", out, *DEEPCAM_SPLIT_BENCH,
-        "--batchnorm_group_size", "2"), timeout=600)
+        "--batchnorm_group_size", "2", *BF16, "--gradient_accumulation_frequency", "2"), timeout=600)
     _trained_a_step(proc, out, benchmark=True)
-    assert "2-way spatial x 2 data-parallel group(s)" in proc.stdout
+    assert "2-way spatial x 2 data-parallel group(s)" in proc.stdout and "mixed_bfloat16" in proc.stdout

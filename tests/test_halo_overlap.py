@@ -25,13 +25,14 @@ def traces(tmp_path_factory):
 def test_the_interior_convolution_runs_while_the_alltoall_is_in_flight(traces):
     t = traces["overlap"]
     (sent, arrived), convolutions = t["alltoall"], t["convolutions"]
-    assert arrived - sent > 0.5e6, t   # rank 1 came 1 s late: the exchange was in flight that long
+    assert arrived - sent > 0.5e6, t   # rank 1 came DELAY_S (3 s) late: the exchange was in flight that long
     assert sorted(convolutions) == ["boundary_above", "boundary_below", "interior"], t
-    # The interior was computed inside that window (it may begin a few us before the asynchronous
-    # kernel's start event, right after the tensor handed to it), and done before the halo came;
-    # only the planes next to each neighbour waited for it.
+    # The interior did not wait for the halo: done before it came (3 s of rank 1's delay), where the
+    # control convolves only after it; only the planes next to each neighbour waited for it. Whether
+    # it ends after the alltoall's start event is the executor's order: with another test on the
+    # cores it once ran first (interior [998, 11490] us, the alltoall's start at 11551 us).
     begin, end = convolutions["interior"]
-    assert begin < arrived and sent < end < arrived, t
+    assert begin < arrived and end < arrived, t
     assert convolutions["boundary_below"][0] > arrived and convolutions["boundary_above"][0] > arrived, t
 
 

@@ -13,7 +13,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,11 +23,12 @@ from common.reporting.compliance import check_log
 from offline.submission import code_files
 from tests import helpers
 
-pytestmark = [pytest.mark.slow, pytest.mark.images]
+pytestmark = [pytest.mark.slow, pytest.mark.images, pytest.mark.system]
 
 LOCAL_DOCKER = helpers.REPO / "tools" / "local_docker.sh"
 BOOKWORM_MIRROR = "http://deb.debian.org/debian"
 IMAGE = "mlperf-hpc-tf:cpu"        # the tag docker/Dockerfile.cpu's header builds
+HOST_WHEELS = Path(sys.prefix) / "horovod-wheels"   # the Horovod wheels tools/install.sh kept in this venv
 BASE = "mlperf-test/bookworm:debootstrap"
 
 
@@ -70,8 +73,12 @@ def context(tmp_path_factory):
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest)
     start = time.monotonic()
+    # With the Horovod wheels this suite's own install built: where this host runs the image's Debian
+    # release and the suite's venv the image's Python (CI's), the image installs that wheel instead
+    # of compiling Horovod a second time.
+    carry = {"HOROVOD_WHEELS": str(HOST_WHEELS)} if HOST_WHEELS.is_dir() else {}
     proc = sh(["bash", helpers.REPO / "tools" / "wheelhouse.sh"],
-              dict(os.environ, PYTHON=python311, WHEELHOUSE=str(ctx / "wheelhouse")), timeout=1200)
+              dict(os.environ, PYTHON=python311, WHEELHOUSE=str(ctx / "wheelhouse"), **carry), timeout=1200)
     if proc.returncode != 0:
         pytest.skip(f"the wheelhouse cannot be made here (PyPI unreachable?): {proc.stderr.strip()[-300:]}")
     print(f"\n[images] wheelhouse: {time.monotonic() - start:.0f} s; {proc.stdout.strip().splitlines()[-1]}")
@@ -118,9 +125,18 @@ def run_in(image_tag, engine, *cmd, volume=None, timeout=900) -> subprocess.Comp
     return sh(["docker", "run", "--rm", "--shm-size=1g", *mount, image_tag, *cmd], engine, timeout=timeout)
 
 
-def test_the_image_installs_from_the_wheelhouse_alone_and_leaves_it_out(image, engine):
+def test_the_image_installs_from_the_wheelhouse_alone_and_leaves_it_out(image, engine, context):
     tag, output, _, size = image
     assert "[install] installing from the wheelhouse /tmp/wheelhouse only (no index)" in output
+    # Horovod: the wheel the wheelhouse carries for the image's key, else compiled from its sdist.
+    carried = sorted(p.parent.name for p in (context / "wheelhouse").glob("horovod-wheels/*/horovod-*.whl"))
+    installed = re.search(r"\[install\] installing horovod==\S+ from the wheelhouse's wheel for (\S+) ", output)
+    if installed:
+        assert installed[1] in carried, (installed[1], carried)
+    else:
+        assert "[install] building horovod==" in output, output[-3000:]
+    print(f"\n[images] Horovod {'from the wheel for ' + installed[1] if installed else 'compiled in the image'}; "
+          f"the wheelhouse carried {carried or 'none'}")
     assert "Available Controllers" in output and "[X] MPI" in output and "[X] Gloo" in output
     probe = run_in(tag, engine, "bash", "-c", "ls /tmp/wheelhouse /opt/mlperf-hpc/wheelhouse 2>&1; command -v g++")
     assert probe.stdout.count("No such file or directory") == 2, probe.stdout

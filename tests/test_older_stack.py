@@ -18,7 +18,7 @@ import pytest
 
 from tests import helpers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 OLDER_TF = "2.15.1"
 OLDER_VENV = Path(os.environ.get("OLDER_STACK_VENV", helpers.REPO / ".venv-tf2.15"))

@@ -16,7 +16,7 @@ from common import launchers
 from tests import helpers
 
 # A whole cluster: `make test-all` runs it, `make test` skips it.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 LOCAL_SLURM = helpers.REPO / "tools" / "local_slurm.sh"
 

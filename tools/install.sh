@@ -6,7 +6,8 @@
 #   STACK=tf2.15 tools/install.sh # the older stack, for sites whose drivers or containers are older
 #   VARIANT=gpu tools/install.sh  # tensorflow[and-cuda] at the same pin, Horovod with NCCL
 #   PYTHON=/opt/python3.12/bin/python3 tools/install.sh   # this interpreter, not the first that runs
-#   WHEELHOUSE=DIR tools/install.sh   # no network: only the files of DIR (tools/wheelhouse.sh made it)
+#   WHEELHOUSE=DIR tools/install.sh   # no network: only the files of DIR (tools/wheelhouse.sh made it);
+#                                     # a Horovod wheel DIR carries for this install's key is not compiled again
 #
 # Without PYTHON, the venv is made with the first of python3.13, python3.12, python3.11, python3.10
 # (STACK=tf2.15: python3.11, python3.10, python3.9) that runs: the stack's TensorFlow has wheels for
@@ -165,11 +166,23 @@ hvd_cache="$venv/horovod-wheels/$hvd_key"
 hvd_stamp="$venv/.horovod-built"
 log="$venv/horovod-build.log"
 hvd_wheel="$(compgen -G "$hvd_cache/horovod-*.whl" | head -n1 || true)"
+# A wheelhouse may carry Horovod wheels built by another install (tools/wheelhouse.sh with
+# HOROVOD_WHEELS), each under its key: one with this key fits (the same TensorFlow, Python, edits,
+# variant and MPI setting), provided it was built on the same OS release, whose MPI and C++ runtime
+# it links; the import check below refuses it otherwise.
+carried=""
+if [[ -z "$hvd_wheel" && -n "${WHEELHOUSE:-}" ]]; then
+  carried="$(compgen -G "$wheelhouse/horovod-wheels/$hvd_key/horovod-*.whl" | head -n1 || true)"
+fi
 if [[ -f "$hvd_stamp" && "$(cat "$hvd_stamp")" == "$hvd_key" ]] \
     && "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
   step "${hvd_pin} already installed ($hvd_key)"
 else
-  if [[ -n "$hvd_wheel" ]]; then
+  if [[ -n "$carried" ]]; then
+    step "installing ${hvd_pin} from the wheelhouse's wheel for $hvd_key (built elsewhere, not compiled here)"
+    mkdir -p "$hvd_cache" && cp "$carried" "$hvd_cache/"
+    hvd_wheel="$hvd_cache/${carried##*/}"
+  elif [[ -n "$hvd_wheel" ]]; then
     step "installing ${hvd_pin} from the wheel built before: $hvd_wheel"
   else
     step "building ${hvd_pin} from its sdist against TensorFlow, Gloo $mpi_note (about 5 minutes on 2 cores)"

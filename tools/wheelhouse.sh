@@ -5,9 +5,13 @@
 #   make wheelhouse                                 # wheelhouse/ (CPU), on a machine with PyPI
 #   WHEELHOUSE=/shared/wh VARIANT=gpu make wheelhouse   # tensorflow[and-cuda] and its CUDA wheels
 #   STACK=tf2.15 make wheelhouse                    # the older stack (requirements-tf2.15.txt)
+#   HOROVOD_WHEELS=.venv/horovod-wheels make wheelhouse # with the Horovod wheels .venv's install built
 #
 # DIR holds the pinned packages of the stack's requirements with their dependencies as wheels, Horovod's
-# sdist (built on the target, against its TensorFlow and MPI), the build tools install.sh uses
+# sdist (built on the target, against its TensorFlow and MPI), with HOROVOD_WHEELS the wheels an
+# install kept (DIR/horovod-wheels/<key>/, those for this Python: a target whose install has the same
+# key installs one instead of compiling; it must run the OS release they were built on, whose MPI and
+# C++ runtime they link), the build tools install.sh uses
 # (pip, wheel, setuptools), SHA256SUMS (`sha256sum -c SHA256SUMS` checks a copy) and MADE_FOR
 # (the Python, platform, variant and stack the wheels fit). Written as DIR.partial, renamed to DIR when
 # complete; a run that broke off resumes from DIR.partial.
@@ -56,7 +60,22 @@ fi
 "${download[@]}" -q -r <(printf 'cloudpickle\npsutil\npyyaml\npackaging\n') -c "$work/requirements.txt" \
   || fail "horovod" "pip download of Horovod's dependencies failed"
 
-(cd "$partial" && find . -maxdepth 1 -type f ! -name SHA256SUMS ! -name MADE_FOR -printf '%f\n' | LC_ALL=C sort \
+if [[ -n "${HOROVOD_WHEELS:-}" ]]; then
+  [[ -d "$HOROVOD_WHEELS" ]] || fail "horovod wheels" "HOROVOD_WHEELS=$HOROVOD_WHEELS is not a folder"
+  carried=0
+  for key_dir in "$HOROVOD_WHEELS"/*-py"$python_version"-*/; do
+    [[ "$key_dir" != *.partial/ ]] || continue   # a build that did not finish
+    wheel="$(compgen -G "$key_dir/horovod-*.whl" | head -n1 || true)"
+    [[ -n "$wheel" ]] || continue
+    key="$(basename "$key_dir")"
+    mkdir -p "$partial/horovod-wheels/$key" && cp "$wheel" "$partial/horovod-wheels/$key/"
+    step "carrying Horovod's wheel for $key"
+    carried=$((carried + 1))
+  done
+  (( carried )) || step "no Horovod wheel for Python $python_version in $HOROVOD_WHEELS: the target compiles Horovod"
+fi
+
+(cd "$partial" && find . -type f ! -name SHA256SUMS ! -name MADE_FOR -printf '%P\n' | LC_ALL=C sort \
   | xargs -d '\n' sha256sum > "$work/SHA256SUMS")
 mv "$work/SHA256SUMS" "$partial/SHA256SUMS"
 printf 'python %s %s\nplatform %s\nvariant %s\nstack %s\nrequirements %s\nmade %s\n' "$python_version" \
