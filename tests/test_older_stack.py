@@ -136,6 +136,9 @@ def test_a_checkpoint_restores_bit_exact_on_the_other_stack(older_python, older_
     differ = [n for n in written if not np.array_equal(written[n], restored[n])]
     assert not differ, f"{len(differ)} of {len(written)} tensors differ after the restore, e.g. {differ[:3]}"
     # Negative control: the same model as built, not restored, differs (so the comparison can fail).
+    # Twice, not four times: once per reader stack and once per benchmark (each case costs a restore).
+    if (writer, bench) not in (("older", "cosmoflow"), ("default", "deepcam")):
+        return
     fresh = _restored(reader, bench, checkpoint, tmp_path / "fresh", "--fresh")
     assert sum(not np.array_equal(written[n], fresh[n]) for n in written if n in fresh) > len(written) // 2
 
