@@ -23,7 +23,10 @@ def probe(tmp_path_factory):
 
 
 def test_allreduces_start_while_backward_still_produces_gradients(probe):
-    overlap, grouped = activities(probe / "overlap" / "timeline.json"), activities(probe / "grouped" / "timeline.json")
+    # The gradients' collectives only: the other rank's barrier after a variant may reach rank 0's
+    # timeline before rank 0 stops it (seen once in a CI rehearsal).
+    overlap, grouped = ({name: t for name, t in activities(probe / variant / "timeline.json").items()
+                         if "gradient" in name} for variant in ("overlap", "grouped"))
     # Overlap: a tensor each, handed to Horovod as backward produces it: the head's gradient first,
     # the first layer's last. Horovod's timeline says so by when its background thread took each
     # request (its negotiation's begin), which a loaded CPU delays and batches into few cycles.

@@ -148,10 +148,11 @@ def test_a_tiny_cosmoflow_run_in_the_image_passes_the_checker(image, engine, tmp
     from tests.conftest import TINY
     proc = run_in(image[0], engine, "bash", "-c",
                   f"python -m cosmoflow.synthetic --output-dir /out/data --size {TINY['size']} "
-                  f"--n-train 256 --n-valid 32 --seed {TINY['seed']} && "
+                  f"--n-train 1024 --n-valid 128 --seed {TINY['seed']} && "
                   "python cosmoflow/train.py tests/configs/cosmoflow_tiny.yaml --data-dir /out/data --output-dir /out/run"
-                  # The image's stack and a log the checker passes; convergence is test_cosmoflow_end_to_end's.
-                  " --n-train 256 --n-valid 32 --set target_mae=100",
+                  # Half the suite's samples, to the real target: the checker passes a CosmoFlow log
+                  # only with an eval_error <= 0.124.
+                  " --n-train 1024 --n-valid 128",
                   volume=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     passed, output = check_log(tmp_path / "run" / "mlperf.log")   # the host's official checker

@@ -58,10 +58,9 @@ def test_sbatch_cosmoflow_two_tasks_under_pmix(slurm_cluster, cosmo_data, tiny_c
         "SLURM_CONF": str(slurm_cluster), "REPO": str(helpers.REPO), "DATA_DIR": str(cosmo_data),
         "CONFIG": str(tiny_config), "OUTPUT_DIR": str(out), "STAGE_DIR": str(tmp_path / "stage"),
         "VENV": str(helpers.REPO / ".venv"),
-        # What the job script wires (PMIx ranks, staging, the log), not convergence, which
-        # test_cosmoflow_end_to_end proves: a quarter of the samples and a target met at once, one
-        # epoch to a log that passes the checker, as the other launcher tests do.
-        "EXTRA_ARGS": "--set runtime.record_shards=true --n-train 256 --n-valid 32 --set target_mae=100",
+        # Half the samples, to the real target: the checker passes a CosmoFlow log only with an
+        # eval_error <= 0.124 (weak scaling's instances reach it on as many).
+        "EXTRA_ARGS": "--set runtime.record_shards=true --n-train 1024 --n-valid 128",
     }
     job_out = tmp_path / "job.out"
     proc = subprocess.run(["sbatch", "--wait", "-N", "1", "-n", "2", "-o", str(job_out),

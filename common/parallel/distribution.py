@@ -98,7 +98,7 @@ class Distribution:
 
     def barrier(self) -> None:
         """Returns once every rank has called it (horovod.tensorflow has no barrier op)."""
-        hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()
+        hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="barrier").numpy()
 
     def allreduce_sum(self, values) -> np.ndarray:
         """Sums a float64 vector over all ranks (eager; for metrics, not gradients)."""
