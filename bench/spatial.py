@@ -3,6 +3,7 @@ each splitting benchmark's models unsplit (K=1) and split K=2 ways, the halo ove
 
   python bench/spatial.py                                  # every row: the quiet run (~25 min, 2 cores)
   python bench/spatial.py --configs cosmoflow/configs/cosmoflow_spatial_256.yaml --ks 2 --halo-overlap on
+  python bench/spatial.py --configs cosmoflow/configs/cosmoflow_spatial_256.yaml --slab-control   # + the control
   python bench/spatial.py --allow-load --steps 1 --configs cosmoflow/configs/cosmoflow_closed_gbs512.yaml \\
       --set data.sample_shape=32,32,32,4 --out-dir /tmp/smoke      # a smoke run on a busy machine
 
@@ -32,6 +33,14 @@ those on the model's input (the alltoalls/step column counts both directions).
 Refuses to measure (one `error:` line, exit 2) when the load average is above 0.5 per core;
 --allow-load measures anyway and the table says the load. Writes bench/results/spatial_<ISA>.md
 and .json (--out-dir), and --json for bench/report.py.
+
+--slab-control adds, for each K > 1, a control row: K ranks training the unsplit model data-parallel,
+each on one slab of the sample (1/K of its depth or height), one thread each, the gradients averaged
+over the K ranks as the split's are. That is a split with its halo exchanges and gathers taken out:
+what K one-thread processes do with the split's share of the work on the same cores. The split's
+samples/s against the control's is what its own collectives cost; the control's against K=1 is what
+running the work as K one-thread processes instead of one K-thread process costs (its head sees a
+slab's features, so it has fewer parameters than the split's, which gathers before the head).
 """
 
 import argparse
@@ -64,22 +73,45 @@ def _current_rss_gib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GIB
 
 
-def plan(configs: list[str] | None, ks: list[int], overlaps: list[bool]) -> list[dict]:
+def plan(configs: list[str] | None, ks: list[int], overlaps: list[bool], slab_control: bool = False) -> list[dict]:
     """The rows, in order: per config of the table (or of `configs`, each one of the table's), each K
-    and, for K > 1, each halo_overlap."""
+    and, for K > 1, each halo_overlap, then the slab control (`slab_control`: K ranks, unsplit, on a
+    slab each)."""
     owners = {c: b.name for b in benchmarks.BENCHMARKS for c in b.spatial_bench}
     for c in configs or ():
         if c not in owners:
             raise SystemExit(f"error: --configs {c}: not a spatial_bench config of common/benchmarks.py "
                              f"(those are: {', '.join(owners)})")
-    return [{"benchmark": owners[c], "config": c, "spatial_ranks": k, "halo_overlap": overlap}
-            for c in (configs or owners) for k in ks for overlap in (overlaps if k > 1 else [None])]
+    rows = []
+    for c in configs or owners:
+        for k in ks:
+            rows += [{"benchmark": owners[c], "config": c, "spatial_ranks": k, "ranks": k, "halo_overlap": overlap}
+                     for overlap in (overlaps if k > 1 else [None])]
+            if k > 1 and slab_control:
+                rows.append({"benchmark": owners[c], "config": c, "spatial_ranks": 1, "ranks": k,
+                             "halo_overlap": None, "slab_control": k})
+    return rows
+
+
+def slab_overrides(row: dict, sets: list[str]) -> dict:
+    """A slab control row's config overrides: the sample cut to 1/K along the benchmark's split axis."""
+    from common.config_loading import load_model_config
+    k, b = row["slab_control"], benchmarks.get(row["benchmark"])
+    whole = load_model_config(benchmarks.config_class(row["benchmark"]), REPO / row["config"],
+                              dict(s.split("=", 1) for s in sets)).data
+    if b.spatial_split == "depth":
+        shape = list(whole.sample_shape)
+        shape[0] //= k
+        return {"data.sample_shape": ",".join(map(str, shape))}
+    return {"data.height": whole.height // k}
 
 
 def row_config(row: dict, sets: list[str]):
     from common.config_loading import load_model_config
     b = benchmarks.get(row["benchmark"])
     overrides = dict(s.split("=", 1) for s in sets)
+    if row.get("slab_control"):
+        overrides |= slab_overrides(row, sets)
     overrides |= {b.local_batch_key: 1, "parallel.spatial_ranks": row["spatial_ranks"]}
     if row["halo_overlap"] is not None:
         overrides["parallel.halo_overlap"] = row["halo_overlap"]
@@ -177,8 +209,9 @@ def worker(args) -> int:
             if dist.rank == 0:
                 record = halo_shares(path, under_timeline)
     slab = specs[0].shape   # [B, Zs, ...spatial, C]: split along its first spatial axis
+    slabs = row.get("slab_control") or mesh.size   # a control rank holds a slab too, unsplit
     record |= {"rank": dist.rank, "seconds_per_step": timed, "peak_rss_gib": _rss_gib(), "import_rss_gib": base_rss,
-               "sample": [slab[1] * mesh.size, *slab[2:-1]],
+               "sample": [slab[1] * slabs, *slab[2:-1]],
                "halo_bytes_forward": sum(sends), "halo_exchanges_forward": len(sends),
                "overlapping_layers": sum(bool(getattr(layer, "overlaps", False)) for layer in net.layers),
                "parameters": int(sum(np.prod(v.shape) for v in net.trainable_variables)),
@@ -202,7 +235,7 @@ def synthetic_data(benchmark: str, folder: Path, env: dict) -> Path:
 
 
 def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict:
-    k = row["spatial_ranks"]
+    k = row.get("ranks", row["spatial_ranks"])
     env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     with tempfile.TemporaryDirectory(prefix="bench_spatial.") as tmp:
         data = synthetic_data(row["benchmark"], Path(tmp) / "data", env)
@@ -220,7 +253,8 @@ def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict
     dims = r["sample"]
     return row | {
         "sample": dims, "sample_name": f"{dims[0]}^{len(dims)}" if len(set(dims)) == 1 else "x".join(map(str, dims)),
-        "halo": "-" if row["halo_overlap"] is None else
+        "halo": f"none: {k} slabs unsplit (control)" if row.get("slab_control") else
+                "-" if row["halo_overlap"] is None else
                 ("overlapped" if r["overlapping_layers"] else "exchanged first (nothing overlaps)")
                 if row["halo_overlap"] else "exchanged first",
         "overlapping_layers": r["overlapping_layers"],
@@ -238,15 +272,20 @@ def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict
 
 
 def same_split(a: dict, b: dict) -> bool:
-    return (a["config"], a["spatial_ranks"]) == (b["config"], b["spatial_ranks"])
+    return (a["config"], a["spatial_ranks"], a.get("slab_control")) == (b["config"], b["spatial_ranks"],
+                                                                        b.get("slab_control"))
 
 
 def with_unsplit_ratios(rows: list[dict]) -> list[dict]:
-    """Each row with its peak RSS above import over that of the unsplit row of its config and sample."""
-    unsplit = {(r["config"], r["sample_name"]): r["peak_rss_above_import_gib"] for r in rows if r["spatial_ranks"] == 1}
-    return [r | {"above_import_vs_unsplit": (r["peak_rss_above_import_gib"] / unsplit[key]
-                                             if (key := (r["config"], r["sample_name"])) in unsplit else None)}
-            for r in rows]
+    """Each row with its peak RSS above import and its samples/s over those of the unsplit row (one
+    rank, K=1) of its config and sample."""
+    unsplit = {(r["config"], r["sample_name"]): r for r in rows if r.get("ranks", r["spatial_ranks"]) == 1}
+    out = []
+    for r in rows:
+        base = unsplit.get((r["config"], r["sample_name"]))
+        out.append(r | {"above_import_vs_unsplit": base and r["peak_rss_above_import_gib"] / base["peak_rss_above_import_gib"],
+                        "speed_vs_unsplit": base and r["samples_per_s"] / base["samples_per_s"]})
+    return out
 
 
 def _share(value) -> str:
@@ -263,14 +302,15 @@ def markdown(machine: dict, rows: list[dict], command: str) -> str:
              f"Load average per core before the rows: "
              f"{min(loads):.2f}-{max(loads):.2f}" + ("." if quiet else
              f" (NOT QUIET, above {machine_load.QUIET_PER_CORE}: a smoke run, its timings are not figures)."), "",
-             "| benchmark | sample | K | halo | params | threads/rank | samples/s | peak RSS/rank GiB "
+             "| benchmark | sample | K | halo | params | threads/rank | samples/s | speed vs K=1 | peak RSS/rank GiB "
              "| above import GiB | vs K=1 | halo MiB/rank forward | exchanges forward | alltoalls/step "
              "| halo in flight | halo transfer |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = "-" if r["above_import_vs_unsplit"] is None else f"{r['above_import_vs_unsplit']:.2f}x"
-        lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['spatial_ranks']} | {r['halo']} | "
-                     f"{r['parameters']:,} | {r['threads_per_rank']} | {r['samples_per_s']:.3f} | "
+        speed = "-" if r.get("speed_vs_unsplit") is None else f"{r['speed_vs_unsplit']:.2f}x"
+        lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r.get('ranks', r['spatial_ranks'])} | {r['halo']} | "
+                     f"{r['parameters']:,} | {r['threads_per_rank']} | {r['samples_per_s']:.3f} | {speed} | "
                      f"{r['peak_rss_gib_per_rank']:.2f} | {r['peak_rss_above_import_gib']:.2f} | {ratio} | "
                      f"{r['halo_mib_forward_per_rank']:.1f} | {r['halo_exchanges_forward'] or '-'} | "
                      f"{r['alltoalls_per_step'] or '-'} | "
@@ -281,7 +321,7 @@ def markdown(machine: dict, rows: list[dict], command: str) -> str:
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         g = r["replicated_gib"]
-        if r["halo_overlap"] is not False:   # one line per sample and K: the overlap holds the same
+        if r["halo_overlap"] is not False and not r.get("slab_control"):   # one line per sample and K
             lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['spatial_ranks']} | "
                          f"{r['import_rss_gib']:.2f} | {g['weights']:.3f} | {g['optimizer_slots']:.3f} | "
                          f"{g['gradients']:.3f} | {g['gathered_activations']:.3f} |")
@@ -299,6 +339,8 @@ def main(argv=None) -> int:
     p.add_argument("--halo-overlap", default="on,off", help="for K > 1: on, off or both (default on,off)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every row (e.g. data.sample_shape=32,32,32,4 for a smoke run)")
+    p.add_argument("--slab-control", action="store_true",
+                   help="for each K > 1, also K unsplit ranks on a slab each: the split without its collectives")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     p.add_argument("--allow-load", action="store_true",
                    help="measure above 0.5 load per core (a smoke run: the table says the load)")
@@ -324,7 +366,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     name = "spatial_" + machine["isa"].replace(" ", "_")
     rows = []
-    for row in plan(args.configs.split(",") if args.configs else None, [int(k) for k in args.ks.split(",")], overlaps):
+    for row in plan(args.configs.split(",") if args.configs else None, [int(k) for k in args.ks.split(",")], overlaps,
+                    args.slab_control):
         if not row["halo_overlap"] and any(same_split(r, row) and r["halo_overlap"] and not r["overlapping_layers"]
                                            for r in rows):
             continue   # its overlapped row overlapped nothing (DeepCAM's rows exchange first): the same run

@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from common.inputs import synthetic_files
 from cosmoflow import data, synthetic
@@ -42,3 +43,22 @@ def test_writes_public_layout_and_skips_a_second_time(tmp_path):
     messages.clear()
     synthetic.generate(tmp_path, size=8, n_train=6, n_valid=2, seed=1, workers=1, progress=messages.append)
     assert messages == [f"[synthetic] {tmp_path} already holds this data set; nothing to do"]
+
+
+def test_a_narrow_target_spread_keeps_the_parameters_near_zero(tmp_path, capsys):
+    """--target-spread S: the parameters in [-S, S] (the easy set of the launcher tests); the
+    default set spreads over [-1, 1] (the negative control); a spread outside (0, 1] is one line."""
+    def parameters(folder, **spread):
+        synthetic.generate(folder, size=8, n_train=8, n_valid=1, seed=3, workers=1, progress=lambda m: None, **spread)
+        files = sorted(str(p) for p in (folder / "train").glob("*.tfrecord"))
+        return np.concatenate([y.numpy() for _, y in data.make_dataset(files, (8, 8, 8, 4), 8, "GZIP",
+                                                                       training=False)])
+    narrow, wide = parameters(tmp_path / "narrow", target_spread=0.1), parameters(tmp_path / "wide")
+    assert np.abs(narrow).max() <= 0.1 and np.abs(wide).max() > 0.5
+    assert json.loads((tmp_path / "narrow" / synthetic_files.MARKER).read_text())["target_spread"] == 0.1
+    with pytest.raises(SystemExit) as exited:
+        synthetic.main(["--output-dir", str(tmp_path / "bad"), "--target-spread", "0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("error: --target-spread must be in (0, 1], got 0.0"), err
+    assert not (tmp_path / "bad").exists()

@@ -81,6 +81,33 @@ def test_the_bench_rows_come_from_the_table():
         spatial.plan(["deepcam/configs/deepcam_synthetic_cpu.yaml"], [2], [True])
 
 
+def test_the_slab_control_is_the_unsplit_model_on_a_slab_each():
+    """--slab-control: per K > 1 one more row, K ranks unsplit, the sample cut to 1/K along the
+    benchmark's split axis; its ratios are against the one-rank row, never taken for it."""
+    from bench import spatial
+    from common import benchmarks
+    rows = spatial.plan(None, [1, 2], [True], slab_control=True)
+    configs = [c for name in benchmarks.names_with("spatial_bench") for c in benchmarks.get(name).spatial_bench]
+    controls = [r for r in rows if r.get("slab_control")]
+    assert [r["config"] for r in controls] == configs
+    assert all((r["spatial_ranks"], r["ranks"], r["slab_control"]) == (1, 2, 2) for r in controls)
+    assert not [r for r in spatial.plan(None, [1, 2], [True]) if r.get("slab_control")]   # the negative control
+
+    def extent(row):   # the sample's extent along its benchmark's split axis
+        data = spatial.row_config(row, []).data
+        return data.sample_shape[0] if benchmarks.get(row["benchmark"]).spatial_split == "depth" else data.height
+    whole = {r["config"]: extent(r) for r in rows if r["ranks"] == 1}
+    assert {r["config"]: extent(r) for r in controls} == {c: e // 2 for c, e in whole.items()}
+    assert all(spatial.row_config(r, []).parallel.spatial_ranks == 1 for r in controls)
+    # Ratios: against the one-rank row of the same config and sample, the control included.
+    measured = [{"config": "c", "sample_name": "8^3", "spatial_ranks": 1, "ranks": 1, "samples_per_s": 2.0,
+                 "peak_rss_above_import_gib": 4.0},
+                {"config": "c", "sample_name": "8^3", "spatial_ranks": 1, "ranks": 2, "slab_control": 2,
+                 "samples_per_s": 1.5, "peak_rss_above_import_gib": 1.0}]
+    ratios = [(r["speed_vs_unsplit"], r["above_import_vs_unsplit"]) for r in spatial.with_unsplit_ratios(measured)]
+    assert ratios == [(1.0, 1.0), (0.75, 0.25)]
+
+
 def test_the_halo_share_is_the_union_of_the_alltoalls_in_flight(tmp_path):
     from bench import spatial
     events = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}
