@@ -60,7 +60,7 @@ def make_sample(y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarra
     amp = kk ** (p["slope"] / 2.0) * np.exp(-(kk / 0.35) ** 2)
     amp[0, 0, 0] = 0.0
     noise = rng.standard_normal((size, size, size))
-    g = np.fft.irfftn(np.fft.rfftn(noise) * amp, s=(size, size, size))
+    g = np.fft.irfftn(np.fft.rfftn(noise) * amp, s=(size, size, size), axes=(0, 1, 2))
     g /= g.std()
     g = g + p["f_nl"] * (g * g - 1.0)
     g /= g.std()
