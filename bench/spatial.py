@@ -93,12 +93,11 @@ def plan(configs: list[str] | None, ks: list[int], overlaps: list[bool], slab_co
     return rows
 
 
-def slab_overrides(row: dict, sets: list[str]) -> dict:
+def slab_overrides(row: dict, overrides: dict) -> dict:
     """A slab control row's config overrides: the sample cut to 1/K along the benchmark's split axis."""
     from common.config_loading import load_model_config
     k, b = row["slab_control"], benchmarks.get(row["benchmark"])
-    whole = load_model_config(benchmarks.config_class(row["benchmark"]), REPO / row["config"],
-                              dict(s.split("=", 1) for s in sets)).data
+    whole = load_model_config(benchmarks.config_class(row["benchmark"]), REPO / row["config"], overrides).data
     if b.spatial_split == "depth":
         shape = list(whole.sample_shape)
         shape[0] //= k
@@ -111,7 +110,7 @@ def row_config(row: dict, sets: list[str]):
     b = benchmarks.get(row["benchmark"])
     overrides = dict(s.split("=", 1) for s in sets)
     if row.get("slab_control"):
-        overrides |= slab_overrides(row, sets)
+        overrides |= slab_overrides(row, overrides)
     overrides |= {b.local_batch_key: 1, "parallel.spatial_ranks": row["spatial_ranks"]}
     if row["halo_overlap"] is not None:
         overrides["parallel.halo_overlap"] = row["halo_overlap"]
@@ -235,7 +234,7 @@ def synthetic_data(benchmark: str, folder: Path, env: dict) -> Path:
 
 
 def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict:
-    k = row.get("ranks", row["spatial_ranks"])
+    k = row["ranks"]
     env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     with tempfile.TemporaryDirectory(prefix="bench_spatial.") as tmp:
         data = synthetic_data(row["benchmark"], Path(tmp) / "data", env)
@@ -279,7 +278,7 @@ def same_split(a: dict, b: dict) -> bool:
 def with_unsplit_ratios(rows: list[dict]) -> list[dict]:
     """Each row with its peak RSS above import and its samples/s over those of the unsplit row (one
     rank, K=1) of its config and sample."""
-    unsplit = {(r["config"], r["sample_name"]): r for r in rows if r.get("ranks", r["spatial_ranks"]) == 1}
+    unsplit = {(r["config"], r["sample_name"]): r for r in rows if r["ranks"] == 1}
     out = []
     for r in rows:
         base = unsplit.get((r["config"], r["sample_name"]))
@@ -308,8 +307,8 @@ def markdown(machine: dict, rows: list[dict], command: str) -> str:
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = "-" if r["above_import_vs_unsplit"] is None else f"{r['above_import_vs_unsplit']:.2f}x"
-        speed = "-" if r.get("speed_vs_unsplit") is None else f"{r['speed_vs_unsplit']:.2f}x"
-        lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r.get('ranks', r['spatial_ranks'])} | {r['halo']} | "
+        speed = "-" if r["speed_vs_unsplit"] is None else f"{r['speed_vs_unsplit']:.2f}x"
+        lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['ranks']} | {r['halo']} | "
                      f"{r['parameters']:,} | {r['threads_per_rank']} | {r['samples_per_s']:.3f} | {speed} | "
                      f"{r['peak_rss_gib_per_rank']:.2f} | {r['peak_rss_above_import_gib']:.2f} | {ratio} | "
                      f"{r['halo_mib_forward_per_rank']:.1f} | {r['halo_exchanges_forward'] or '-'} | "
@@ -374,8 +373,9 @@ def main(argv=None) -> int:
         rows.append(measure(row, args.steps, args.set, settle=not args.allow_load))
         print(f"[bench] {json.dumps(rows[-1])}", flush=True)
         # Written after every row, so that a row that fails (out of memory) leaves those before it.
-        table = markdown(machine, with_unsplit_ratios(rows), command)
-        record = json.dumps({"machine": machine, "rows": with_unsplit_ratios(rows)}, indent=2)
+        measured = with_unsplit_ratios(rows)
+        table = markdown(machine, measured, command)
+        record = json.dumps({"machine": machine, "rows": measured}, indent=2)
         write_text_atomic(out / f"{name}.json", record)
         write_text_atomic(out / f"{name}.md", table)
     if args.json:

@@ -27,6 +27,8 @@ def cosmo_data(tmp_path_factory):
 # the checker passes (it needs the target met): parameters drawn from [-0.1, 0.1], so the tiny
 # config meets the target at its first evaluation (eval_error about 0.05 after one epoch of 256).
 EASY = dict(size=32, n_train=256, n_valid=64, seed=7, target_spread=0.1)
+# What a run on it passes train.py: the tiny config's own counts are the suite's set's.
+EASY_ARGS = ["--n-train", str(EASY["n_train"]), "--n-valid", str(EASY["n_valid"])]
 
 
 @pytest.fixture(scope="session")

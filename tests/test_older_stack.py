@@ -4,7 +4,8 @@ The whole suite runs on the stack it was installed with (the default: TensorFlow
 this module installs the older stack into its own venv (tools/install.sh, as `make install
 STACK=tf2.15 VENV=.venv-tf2.15`; a second install returns at once) and runs the smoke set there:
 CosmoFlow on 2 Horovod ranks (on the easy set, its target met in one epoch) and DeepCAM on one
-(learning to its target), each with a log that passes the checker, and each benchmark's checkpoint restored bit-exact by the other stack, both ways.
+(learning to its target), each with a log that passes the checker, and each benchmark's checkpoint
+restored bit-exact by the other stack, both ways.
 OLDER_STACK_VENV and OLDER_STACK_PYTHON choose the venv and the interpreter it is made with.
 """
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests import helpers
-from tests.conftest import EASY
+from tests.conftest import EASY_ARGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.system]
 
@@ -76,8 +77,7 @@ def older_runs(older_python, cosmo_easy_data, tiny_config, deepcam_data, deepcam
     set (conftest.EASY: its subject is the older stack's Horovod on two ranks and its log, the target
     met in one epoch); DeepCAM's learns to its target on the suite's set."""
     out = tmp_path_factory.mktemp("older-stack")
-    cosmo = _cosmoflow(older_python, 2, cosmo_easy_data, tiny_config, out / "cosmoflow",
-                       "--n-train", str(EASY["n_train"]), "--n-valid", str(EASY["n_valid"]))
+    cosmo = _cosmoflow(older_python, 2, cosmo_easy_data, tiny_config, out / "cosmoflow", *EASY_ARGS)
     deepcam = _deepcam(older_python, deepcam_data, deepcam_config, out / "deepcam")
     return {"cosmoflow": (cosmo, out / "cosmoflow"), "deepcam": (deepcam, out / "deepcam" / "r0")}
 
