@@ -2,6 +2,7 @@
 
   python bench/deepcam_split_memory.py                      # 384 x 576, K = 2, mixed bf16 where native
   python bench/deepcam_split_memory.py --height 768 --width 1152 --precision float32 --optimizer LAMB
+  python bench/deepcam_split_memory.py ... --only "split K" "split K, sharded"    # some variants
 
 Variants, each in a fresh process (peak RSS is a process's high-water mark):
   unsplit H      the reference model on whole samples (H rows): what one rank holds at K = 1
@@ -11,6 +12,10 @@ Variants, each in a fresh process (peak RSS is a process's high-water mark):
                  split's own layers, copies and group batch norm, without Horovod
   split K, BN    the same with Keras' fused batch norm instead of the group one: the share of
                  GroupBatchNormalization's unfused kernel (its statistics would then be the slab's)
+  split K, sharded  `split K` with the optimizer sharded over the group (parallel.shard_optimizer,
+                 common.parallel.sharded_optimizer): the slots of this rank's variables only, the
+                 others' gradients reduced to their norm and finiteness, the updated variables
+                 allgathered (a stub handing back zeros for the other rank's: the same bytes)
 The real split's memory across ranks (input pipeline, Horovod) is measured with deepcam/train.py
 --benchmark under /usr/bin/time -v (bench/results/deepcam_split_memory_AVX-512.md) and by bench/spatial.py;
 this script's 768 x 1152 LAMB figures on an AVX2 CPU: bench/results/deepcam_split_memory_AVX2.md.
@@ -23,9 +28,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("unsplit H", "unsplit H/K", "split K", "split K, BN", "split K, sharded")
 
 
-def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool, optimizer: str) -> str:
+def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool, optimizer: str,
+            sharded: bool = False) -> str:
     """One variant in this process: 'peak_gib step_s'."""
     import importlib
     import resource
@@ -35,6 +42,7 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
     sys.path.insert(0, str(REPO))
     from common import benchmarks, optimizers
     from common.parallel.distribution import NeighbourPlanes, RankGroup
+    from common.parallel.sharded_optimizer import ShardedUpdate
     model = importlib.import_module(f"{benchmarks.split_along('height')}.model")   # the table names it
     tf.keras.mixed_precision.set_global_policy(precision)
 
@@ -59,13 +67,31 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
     optimizer = optimizers.build_optimizer(optimizer, learning_rate=0.01, weight_decay=0.01,
                                            max_grad_norm=1.0)
     x, y = tf.random.normal((1, rows, width, 16)), tf.zeros((1, rows, width), tf.int32)
+    # Sharded: this rank owns 1/K of the variables; the others' values come back as zeros from the
+    # stub allgather (the real one returns the owners' updates: the same bytes).
+    shard = None
+    if sharded:
+        shard = ShardedUpdate(net.trainable_variables, 0, k, lambda flat: tf.concat(
+            [flat, tf.zeros([sum(v.shape.num_elements() for v in net.trainable_variables) - flat.shape[0]])], 0))
+        clip, optimizer.global_clipnorm = optimizer.global_clipnorm, None
+        optimizer.build(shard.owned_variables())
 
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
             logits = tf.cast(net(x, training=True), tf.float32)
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
-        optimizer.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables))
+        grads = tape.gradient(loss, net.trainable_variables)
+        if shard is None:
+            optimizer.apply_gradients(zip(grads, net.trainable_variables))
+        else:
+            owned, finite = shard.prepare(grads, clip)
+
+            def update():
+                optimizer.apply_gradients(zip(owned, shard.owned_variables()))
+
+            tf.cond(finite, update, lambda: None)
+            shard.share()
         return loss
 
     step(x, y)
@@ -82,19 +108,21 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default="mixed_bfloat16")
     p.add_argument("--optimizer", default="SGD", help="SGD (no slots) or the closed configs' LAMB (two slots, a "
                    "global norm clip)")
+    p.add_argument("--only", nargs="+", choices=VARIANTS, help="these variants only")
     p.add_argument("--variant", help=argparse.SUPPRESS)   # run one variant here (the child)
     args = p.parse_args(argv)
     h, w, k = args.height, args.width, args.k
     variants = {"unsplit H": (h, 1, True), "unsplit H/K": (h // k, 1, True), "split K": (h, k, True),
-                "split K, BN": (h, k, False)}
+                "split K, BN": (h, k, False), "split K, sharded": (h, k, True)}
     if args.variant:
         height, kk, group_bn = variants[args.variant]
-        print(measure(height, w, height // kk, kk, args.precision, group_bn, args.optimizer))
+        print(measure(height, w, height // kk, kk, args.precision, group_bn, args.optimizer,
+                      sharded=args.variant.endswith("sharded")))
         return 0
     print(f"DeepCAM {h} x {w} x 16, K = {k}, {args.precision}, batch 1, {args.optimizer}; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'variant':<14} {'peak RSS GiB':>12} {'step s':>7}")
-    for name in variants:
+    for name in (args.only or variants):
         out = subprocess.run([sys.executable, __file__, "--height", str(h), "--width", str(w), "--k", str(k),
                               "--precision", args.precision, "--optimizer", args.optimizer, "--variant", name],
                              capture_output=True, text=True,

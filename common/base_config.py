@@ -115,6 +115,10 @@ class ParallelConfig:
     # run on their own stream beside that compute; false exchanges first, then convolves the slab
     # in one op (no copy of the output).
     halo_overlap: bool = True
+    # With spatial_ranks > 1: the optimizer's slots (LAMB and Adam: two copies of the weights) kept
+    # once per group, each variable's by one rank that updates it and hands it to the others
+    # (common.parallel.sharded_optimizer). Memory for an allgather of the weights a step.
+    shard_optimizer: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +178,9 @@ def check_shared_sections(cfg) -> None:
         # after run_start. Refused here, before anything runs.
         raise ConfigError("config keys 'runtime.xla' and 'parallel.spatial_ranks' > 1 cannot go together "
                           "(the halo exchange's alltoall and allgather have no XLA kernel)")
+    if cfg.parallel.shard_optimizer and cfg.parallel.spatial_ranks == 1:
+        raise ConfigError("config key 'parallel.shard_optimizer' shards the optimizer over a spatial group: "
+                          "set parallel.spatial_ranks > 1 too")
     if r.characterize and cfg.parallel.spatial_ranks > 1:
         raise ConfigError(f"config key 'parallel.spatial_ranks'={cfg.parallel.spatial_ranks}: runtime.characterize "
                           f"measures the unsplit model; run it with 1")

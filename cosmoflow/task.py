@@ -39,6 +39,8 @@ FLAGS = (
          "included (0: none)"),
     Flag(("--spatial-ranks",), "parallel.spatial_ranks", "split every sample along depth across groups of this "
          "many consecutive ranks (spatial parallelism); the ranks / K groups do data parallelism"),
+    Flag(("--shard-optimizer",), "parallel.shard_optimizer", "with --spatial-ranks: keep the optimizer's slots "
+         "once per spatial group, each variable's on the rank that updates it", is_switch=True),
     Flag(("--deterministic",), "runtime.deterministic", "op determinism and in-order reading: a resumed run "
          "ends bitwise equal to an uninterrupted one", is_switch=True),
 )

@@ -82,6 +82,8 @@ FLAGS = (
     Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
     Flag(("--spatial_ranks",), "parallel.spatial_ranks", "split every sample along its height across groups of "
          "this many consecutive ranks (spatial parallelism); the ranks / K groups do data parallelism"),
+    Flag(("--shard_optimizer",), "parallel.shard_optimizer", "with --spatial_ranks: keep the optimizer's slots "
+         "once per spatial group, each variable's on the rank that updates it", is_switch=True),
 )
 
 

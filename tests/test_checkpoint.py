@@ -1,10 +1,13 @@
 """common.checkpoints.checkpointer.Checkpointer: pruning to the newest `keep`, removing partial saves, restoring."""
 
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.checkpoints.checkpointer import Checkpointer, read_state
+from common.checkpoints.checkpointer import Checkpointer, read_state, resume_point
+from common.errors import InputError
 
 
 def _model_and_optimizer(seed: int = 0):
@@ -74,3 +77,21 @@ def test_restoring_the_newest_gives_the_saved_values(tmp_path):
     for got, saved in zip(fresh_optimizer.variables[1:], held[5]["momentum"]):
         np.testing.assert_array_equal(got.numpy(), saved)
     assert any(np.abs(m).max() > 0 for m in held[5]["momentum"])   # the slots were really trained
+
+
+@pytest.mark.parametrize("written, shards", [(2, None), (1, 2)], ids=["sharded-read-whole", "whole-read-sharded"])
+def test_a_checkpoint_resumes_only_with_the_optimizer_sharded_as_it_was_written(tmp_path, written, shards):
+    model, optimizer = _model_and_optimizer()
+    checkpointer = Checkpointer(tmp_path / "checkpoints", model, optimizer)
+    checkpointer.save(4, {"epoch": 0, "steps_done": 4, "steps_per_epoch": 4, "global_step": 4, "ranks": 2,
+                          "optimizer_shards": written})
+    checkpointer.wait()
+    shard = None if shards is None else types.SimpleNamespace(size=shards, index=0)
+    with pytest.raises(InputError, match=f"step-0000000004: its optimizer is sharded over {written} rank"):
+        resume_point(checkpointer, checkpointer.folder(4), model=model, rank=0, ranks=2, steps_per_epoch=4,
+                     accumulation=1, optimizer_shard=shard)
+    # The control: as written, it resumes.
+    same = None if written == 1 else types.SimpleNamespace(size=written, index=0)
+    point = resume_point(checkpointer, checkpointer.folder(4), model=model, rank=0, ranks=2, steps_per_epoch=4,
+                         accumulation=1, optimizer_shard=same)
+    assert point.global_step == 4

@@ -46,6 +46,7 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     ("data:\n  data_dir: /d\n", {"train.stop_check_steps": "0"}, "train.stop_check_steps"),
     ("data:\n  data_dir: /d\n", {"train.checkpoint_steps": "-5"}, "train.checkpoint_steps"),
     ("data:\n  data_dir: /d\n", {"runtime.sigterm_grace_s": "-1"}, "runtime.sigterm_grace_s"),
+    ("data:\n  data_dir: /d\n", {"parallel.shard_optimizer": "true"}, "parallel.shard_optimizer"),
 ])
 def test_bad_keys_and_values_name_the_key(tmp_path, text, override, culprit):
     with pytest.raises(ConfigError, match=culprit.replace(".", r"\.")):

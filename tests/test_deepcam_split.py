@@ -129,9 +129,13 @@ def _train(deepcam_config, data, out, ranks, *extra):
 def test_split_run_stays_within_the_drift_of_two_unsplit_runs(deepcam_data, deepcam_config, tmp_path):
     _train(deepcam_config, deepcam_data, tmp_path / "one", 1, "--set", "runtime.intra_op_threads=1")
     _train(deepcam_config, deepcam_data, tmp_path / "two", 1, "--set", "runtime.intra_op_threads=2")
+    # With the optimizer's state sharded over the group (LAMB's slots, its global-norm clip: one update
+    # of each variable, on its owner, bit for bit the unsharded one: tests/test_sharded_optimizer.py),
+    # which the checkpoint at the end holds in parts.
     proc, split = _train(deepcam_config, deepcam_data, tmp_path / "split", 2, "--spatial_ranks", "2",
-                         "--set", "runtime.intra_op_threads=1")
-    assert "2-way spatial x 1 data-parallel group(s)" in proc.stdout
+                         "--shard_optimizer", "--set", "runtime.intra_op_threads=1")
+    assert "2-way spatial x 1 data-parallel group(s), each on one node, the optimizer's state sharded" in proc.stdout
+    assert list((tmp_path / "split" / "checkpoints").glob("step-*/optimizer-shard-1.index"))
     assert "each rank holds 32 of every sample's 64 rows" in proc.stdout
     assert '"key": "global_batch_size", "value": 4' in (tmp_path / "split" / "mlperf.log").read_text()
     assert split["weights_in_sync"]

@@ -79,13 +79,14 @@ def test_float16_without_kernels_on_a_cpu_ends_at_warm_up(cosmo_data, tiny_confi
 
 def test_a_split_trains_with_bf16_and_accumulation_on_two_ranks(cosmo_data, tiny_config, tmp_path):
     # The halo exchange of bf16 activations (Horovod carries them as float32) and the accumulated
-    # sums of the split layers' gradients, in one step.
+    # sums of the split layers' gradients, in one step, the optimizer sharded over the group.
     out = tmp_path / "run"
     proc = helpers.horovodrun(2, helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data,
                                                    "--output-dir", out, *COSMO_RUN, "--spatial-ranks", "2",
-                                                   *BF16, *ACCUMULATE))
+                                                   "--shard-optimizer", *BF16, *ACCUMULATE))
     _trained_a_step(proc, out, benchmark=False)
     assert "2-way spatial x 1 data-parallel group(s)" in proc.stdout and "mixed_bfloat16" in proc.stdout
+    assert "the optimizer's state sharded over each group" in proc.stdout
 
 
 DEEPCAM_SPLIT_BENCH = ["--spatial_ranks", "2", "--local_batch_size", "1", "--benchmark", "1",

@@ -7,7 +7,10 @@ done) holding
   state.json        where the run stood: epoch, steps done in it, ranks;
   rank-NNNNN.npz    mid-epoch only: each rank's own state, which differs
                     between ranks until the end of the epoch
-                    (common.checkpoints.rank_state: written, read and applied there).
+                    (common.checkpoints.rank_state: written, read and applied there);
+  optimizer-shard-N.*  with the optimizer sharded over a spatial group of K ranks
+                    (common.parallel.sharded_optimizer), the optimizer of the group's rank
+                    N = 1 .. K-1, written by the first group's; ckpt.* holds rank 0's, index 0.
 Everything is written to `step-N.tmp/` and renamed once complete, so a job
 killed mid-write leaves only a .tmp folder, which `latest` ignores and the
 next run removes. Rank 0's save copies the variables to host memory and
@@ -34,6 +37,7 @@ from common.checkpoints.rank_state import RankState
 
 _NAME = re.compile(r"^step-(\d{10})$")
 STATE_FILE = "state.json"
+SHARD_FILE = "optimizer-shard-{}"
 
 
 class Checkpointer:
@@ -53,6 +57,9 @@ class Checkpointer:
         if generators:
             parts["rng"] = [g.state for g in generators]
         self._ckpt = tf.train.Checkpoint(**parts)
+        # A sharded optimizer's part of another rank: its own file, read instead of ckpt's optimizer.
+        self._optimizer_only = tf.train.Checkpoint(optimizer=optimizer)
+        self._without_optimizer = tf.train.Checkpoint(**{k: v for k, v in parts.items() if k != "optimizer"})
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending = None
         self.last_save = {}   # figures of the newest completed save: seconds blocked, written, bytes
@@ -120,6 +127,13 @@ class Checkpointer:
         self._pending = self._writer.submit(self._publish, tmp, folder, dict(state), blocked, start)
         return blocked
 
+    def write_optimizer_shard(self, global_step: int, index: int) -> None:
+        """A rank of the first spatial group other than rank 0: its sharded optimizer into the staging
+        folder, before the barrier after which rank 0 publishes it."""
+        tmp = self.staging_folder(global_step)
+        tmp.mkdir(parents=True, exist_ok=True)
+        self._optimizer_only.write(str(tmp / SHARD_FILE.format(index)))
+
     def _publish(self, tmp: Path, folder: Path, state: dict, blocked: float, start: float) -> None:
         self._ckpt.sync()   # the background write of the variables has finished
         for part in tmp.iterdir():   # on disk before the name says the checkpoint is complete
@@ -142,10 +156,15 @@ class Checkpointer:
             pending.result()
 
     # ------------------------------------------------------------ restoring
-    def restore(self, path) -> dict:
-        """Loads a checkpoint folder into the model, optimizer and generators; returns its state.json."""
+    def restore(self, path, shard_index: int = 0) -> dict:
+        """Loads a checkpoint folder into the model, optimizer and generators; returns its state.json.
+        shard_index: this rank's place in its spatial group when the optimizer is sharded over it."""
         path = Path(path)
-        self._ckpt.read(str(path / "ckpt")).assert_existing_objects_matched()
+        if shard_index == 0:
+            self._ckpt.read(str(path / "ckpt")).assert_existing_objects_matched()
+        else:
+            self._without_optimizer.read(str(path / "ckpt")).expect_partial().assert_existing_objects_matched()
+            self._optimizer_only.read(str(path / SHARD_FILE.format(shard_index))).assert_existing_objects_matched()
         return read_state(path)
 
 
@@ -193,10 +212,10 @@ class ResumePoint:
 
 
 def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks: int, steps_per_epoch: int,
-                 accumulation: int) -> ResumePoint:
+                 accumulation: int, optimizer_shard=None) -> ResumePoint:
     """Loads `source` (a checkpoint folder, or None: the newest is wanted but there is none)
-    into the model (and the optimizer); returns where the run goes on. InputError naming the
-    folder when it cannot be resumed by this run."""
+    into the model (and the optimizer: this rank's part of it with `optimizer_shard`); returns
+    where the run goes on. InputError naming the folder when it cannot be resumed by this run."""
     if source is None:
         raise InputError(f"--resume: no checkpoint in {checkpointer.directory}")
     if not Path(source).is_dir():
@@ -210,7 +229,12 @@ def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks:
         restore_model_weights(model, source)
         return ResumePoint(resumed_from={"checkpoint": resolved, "epoch": 0, "weights_only": True},
                            source=str(source))
-    state = checkpointer.restore(source)
+    shards = optimizer_shard.size if optimizer_shard is not None else 1
+    written = read_state(source).get("optimizer_shards", 1)
+    if written != shards:
+        raise InputError(f"{source}: its optimizer is sharded over {written} rank(s), this run's over {shards}; "
+                         f"resume with parallel.shard_optimizer and parallel.spatial_ranks as it was written")
+    state = checkpointer.restore(source, optimizer_shard.index if optimizer_shard is not None else 0)
     epoch, done, per_epoch = state["epoch"], state["steps_done"], state["steps_per_epoch"]
     if per_epoch != steps_per_epoch:
         raise InputError(f"{source}: written with {per_epoch} steps per epoch, this run has "

@@ -6,7 +6,8 @@ A run saves
   - when the ranks agreed to stop (SIGUSR1/SIGTERM, common.run.termination), waiting for the write;
   - at the end of a run that saves at all (the final state, unless just saved).
 A mid-epoch checkpoint also holds each rank's own state (common.checkpoints.rank_state),
-written by every rank before rank 0 publishes the folder.
+written by every rank before rank 0 publishes the folder; an optimizer sharded over the spatial
+group, the parts of the first group's other ranks (common.checkpoints.checkpointer.SHARD_FILE).
 """
 
 import numpy as np
@@ -25,11 +26,14 @@ class CheckpointSaver:
       train: the config's train section (checkpoint_every, checkpoint_steps, keep_checkpoints).
       steps_per_epoch: optimizer steps of one epoch (saved, and checked on a resume).
       benchmark: the benchmark's name (saved in state.json).
+      optimizer_shard: the ShardedUpdate of an optimizer sharded over the spatial group, else None.
     """
 
-    def __init__(self, directory, model, optimizer, dist, train, steps_per_epoch: int, benchmark: str):
+    def __init__(self, directory, model, optimizer, dist, train, steps_per_epoch: int, benchmark: str,
+                 optimizer_shard=None):
         self.checkpointer = Checkpointer(directory, model, optimizer, keep=train.keep_checkpoints,
                                          generators=random_generators(model))
+        self.optimizer_shard = optimizer_shard
         self.model, self.dist, self.benchmark = model, dist, benchmark
         self.every_epochs, self.every_steps = train.checkpoint_every, train.checkpoint_steps
         self.steps_per_epoch = steps_per_epoch
@@ -63,14 +67,18 @@ class CheckpointSaver:
             if wait and self.dist.is_root:
                 self.checkpointer.wait()
             return
-        if steps_done < self.steps_per_epoch:
+        mid_epoch, shards = steps_done < self.steps_per_epoch, self.optimizer_shard
+        if mid_epoch:
             RankState.of(self.model, epoch_losses).write(self.checkpointer.staging_folder(global_step),
                                                          self.dist.rank)
+        if shards is not None and 0 < self.dist.rank < shards.size:   # the first group's other ranks
+            self.checkpointer.write_optimizer_shard(global_step, shards.index)
+        if mid_epoch or shards is not None:
             self.dist.barrier()   # every rank's part is on disk before rank 0 publishes the folder
         if self.dist.is_root:
             state = {"global_step": global_step, "epoch": epoch, "steps_done": steps_done,
                      "steps_per_epoch": self.steps_per_epoch, "ranks": self.dist.size,
-                     "benchmark": self.benchmark}
+                     "benchmark": self.benchmark, "optimizer_shards": shards.size if shards else 1}
             self.blocked_s.append(self.checkpointer.save(global_step, state))
             if wait:
                 self.checkpointer.wait()

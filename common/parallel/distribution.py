@@ -315,6 +315,13 @@ class SpatialMesh:
             return x
         return tf.cast(hvd.allreduce(_wire(x), op=hvd.Sum, name=name, process_set=self._process_set), x.dtype)
 
+    def allgather(self, x, name: str):
+        """x [N_i, ...] of every rank of the group, concatenated along axis 0 in group order (the
+        N_i may differ: alltoallv's sibling, allgatherv), on each of them."""
+        if not self.is_split:
+            return x
+        return hvd.allgather(x, name=name, process_set=self._process_set)
+
     def gather(self, x, name: str):
         """[B, Zs, ...] slabs -> [B, K * Zs, ...] whole samples on every rank of the group.
 

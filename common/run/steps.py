@@ -59,11 +59,17 @@ class TrainStep:
     skipping), so a NaN loss leaves the weights at the last finite update and
     the trainer can checkpoint them. The gradients are the same on every rank
     after the allreduce, so every rank skips the same steps.
+
+    With `shard` (common.parallel.sharded_optimizer.ShardedUpdate), the optimizer holds the slots of
+    this rank's variables only and updates them; the global-norm clip over all gradients moves here
+    from the optimizer, and the updated variables are allgathered over the spatial group.
     """
 
     def __init__(self, model, optimizer, loss_fn, dist, compression: str = "none", xla: bool = False,
-                 accumulation: int = 1, preprocess=None, gradient_scales=None, grouped_allreduce: bool = False):
+                 accumulation: int = 1, preprocess=None, gradient_scales=None, grouped_allreduce: bool = False,
+                 shard=None):
         self.model, self.optimizer, self.dist = model, optimizer, dist
+        self._shard = shard
         self._grouped = grouped_allreduce   # else an allreduce per gradient, overlapping backward
         # Per trainable variable, a factor applied before the allreduce average: the group
         # size for the layers that hold a slab of each sample (common.parallel.spatial.gradient_scales).
@@ -75,10 +81,14 @@ class TrainStep:
         self._scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
         self._loss_fn = loss_fn
         self._compression = compression
+        self._clip_norm = None
+        if shard is not None:   # the optimizer sees this rank's gradients only: the clip over all is ours
+            inner = optimizer.inner_optimizer if self._scaled else optimizer
+            self._clip_norm, inner.global_clipnorm = inner.global_clipnorm, None
         # Variables made on first use inside tf.cond's branch would be refused: make them now
         # (as the LossScaleOptimizer does; a no-op for a built optimizer).
         with tf.init_scope():
-            optimizer.build(model.trainable_variables)
+            optimizer.build(shard.owned_variables() if shard is not None else model.trainable_variables)
         # With XLA, forward and backward are one compiled function, the allreduce outside it. Without,
         # they are traced into the step's own graph, not called as a nested function: a function call
         # hands back all its outputs at once, at its end, which would hold each gradient's allreduce
@@ -116,6 +126,9 @@ class TrainStep:
 
     def _apply(self, grads):
         grads = self.reduce_gradients(grads)
+        if self._shard is not None:
+            self._apply_sharded(grads)
+            return
         pairs = list(zip(grads, self.model.trainable_variables))
         if self._scaled:   # skips non-finite gradients itself, and lowers the loss scale
             self.optimizer.apply_gradients(pairs)
@@ -128,6 +141,26 @@ class TrainStep:
             self.optimizer.iterations.assign_add(1, read_value=False)
 
         tf.cond(all_finite(grads), update, skip)
+
+    def _apply_sharded(self, grads):
+        """This rank's variables updated as the unsharded update would, then every variable set to its
+        owner's value (one allgather over the spatial group)."""
+        owned, finite = self._shard.prepare(grads, self._clip_norm)
+        pairs = list(zip(owned, self._shard.owned_variables()))
+        if self._scaled:
+            # The loss scale skips and shrinks on its own check, which sees only this rank's gradients:
+            # a non-finite gradient of another rank's variable reaches it as NaN, so every rank agrees.
+            poison = tf.where(finite, 0.0, float("nan"))
+            self.optimizer.apply_gradients([(g + tf.cast(poison, g.dtype), v) for g, v in pairs])
+        else:
+            def update():
+                self.optimizer.apply_gradients(pairs)
+
+            def skip():
+                self.optimizer.iterations.assign_add(1, read_value=False)
+
+            tf.cond(finite, update, skip)
+        self._shard.share()   # reads the variables after their update (automatic control dependencies)
 
     def _fused_py(self, x, y):
         loss, finite, grads = self._loss_and_grads(x, y)

@@ -30,6 +30,7 @@ from common.reporting.events import RunInfo
 from common.inputs.page_cache import drop_from_page_cache
 from common.run.context import RunContext, RunState
 from common.parallel.fingerprint import variables_in_sync
+from common.parallel.sharded_optimizer import ShardedUpdate
 from common.run.result import RunResult
 from common.run.steps import TrainStep, make_eval_step
 from common.parallel.sync_batchnorm import batchnorm_statistics
@@ -54,6 +55,7 @@ class Trainer:
         self.runtime = runtime
         self.output_dir = Path(run_dir)
         self.state = RunState()   # where the run stands (common.run.launch reads it on a crash)
+        self.optimizer_shard = None   # a ShardedUpdate when parallel.shard_optimizer (set by _build)
 
     def run(self) -> RunResult:
         """init -> (staging) -> one run mode: the order every Horovod program follows, a line a step."""
@@ -65,18 +67,22 @@ class Trainer:
         tf.keras.utils.set_random_seed(cfg.train.seed)
         # Data parallelism is over groups: one rank each, or the K ranks that split each sample.
         mesh = task.mesh or dist.spatial_mesh(1)
-        events.on_runtime_configured(dist.describe() + (f"; {mesh.describe()}" if mesh.is_split else ""),
-                                     runtime)
+        split = f"; {mesh.describe()}" if mesh.is_split else ""
+        if cfg.parallel.shard_optimizer:
+            split += ", the optimizer's state sharded over each group"
+        events.on_runtime_configured(dist.describe() + split, runtime)
         shards = task.shard(mesh.group, mesh.groups)                   # this rank's (its group's) files
         plan = _plan_epochs(shards, mesh.groups, cfg.train.gradient_accumulation_frequency)
         # The LR scaled for the global batch:
-        model, optimizer, schedule, loss_fn, metric = self._build(runtime["precision"], plan)
+        model, optimizer, schedule, loss_fn, metric = self._build(runtime["precision"], plan, mesh)
         saver = CheckpointSaver(self.output_dir / "checkpoints", model, optimizer, dist, cfg.train,
-                                plan.steps_per_epoch, task.name)
+                                plan.steps_per_epoch, task.name, optimizer_shard=self.optimizer_shard)
         saver.prepare()
         start = self._restore_or_start(saver, model, plan)               # rank 0 picks the checkpoint, if any
         self.state.global_step = start.global_step
-        dist.broadcast_variables(model.variables + optimizer.variables)   # all start from rank 0's state
+        # All start from rank 0's state. A sharded optimizer's differs by rank: zeros from scratch,
+        # and each rank's own part of a checkpoint, read by every rank.
+        dist.broadcast_variables(model.variables + (optimizer.variables if self.optimizer_shard is None else []))
         if start.rank_state is not None:
             # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
             start.rank_state.restore_batchnorm(model, start.source)
@@ -118,9 +124,10 @@ class Trainer:
         return result
 
     # ---------------------------------------------------------------- set-up
-    def _build(self, precision: str, plan):
+    def _build(self, precision: str, plan, mesh):
         """(model, optimizer, schedule, loss, metric): the model under the precision policy with its
-        batch-norm group, the task's optimizer wrapped for the precision and built."""
+        batch-norm group, the task's optimizer wrapped for the precision and built (for this rank's
+        variables only when it is sharded over the spatial group: self.optimizer_shard)."""
         dist, task = self.dist, self.task
         # Collective (registers a process set): every rank, same order. A split sample's batch norm
         # takes its statistics over the slabs of its spatial group too: K x the group's ranks.
@@ -131,7 +138,10 @@ class Trainer:
             model = task.build_model(bn_group)
         optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
         optimizer = runtime_lib.wrap_optimizer(optimizer, precision)   # fp16: dynamic loss scaling
-        optimizer.build(model.trainable_variables)
+        if self.cfg.parallel.shard_optimizer:
+            self.optimizer_shard = ShardedUpdate(model.trainable_variables, mesh.index, mesh.size,
+                                       lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"))
+        optimizer.build(self.optimizer_shard.owned_variables() if self.optimizer_shard else model.trainable_variables)
         return model, optimizer, schedule, task.build_losses(), task.build_metrics()
 
     def _restore_or_start(self, saver, model, plan) -> ResumePoint:
@@ -143,7 +153,7 @@ class Trainer:
         # must not resume from different epochs (and hang in the first collective).
         source = self.dist.broadcast_object(None if source is None else str(source))
         return resume_point(saver.checkpointer, source, model=model, rank=self.dist.rank, ranks=self.dist.size,
-                            steps_per_epoch=plan.steps_per_epoch,
+                            steps_per_epoch=plan.steps_per_epoch, optimizer_shard=self.optimizer_shard,
                             accumulation=t.gradient_accumulation_frequency)
 
     def _build_steps(self, model, optimizer, loss_fn, metric):
@@ -154,7 +164,7 @@ class Trainer:
         train_step = TrainStep(model, optimizer, loss_fn, self.dist, rt.gradient_compression, rt.xla,
                                cfg.train.gradient_accumulation_frequency, preprocess=task.preprocess_batch,
                                gradient_scales=task.gradient_scales(model),
-                               grouped_allreduce=rt.gradient_allreduce == "grouped")
+                               grouped_allreduce=rt.gradient_allreduce == "grouped", shard=self.optimizer_shard)
         eval_step = make_eval_step(model, metric, rt.xla, preprocess=task.preprocess_batch, loss_fn=loss_fn)
         specs = task.input_specs()
         train_step.trace(specs)
