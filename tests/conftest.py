@@ -74,7 +74,7 @@ HEAVY_FIRST = (
     "test_older_stack.py", "test_images.py", "test_slurm.py", "test_exact_resume.py",
     "test_deepcam_split.py", "test_cosmoflow_end_to_end.py", "test_deepcam_end_to_end.py",
     "test_fuzz_inputs.py", "test_spatial.py", "test_flag_combinations.py", "test_horovod.py",
-    "test_results_tools.py",
+    "test_results_tools.py", "test_sharded_optimizer.py",
 )
 _HEAVY_RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
 
