@@ -46,7 +46,8 @@ def _build(dist, mesh, sharded: bool):
                       {"data.data_dir": "/unused", "data.batch_size": BATCH})
     task = CosmoFlowTask(cfg)
     model = task.build_model(None)
-    # A clip well below the gradients' norm: each rank's own gradients have a smaller norm than all.
+    # A clip well below the gradients' norm, so that it scales them: a clip over only the gradients a
+    # rank owns (a smaller norm) would scale them otherwise, and the weights would differ.
     optimizer = optimizers.build_optimizer("LAMB", learning_rate=0.01, weight_decay=0.01, max_grad_norm=0.05)
     shard = (ShardedUpdate(model.trainable_variables, mesh.index, mesh.size,
                            lambda flat: mesh.allgather(flat, "probe.sharded_weights")) if sharded else None)
