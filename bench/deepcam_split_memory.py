@@ -32,15 +32,16 @@ VARIANTS = ("unsplit H", "unsplit H/K", "split K", "split K, BN", "split K, shar
 
 
 def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool, optimizer: str,
-            sharded: bool = False) -> str:
-    """One variant in this process: 'peak_gib step_s'."""
+            sharded: bool = False, tensor_bytes: bool = False) -> str:
+    """One variant in this process: 'peak_rss_gib step_s', or with tensor_bytes (TensorFlow's BFC
+    allocator on the CPU, TF_CPU_ALLOCATOR_USE_BFC) 'peak_gib_of_step_2 gib_held_between_steps'."""
     import importlib
     import resource
     import time
 
-    import tensorflow as tf
     sys.path.insert(0, str(REPO))
-    from common import benchmarks, optimizers
+    from common import benchmarks, optimizers   # before TensorFlow: its oneDNN kernels on, as in training
+    import tensorflow as tf
     from common.parallel.distribution import NeighbourPlanes, RankGroup
     from common.parallel.sharded_optimizer import ShardedUpdate
     model = importlib.import_module(f"{benchmarks.split_along('height')}.model")   # the table names it
@@ -71,8 +72,9 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
     # stub allgather (the real one returns the owners' updates: the same bytes).
     shard = None
     if sharded:
-        shard = ShardedUpdate(net.trainable_variables, 0, k, lambda flat: tf.concat(
-            [flat, tf.zeros([sum(v.shape.num_elements() for v in net.trainable_variables) - flat.shape[0]])], 0))
+        # (tf.pad, not a concat with tf.zeros: a constant that size would be folded into the graph and held)
+        elements = sum(v.shape.num_elements() for v in net.trainable_variables)
+        shard = ShardedUpdate(net.trainable_variables, 0, k, lambda flat: tf.pad(flat, [[0, elements - flat.shape[0]]]))
         clip, optimizer.global_clipnorm = optimizer.global_clipnorm, None
         optimizer.build(shard.owned_variables())
 
@@ -95,9 +97,15 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
         return loss
 
     step(x, y)
+    if tensor_bytes:   # the second step alone: slots built, the graph traced, what every later step holds
+        between = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
     step(x, y)
-    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} {time.perf_counter() - start:.1f}"
+    seconds = time.perf_counter() - start
+    if tensor_bytes:
+        return f"{tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**30:.2f} {between / 2**30:.2f}"
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} {seconds:.1f}"
 
 
 def main(argv=None) -> int:
@@ -117,21 +125,24 @@ def main(argv=None) -> int:
     if args.variant:
         height, kk, group_bn = variants[args.variant]
         print(measure(height, w, height // kk, kk, args.precision, group_bn, args.optimizer,
-                      sharded=args.variant.endswith("sharded")))
+                      sharded=args.variant.endswith("sharded"),
+                      tensor_bytes=bool(os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"))))
         return 0
     print(f"DeepCAM {h} x {w} x 16, K = {k}, {args.precision}, batch 1, {args.optimizer}; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'variant':<14} {'peak RSS GiB':>12} {'step s':>7}")
+    print(f"{'variant':<17} {'peak RSS GiB':>12} {'step s':>7} {'tensors GiB':>11} {'held GiB':>8}")
     for name in (args.only or variants):
-        out = subprocess.run([sys.executable, __file__, "--height", str(h), "--width", str(w), "--k", str(k),
-                              "--precision", args.precision, "--optimizer", args.optimizer, "--variant", name],
-                             capture_output=True, text=True,
-                             env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2"))
-        if out.returncode:
-            print(f"error: variant '{name}' failed: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-            return 1
-        peak, seconds = out.stdout.split()[-2:]
-        print(f"{name:<14} {peak:>12} {seconds:>7}", flush=True)
+        figures = []
+        for bfc in ({}, {"TF_CPU_ALLOCATOR_USE_BFC": "true"}):   # RSS, then the allocator's own count
+            out = subprocess.run([sys.executable, __file__, "--height", str(h), "--width", str(w), "--k", str(k),
+                                  "--precision", args.precision, "--optimizer", args.optimizer, "--variant", name],
+                                 capture_output=True, text=True,
+                                 env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", **bfc))
+            if out.returncode:
+                print(f"error: variant '{name}' failed: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+                return 1
+            figures += out.stdout.split()[-2:]
+        print(f"{name:<17} {figures[0]:>12} {figures[1]:>7} {figures[2]:>11} {figures[3]:>8}", flush=True)
     return 0
 
 

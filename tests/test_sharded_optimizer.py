@@ -2,9 +2,12 @@
 common.parallel.sharded_optimizer): on 2 real Horovod ranks, the same weights bit for bit as the
 unsharded update with LAMB's global-norm clip active, half the slots on each rank, and a checkpoint
 that resumes each rank's part (tests/sharded_optimizer_probe.py). Negative controls: without the
-allgather of the updated variables, and with one rank's slots not restored."""
+allgather of the updated variables, and with one rank's slots not restored. And, in one process
+with TensorFlow's allocator counting its bytes, the variables assigned from the allgather keep none
+of its buffer (negative control: the slices assigned uncopied)."""
 
 import json
+import textwrap
 
 import numpy as np
 import pytest
@@ -72,3 +75,40 @@ def test_owners_balance_the_elements_and_agree_on_every_rank():
     assert assign_owners(sizes, 1) == [0] * len(sizes)
     # More ranks than variables: some own nothing, every variable one owner.
     assert sorted(assign_owners([5, 3], 4)) == [0, 1]
+
+
+# Four variables of 1 MiB; rank 0 of 2 owns two. The allgather is a stub (tf.pad: rank 0's flat
+# variables, then zeros), so its output is one 4 MiB buffer, as Horovod's is. Prints the bytes
+# TensorFlow's CPU allocator holds before a share, after it, and after two more.
+_HELD_AFTER_SHARE = textwrap.dedent("""
+    import sys
+    import common
+    import tensorflow as tf
+    from common.parallel import sharded_optimizer
+    if sys.argv[1] == "aliased":
+        sharded_optimizer.own_buffer = lambda part: part
+    variables = [tf.Variable(tf.ones([256, 1024])) for _ in range(4)]
+    shard = sharded_optimizer.ShardedUpdate(variables, 0, 2, lambda flat: tf.pad(flat, [[0, 2**20 - flat.shape[0]]]))
+    share = tf.function(shard.share)
+    held = lambda: tf.config.experimental.get_memory_info("CPU:0")["current"]
+    before = held()
+    share()
+    first = held()
+    share()
+    share()
+    print(before, first, held(), float(tf.reduce_sum(sum(variables))))
+""")
+
+
+@pytest.mark.parametrize("variant", ["copied", "aliased"])
+def test_the_variables_assigned_from_the_allgather_keep_none_of_its_buffer(variant):
+    environ = dict(helpers.env(), TF_CPU_ALLOCATOR_USE_BFC="true")   # the allocator's own count of bytes in use
+    proc = helpers.run([helpers.PYTHON, "-c", _HELD_AFTER_SHARE, variant], environ=environ, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, first, later, total = proc.stdout.split()[-4:]
+    grown = [int(first) - int(before), int(later) - int(before)]
+    assert float(total) == 2 * 2**18   # rank 0's two variables kept their ones, the other two zeros
+    if variant == "copied":
+        assert max(grown) < 2**18, grown
+    else:   # the negative control: the other rank's two variables keep the whole 4 MiB gathered buffer
+        assert min(grown) >= 2 * 2**20 - 2**16, grown
