@@ -1,4 +1,6 @@
-"""Where DeepCAM's height split spends memory: one process per variant, its peak RSS after two train steps.
+"""Where DeepCAM's height split spends memory: per variant, its peak RSS after two train steps (one
+process), then TensorFlow's own count (another process, its BFC allocator on the CPU): the peak of the
+bytes in use over the second step (what a GPU's allocator would count) and the bytes held between steps.
 
   python bench/deepcam_split_memory.py                      # 384 x 576, K = 2, mixed bf16 where native
   python bench/deepcam_split_memory.py --height 768 --width 1152 --precision float32 --optimizer LAMB
