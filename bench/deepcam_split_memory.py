@@ -31,12 +31,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("unsplit H", "unsplit H/K", "split K", "split K, BN", "split K, sharded")
+# Set in a child's environment: TensorFlow's BFC allocator on the CPU, which counts its bytes in use
+# (read before TensorFlow starts, so one process measures either its RSS or its tensors).
+COUNT_TENSORS = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 
 def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool, optimizer: str,
-            sharded: bool = False, tensor_bytes: bool = False) -> str:
-    """One variant in this process: 'peak_rss_gib step_s', or with tensor_bytes (TensorFlow's BFC
-    allocator on the CPU, TF_CPU_ALLOCATOR_USE_BFC) 'peak_gib_of_step_2 gib_held_between_steps'."""
+            sharded: bool = False) -> str:
+    """One variant in this process: 'peak_rss_gib step_s', or under COUNT_TENSORS
+    'peak_gib_of_step_2 gib_held_between_steps'."""
     import importlib
     import resource
     import time
@@ -48,6 +51,7 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
     from common.parallel.sharded_optimizer import ShardedUpdate
     model = importlib.import_module(f"{benchmarks.split_along('height')}.model")   # the table names it
     tf.keras.mixed_precision.set_global_policy(precision)
+    tensor_bytes = COUNT_TENSORS.items() <= os.environ.items()
 
     class StubMesh:   # one rank of a K-way split whose neighbours send zeros
         size, index, is_split, groups, group = k, 0, k > 1, 1, 0
@@ -127,15 +131,14 @@ def main(argv=None) -> int:
     if args.variant:
         height, kk, group_bn = variants[args.variant]
         print(measure(height, w, height // kk, kk, args.precision, group_bn, args.optimizer,
-                      sharded=args.variant.endswith("sharded"),
-                      tensor_bytes=bool(os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"))))
+                      sharded=args.variant.endswith("sharded")))
         return 0
     print(f"DeepCAM {h} x {w} x 16, K = {k}, {args.precision}, batch 1, {args.optimizer}; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'variant':<17} {'peak RSS GiB':>12} {'step s':>7} {'tensors GiB':>11} {'held GiB':>8}")
     for name in (args.only or variants):
         figures = []
-        for bfc in ({}, {"TF_CPU_ALLOCATOR_USE_BFC": "true"}):   # RSS, then the allocator's own count
+        for bfc in ({}, COUNT_TENSORS):   # RSS, then the allocator's own count
             out = subprocess.run([sys.executable, __file__, "--height", str(h), "--width", str(w), "--k", str(k),
                                   "--precision", args.precision, "--optimizer", args.optimizer, "--variant", name],
                                  capture_output=True, text=True,
