@@ -131,6 +131,10 @@ class MLPerfConfig:
     # Weak scaling: this model instance's index and how many train concurrently (logged).
     instance_id: Optional[int] = None
     number_of_instances: Optional[int] = None
+    # Weak scaling: a directory every instance sees, where they meet before run_start
+    # (common.run.instance_start), and how long rank 0 waits there for the others.
+    start_barrier_dir: Optional[str] = None
+    start_barrier_timeout_s: float = 1800.0
 
 
 def check_global_batch(cfg, global_batch_size: int, local_batch_size: int, ranks: int) -> None:
@@ -181,6 +185,11 @@ def check_shared_sections(cfg) -> None:
     if cfg.parallel.shard_optimizer and cfg.parallel.spatial_ranks == 1:
         raise ConfigError("config key 'parallel.shard_optimizer' shards the optimizer over a spatial group: "
                           "set parallel.spatial_ranks > 1 too")
+    m = cfg.mlperf
+    if m.start_barrier_dir and not (m.number_of_instances and m.instance_id is not None
+                                    and 0 <= m.instance_id < m.number_of_instances):
+        raise ConfigError(f"config key 'mlperf.start_barrier_dir' needs mlperf.instance_id in "
+                          f"[0, mlperf.number_of_instances), got {m.instance_id} and {m.number_of_instances}")
     if r.characterize and cfg.parallel.spatial_ranks > 1:
         raise ConfigError(f"config key 'parallel.spatial_ranks'={cfg.parallel.spatial_ranks}: runtime.characterize "
                           f"measures the unsplit model; run it with 1")

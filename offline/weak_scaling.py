@@ -7,7 +7,10 @@ Starts M independent Horovod jobs concurrently on this machine (horovodrun over 
 each; slurm/weak_scaling.sbatch does the same with one `srun` step per instance inside one
 allocation). Instance i writes DIR/instances/instance_<i>/ with seed seed_base + i, and logs
 `instance_id`, `number_of_instances` and `number_of_ranks` (a directory an earlier run left
-there is moved to DIR/instances.previous/ first). Its MLPerf log is copied to
+there is moved to DIR/instances.previous/ first). The instances meet in DIR/instances/start/
+before run_start (common.run.instance_start): the set's time_to_train_all counts from the first
+run_start, so none starts before the others are ready; this launcher marks each instance gone
+there when its job ends, so one that fails at init does not hold the others. Its MLPerf log is copied to
 DIR/<org>/results/<system>/weak/<bench>/result_<i>.txt whatever became of the run (a failed one
 with result_<i>.txt.failed saying why: offline/run_logs.py), then the set is scored with
 offline.scoring: number of models, instance scale, time_to_train_all and models per minute.
@@ -16,6 +19,7 @@ Exit status: 0 every instance converged, 3 one or more did not converge, 1 one o
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from common import benchmarks
 from common.errors import ExitCode
+from common.run.instance_start import GONE, write_marker
 from offline import run_logs, scoring
 from offline.result_set import REPO, collect, earlier_results, fresh_run_dir, run_command
 from offline.run_logs import submission_folder
@@ -51,24 +56,35 @@ def main(argv=None) -> int:
     run_dirs = [output / "instances" / f"instance_{i}" for i in range(args.instances)]
     for run_dir in run_dirs:   # all before the first start: instances start together
         fresh_run_dir(run_dir, "weak-scaling")
+    barrier = output / "instances" / "start"   # an earlier set's markers would let this one start unmet
+    shutil.rmtree(barrier, ignore_errors=True)
+    barrier.mkdir(parents=True)
     procs = []
     for i, run_dir in enumerate(run_dirs):
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = run_command(args.bench, Path(args.config), run_dir, args.seed_base + i, args.data_dir, args.ranks,
                           extra + ["--set", f"mlperf.instance_id={i}",
-                                   "--set", f"mlperf.number_of_instances={args.instances}"])
+                                   "--set", f"mlperf.number_of_instances={args.instances}",
+                                   "--set", f"mlperf.start_barrier_dir={barrier}"])
         print(f"[weak-scaling] instance {i}: {' '.join(cmd)}", flush=True)
         # Each instance's output goes to its own file: M interleaved streams are unreadable.
         out = open(run_dir / "stdout.txt", "w")
         procs.append((i, run_dir, out, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                                         env=dict(os.environ, PYTHONPATH=str(REPO)))))
     start = time.perf_counter()
-    codes = []
-    for i, run_dir, out, proc in procs:
-        codes.append(proc.wait())
-        out.close()
-        print(f"[weak-scaling] instance {i} ended {time.perf_counter() - start:.0f} s after the start", flush=True)
-        collect(run_dir, folder, i, codes[-1], "weak-scaling")
+    codes = {}
+    while len(codes) < len(procs):   # in the order they end: an instance gone early frees the others' start
+        for i, run_dir, out, proc in procs:
+            if i in codes or proc.poll() is None:
+                continue
+            codes[i] = proc.returncode
+            write_marker(barrier, i, GONE)
+            out.close()
+            print(f"[weak-scaling] instance {i} ended {time.perf_counter() - start:.0f} s after the start", flush=True)
+            collect(run_dir, folder, i, codes[i], "weak-scaling")
+        if len(codes) < len(procs):
+            time.sleep(0.2)
+    codes = [codes[i] for i in range(len(procs))]
     print(f"\n[weak-scaling] {args.instances} instance(s) done; exit codes {codes}. Score:\n", flush=True)
     print("\n\n".join(scoring.format_set(s) for s in scoring.score_path(folder)))
     return run_logs.exit_status(codes)

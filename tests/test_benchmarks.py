@@ -207,6 +207,8 @@ def test_weak_scaling_sbatch_passes_the_tables_flags(fake_slurm, name):
     assert b.train_script in args
     assert _flag_value(args, b.data_flag) == "/data/set"
     assert _flag_value(args, b.stage_flag) == "/local/stage/instance_0"
+    start_dir = Path(fake_slurm["OUTPUT_DIR"]) / "instances" / "start"   # where the instances meet before run_start
+    assert f"mlperf.start_barrier_dir={start_dir}" in args
 
 
 def test_result_set_sbatch_runs_the_tables_script(fake_slurm):

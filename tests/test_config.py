@@ -47,6 +47,10 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     ("data:\n  data_dir: /d\n", {"train.checkpoint_steps": "-5"}, "train.checkpoint_steps"),
     ("data:\n  data_dir: /d\n", {"runtime.sigterm_grace_s": "-1"}, "runtime.sigterm_grace_s"),
     ("data:\n  data_dir: /d\n", {"parallel.shard_optimizer": "true"}, "parallel.shard_optimizer"),
+    ("data:\n  data_dir: /d\n", {"mlperf.start_barrier_dir": "/s", "mlperf.number_of_instances": "2"},
+     "mlperf.start_barrier_dir"),
+    ("data:\n  data_dir: /d\n", {"mlperf.start_barrier_dir": "/s", "mlperf.number_of_instances": "2",
+                                  "mlperf.instance_id": "2"}, "mlperf.start_barrier_dir"),
 ])
 def test_bad_keys_and_values_name_the_key(tmp_path, text, override, culprit):
     with pytest.raises(ConfigError, match=culprit.replace(".", r"\.")):

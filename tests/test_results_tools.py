@@ -108,10 +108,18 @@ def test_weak_scaling_launcher_trains_instances_concurrently(cosmo_easy_data, ti
         assert f'"key": "instance_id", "value": {i}' in text and '"key": "number_of_instances", "value": 2' in text
         starts.append(next(json.loads(line.split(":::MLLOG ")[1]) for line in text.splitlines()
                            if '"key": "run_start"' in line)["time_ms"])
-    # Concurrent: the second instance started training before the first one finished.
+    # Together: no instance logged run_start before the last one was ready (its marker's time), so
+    # the second started training before the first finished, however slowly either started up.
+    start_dir = out / "instances" / "start"
+    ready = [float((start_dir / f"instance_{i}.ready").read_text()) * 1000 for i in (0, 1)]
+    assert min(starts) >= max(ready) - 1, (starts, ready)   # time_ms is rounded to the millisecond
     first_stop = json.loads([line for line in logs[0].read_text().splitlines()
                              if '"key": "run_stop"' in line][0].split(":::MLLOG ")[1])["time_ms"]
     assert max(starts) < first_stop
+    assert sorted(p.name for p in start_dir.iterdir()) == ["instance_0.gone", "instance_0.ready",
+                                                           "instance_1.gone", "instance_1.ready"]
+    for i in (0, 1):
+        assert "[weak-scaling] this instance waited" in (out / "instances" / f"instance_{i}" / "stdout.txt").read_text()
     assert "informational, not a valid score: 2 model(s)" in proc.stdout and "models/min" in proc.stdout
 
 
@@ -188,6 +196,9 @@ def test_weak_scaling_sbatch_waits_for_every_instance_and_fails_the_job(cosmo_lo
     assert "result_1.txt: exit code 137; no run_stop" in proc.stdout
     assert "result_2.txt: did not reach the target" in proc.stdout
     assert "NOT A VALID RESULT: incomplete: 3 of the 10 runs" in proc.stdout
+    # Each instance marked gone where the instances meet before run_start (none was ready: fake runs).
+    start_dir = tmp_path / "out" / "instances" / "start"
+    assert sorted(p.name for p in start_dir.iterdir()) == [f"instance_{i}.gone" for i in range(3)]
     # Run again into the same OUTPUT_DIR: the earlier set's results would be scored with the new one.
     again = sbatch("weak_scaling.sbatch", environ)
     assert again.returncode == 2 and "holds an earlier set's results" in again.stderr
@@ -231,6 +242,9 @@ def test_python_launchers_collect_every_run_and_fail_the_set(cosmo_logs, tmp_pat
     assert (folder / "result_1.txt").read_text() == killed(other)
     assert len(list((tmp_path / "out" / f"{kind}.previous").iterdir())) == 1
     assert "result_1.txt: exit code 137; no run_stop" in out and "result_2.txt: did not reach the target" in out
+    if launcher == "weak_scaling":   # each instance marked gone where the instances meet before run_start
+        start_dir = tmp_path / "out" / "instances" / "start"
+        assert sorted(p.name for p in start_dir.iterdir()) == [f"instance_{i}.gone" for i in range(3)]
     # A second set into the same output would be scored together with this one: refused.
     assert module.main(argv) == 2
     assert "holds an earlier set's results" in capsys.readouterr().err

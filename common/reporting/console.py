@@ -63,6 +63,13 @@ class Console(Listener):
                    f"{stats.bytes / 1e9:.3f} GB in {stats.seconds:.2f} s = {stats.gb_per_s:.3f} GB/s "
                    f"(all ranks)")
 
+    def on_instances_met(self, meeting, site):
+        gone = f"; ended before they were ready: {list(meeting.gone)}" if meeting.gone else ""
+        missing = (f"; not ready after the timeout, started without them: {list(meeting.missing)}"
+                   if meeting.missing else "")
+        self.print(f"[weak-scaling] this instance waited {meeting.waited_s:.2f} s for the others to be "
+                   f"ready{gone}{missing}")
+
     def on_run_start(self, site):
         self.run_start = time.time()
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:   # the run's package imports this one: only the annotations name them
     from common.inputs.staging import StageStats
+    from common.run.instance_start import Meeting
     from common.run.failures import Failure
 
 _REPO = Path(__file__).resolve().parents[2]   # common/reporting/events.py -> the repository
@@ -119,6 +120,8 @@ class Listener:
     def on_staging_progress(self, done: int, total: int, nbytes: int, site: CallSite): ...
     def on_staging_stop(self, stats: "StageStats", site: CallSite): ...
     def on_caches_cleared(self, cleared: bool, files: int, site: CallSite): ...
+    # Weak scaling: how this instance met the others before run_start (common.run.instance_start).
+    def on_instances_met(self, meeting: "Meeting", site: CallSite): ...
     def on_run_start(self, site: CallSite): ...
     # global_step: the steps done in the whole run before the epoch's first.
     def on_epoch_start(self, epoch: int, global_step: int, site: CallSite): ...
@@ -204,6 +207,11 @@ class Events:
         site = _caller()
         for listener in self.listeners:
             listener.on_caches_cleared(cleared, files, site)
+
+    def on_instances_met(self, meeting: "Meeting"):
+        site = _caller()
+        for listener in self.listeners:
+            listener.on_instances_met(meeting, site)
 
     def on_run_start(self):
         site = _caller()

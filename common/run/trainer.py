@@ -26,6 +26,7 @@ from common.checkpoints.save_policy import CheckpointSaver
 from common.run.data_preparation import prepare_data
 from common.errors import InputError
 from common.run.evaluate_mode import run_evaluation
+from common.run.instance_start import meet_the_other_instances
 from common.reporting.events import RunInfo
 from common.inputs.page_cache import drop_from_page_cache
 from common.run.context import RunContext, RunState
@@ -110,6 +111,9 @@ class Trainer:
             result = run_benchmark(ctx, train_ds)
         else:
             self._clear_page_cache(shards)
+            meeting = meet_the_other_instances(cfg.mlperf, dist)   # weak scaling: the set starts together
+            if meeting is not None:
+                events.on_instances_met(meeting)
             training = TrainingRun(ctx, start)
             result = training.run(train_ds, valid_ds)                    # metrics averaged; rank 0 writes
         # A collective, once on every rank whatever the mode and however it ended: after run_stop,
