@@ -2,6 +2,7 @@
 variable they changed put back, so that a run with warm-up is the run without it, bit for bit."""
 
 import json
+import mmap
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 from common.checkpoints.checkpointer import random_generators
 from common.run.steps import TrainStep, make_eval_step
+from common.run.train_mode import _TimedBatches
 from common.run.warmup import state_variables, synthetic_batch, warm_up
 from tests import helpers
 
@@ -107,9 +109,32 @@ def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config,
     for stdout, out in runs.values():
         history = json.loads((out / "summary.json").read_text())["history"]
         assert "first_step_s" in history[0] and "first_step_s" not in history[1]
-        assert f"[timing] first step {history[0]['first_step_s']:.3f} s, median {history[0]['median_step_s']:.3f} s" \
-            in stdout
+        first = history[0]
+        assert f"[timing] first step {first['first_step_s']:.3f} s, median {first['median_step_s']:.3f} s" in stdout
+        assert (f"{first['first_step_page_faults']:,} in the first step, {first['median_step_page_faults']:,.0f} "
+                f"at the median") in stdout
     want, got = _final_weights(without[1]), _final_weights(with_warmup[1])
     assert want.keys() == got.keys() and any("optimizer" in n for n in want) and any("rng" in n for n in want)
     unequal = [n for n in want if not np.array_equal(want[n], got[n])]
     assert not unequal, unequal
+
+
+def _batches(touch_bytes: int):
+    """Endless batches, each produced after writing `touch_bytes` of freshly mapped memory."""
+    while True:
+        if touch_bytes:
+            with mmap.mmap(-1, touch_bytes) as fresh:
+                fresh[::mmap.PAGESIZE] = b"x" * (touch_bytes // mmap.PAGESIZE)   # a byte on every page
+        yield 0
+
+
+@pytest.mark.parametrize("touch_mib", [8, 0], ids=["pages touched in the wait", "none (control)"])
+def test_the_timed_iterator_counts_the_pages_its_wait_touched(touch_mib):
+    # What the [timing] line calls a step's own page faults leaves out those of its wait for input.
+    batches = _TimedBatches(_batches(touch_mib << 20))
+    next(batches)
+    seconds, faults = batches.take_wait()
+    assert seconds > 0
+    pages = (touch_mib << 20) // mmap.PAGESIZE
+    assert pages <= faults < pages + 200
+    assert batches.take_wait() == (0.0, 0)   # taken: the next step's wait starts from zero

@@ -85,7 +85,9 @@ class Console(Listener):
         if train.first_step_s is not None:
             self.print(f"[timing] first step {train.first_step_s:.3f} s, median {train.median_step_s:.3f} s "
                        f"({train.first_step_s / train.median_step_s:.2f}x) over the epoch's steps, without their "
-                       f"wait for input; the first batch waited {train.first_input_wait_s:.3f} s (cold reads, "
+                       f"wait for input; pages touched for the first time (minor faults, the whole process): "
+                       f"{train.first_step_page_faults:,} in the first step, {train.median_step_page_faults:,.0f} "
+                       f"at the median; the first batch waited {train.first_input_wait_s:.3f} s (cold reads, "
                        f"buffers filling); rank 0")
 
     def on_eval_start(self, epoch, site):

@@ -6,6 +6,7 @@ epoch's batch-norm averaging, evaluation, the agreement every train.stop_check_s
 steps (common.run.termination.agree) and mid-epoch saves (common.checkpoints.save_policy).
 """
 
+import resource
 import time
 
 import numpy as np
@@ -74,7 +75,9 @@ class TrainingRun:
             record = {"epoch": epoch, "loss": train.loss, "samples_per_s": train.samples_per_s, "lr": train.lr}
             if train.first_step_s is not None:
                 record.update(first_step_s=train.first_step_s, median_step_s=train.median_step_s,
-                              first_input_wait_s=train.first_input_wait_s)
+                              first_input_wait_s=train.first_input_wait_s,
+                              first_step_page_faults=train.first_step_page_faults,
+                              median_step_page_faults=train.median_step_page_faults)
             self.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
@@ -126,17 +129,18 @@ class TrainingRun:
         # wait for the first batch (cold reads, a shuffle buffer filling) beside it; later steps run
         # ahead of their reads.
         batches = _TimedBatches(train_iter) if self.timed_epochs == 0 else train_iter
-        step_times, input_waits = [], []
+        step_times, input_waits, step_faults = [], [], []
         self.timed_epochs += 1
         with naming_bad_files(ctx.task, ctx.shards.train_files):
             for step in range(first + 1, per_epoch + 1):
-                step_start = time.perf_counter()
+                step_start, faults_before = time.perf_counter(), minor_page_faults()
                 # Keep the tensors: reading one would wait for its step.
                 result = ctx.train_step(batches)
                 if isinstance(batches, _TimedBatches):
                     result.loss.numpy()
-                    waited = batches.take_wait()
+                    waited, wait_faults = batches.take_wait()
                     step_times.append(time.perf_counter() - step_start - waited)
+                    step_faults.append(minor_page_faults() - faults_before - wait_faults)
                     input_waits.append(waited)
                 losses.append(result.loss)
                 flags.append(result.inputs_finite)
@@ -169,6 +173,8 @@ class TrainingRun:
                           samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds,
                           first_step_s=step_times[0] if step_times else None,
                           median_step_s=float(np.median(step_times)) if step_times else None,
+                          first_step_page_faults=step_faults[0] if step_faults else None,
+                          median_step_page_faults=float(np.median(step_faults)) if step_faults else None,
                           first_input_wait_s=input_waits[0] if input_waits else None)
 
     def _agree(self, epoch, step, losses, flags) -> bool:
@@ -233,27 +239,37 @@ class TrainingRun:
             samples_read=len(ctx.shards.train_files))
 
 
+def minor_page_faults() -> int:
+    """The process's minor page faults so far, every thread's: each is a page of memory touched for
+    the first time (or again after it was given back), about a microsecond or two apiece."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 class _TimedBatches:
-    """The training iterator, counting the seconds its callers wait in next() (for input)."""
+    """The training iterator, counting the seconds its callers wait in next() (for input) and the
+    page faults meanwhile, so that a step's own can be told apart."""
 
     def __init__(self, iterator):
         self._iterator = iterator
         self._waited = 0.0
+        self._wait_faults = 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        start = time.perf_counter()
+        start, faults = time.perf_counter(), minor_page_faults()
         try:
             return next(self._iterator)
         finally:
             self._waited += time.perf_counter() - start
+            self._wait_faults += minor_page_faults() - faults
 
-    def take_wait(self) -> float:
-        """The seconds waited since the last call."""
-        waited, self._waited = self._waited, 0.0
-        return waited
+    def take_wait(self) -> tuple[float, int]:
+        """The seconds waited and the page faults while waiting, since the last call."""
+        taken = (self._waited, self._wait_faults)
+        self._waited, self._wait_faults = 0.0, 0
+        return taken
 
 
 def _mean(losses) -> float:
