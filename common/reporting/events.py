@@ -105,8 +105,7 @@ class EpochTrain:
     # The process's minor page faults (pages touched for the first time, every thread's) during the
     # first step and the median step, their wait for input apart. On the CPU with oneDNN, the first
     # timed step touched about 20 MB of new pages where the median step touched none: TensorFlow's
-    # pool of tensor memory (a BFC allocator) grew by a region, the input pipeline's buffers having
-    # taken the room warm-up's steps had used (strace, docs/gpu.md).
+    # pool of tensor memory (a BFC allocator) grew by a region in it (docs/gpu.md).
     first_step_page_faults: int | None = None
     median_step_page_faults: float | None = None
 
