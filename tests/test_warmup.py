@@ -124,6 +124,7 @@ def _batches(touch_bytes: int):
     while True:
         if touch_bytes:
             with mmap.mmap(-1, touch_bytes) as fresh:
+                fresh.madvise(mmap.MADV_NOHUGEPAGE)   # a fault per 4 KiB page, whatever the host's THP setting
                 fresh[::mmap.PAGESIZE] = b"x" * (touch_bytes // mmap.PAGESIZE)   # a byte on every page
         yield 0
 
@@ -136,5 +137,5 @@ def test_the_timed_iterator_counts_the_pages_its_wait_touched(touch_mib):
     seconds, faults = batches.take_wait()
     assert seconds > 0
     pages = (touch_mib << 20) // mmap.PAGESIZE
-    assert pages <= faults < pages + 200
+    assert pages <= faults < pages + 1000   # the process's other threads may touch a few pages meanwhile
     assert batches.take_wait() == (0.0, 0)   # taken: the next step's wait starts from zero
