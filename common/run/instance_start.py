@@ -18,9 +18,10 @@ A resumed instance finds the files of its first start and does not wait.
 """
 
 import dataclasses
-import os
 import time
 from pathlib import Path
+
+from common.files import write_text_atomic
 
 READY, GONE = "ready", "gone"
 POLL_S = 0.05
@@ -32,12 +33,10 @@ def marker(directory, instance_id: int, kind: str) -> Path:
 
 
 def write_marker(directory, instance_id: int, kind: str) -> None:
-    """Writes the marker under a temporary name first: a reader never sees half of it."""
+    """Writes the marker, holding the time it was written (a reader never sees half of it)."""
     path = marker(directory, instance_id, kind)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(f"{time.time():.6f}\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, f"{time.time():.6f}\n")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -128,15 +128,17 @@ class TrainingRun:
         # the first step's compute (what warm-up left to pay) can be read beside the median, and its
         # wait for the first batch (cold reads, a shuffle buffer filling) beside it; later steps run
         # ahead of their reads.
-        batches = _TimedBatches(train_iter) if self.timed_epochs == 0 else train_iter
+        timed = self.timed_epochs == 0
+        batches = _TimedBatches(train_iter) if timed else train_iter
         step_times, input_waits, step_faults = [], [], []
         self.timed_epochs += 1
         with naming_bad_files(ctx.task, ctx.shards.train_files):
             for step in range(first + 1, per_epoch + 1):
-                step_start, faults_before = time.perf_counter(), minor_page_faults()
+                step_start = time.perf_counter()
+                faults_before = minor_page_faults() if timed else 0   # a system call: the timed epoch only
                 # Keep the tensors: reading one would wait for its step.
                 result = ctx.train_step(batches)
-                if isinstance(batches, _TimedBatches):
+                if timed:
                     result.loss.numpy()
                     waited, wait_faults = batches.take_wait()
                     step_times.append(time.perf_counter() - step_start - waited)
