@@ -70,6 +70,9 @@ class Task:
     # Root config dataclass (a common.base_config.BaseConfig with a `data` section).
     config_class: ClassVar[type]
     flags: ClassVar[tuple[Flag, ...]] = ()   # command-line flags mapped onto config keys
+    # Whether the input cache's samples are tensors that TensorFlow's CPU allocator made (its pool,
+    # written before run_start: common.run.tensor_pool), not arrays it took from NumPy without a copy.
+    cache_in_tensor_pool: ClassVar[bool] = False
 
     def __init__(self, cfg, mesh=None):
         self.cfg = cfg
@@ -108,6 +111,12 @@ class Task:
         `start` (a common.inputs.epochs.Position; each epoch's order depends on the seed and the epoch
         only); valid is one pass."""
         raise NotImplementedError
+
+    def input_cache_bytes(self, shards: Shards, local_size: int) -> int:
+        """The bytes this rank's input pipelines keep in memory after their first pass (train and
+        valid), 0 without a cache: build_inputs caches exactly when this is above 0."""
+        del shards, local_size
+        return 0
 
     def preprocess_batch(self, x, y):
         """(model input, labels) from a batch as the input pipeline yields it; runs inside the

@@ -56,6 +56,7 @@ class CosmoFlowTask(Task):
     metric_name = METRIC_NAME
     config_class = CosmoFlowConfig
     flags = FLAGS
+    cache_in_tensor_pool = True   # decoded by decode_raw: TensorFlow's tensors
 
     @classmethod
     def tiny_overrides(cls, cfg) -> dict:
@@ -108,13 +109,17 @@ class CosmoFlowTask(Task):
             return GUNZIP
         return data.slab_conversion(*slab, self.cfg.data.sample_shape)
 
+    def input_cache_bytes(self, shards: Shards, local_size: int) -> int:
+        # The decoded int16 samples (or slabs) of the shard, train and valid.
+        nbytes = (len(shards.train_files) + len(shards.valid_files)) * int(np.prod(self._read_shape())) * 2
+        cache = {"true": True, "false": False}.get(self.cfg.staging.cache)
+        if cache is None:
+            cache = fits_in_memory(nbytes, local_size)
+        return nbytes if cache else 0
+
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None):
         cfg, d = self.cfg, self.cfg.data
-        sample_bytes = int(np.prod(self._read_shape())) * 2
-        n_local = len(shards.train_files) + len(shards.valid_files)
-        cache = {"true": True, "false": False}.get(cfg.staging.cache)
-        if cache is None:
-            cache = fits_in_memory(n_local * sample_bytes, local_size)
+        cache = self.input_cache_bytes(shards, local_size) > 0
         # The ranks of a spatial group must hold slabs of the same sample at each place of a
         # batch: they read in order, as exact resume does (files still read in parallel).
         in_order = cfg.runtime.deterministic or self._slab() is not None

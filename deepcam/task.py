@@ -97,6 +97,7 @@ class DeepCAMTask(Task):
     metric_name = METRIC_NAME
     config_class = DeepCAMConfig
     flags = FLAGS
+    cache_in_tensor_pool = False   # the cached samples are NumPy's arrays, taken without a copy (deepcam.data)
 
     def __init__(self, cfg, mesh=None):
         super().__init__(cfg, mesh)   # a split mesh cuts every sample's height (deepcam.model)
@@ -167,14 +168,20 @@ class DeepCAMTask(Task):
             self._normalization = data.load_normalization(d.data_dir, d.channels)
         return self._normalization
 
+    def input_cache_bytes(self, shards: Shards, local_size: int) -> int:
+        # What a rank reads and caches of each sample: its rows.
+        d = self.cfg.data
+        nbytes = (len(shards.train_files) + len(shards.valid_files)) * data.raw_sample_bytes(
+            len(d.channels), self._rows(), d.width)
+        cache = {"true": True, "false": False}.get(self.cfg.staging.cache)
+        if cache is None:
+            cache = fits_in_memory(nbytes, local_size)
+        return nbytes if cache else 0
+
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None):
         cfg, d = self.cfg, self.cfg.data
         split = self._split
-        # What a rank reads and caches of each sample: its rows.
-        sample_bytes = data.raw_sample_bytes(len(d.channels), self._rows(), d.width)
-        cache = {"true": True, "false": False}.get(cfg.staging.cache)
-        if cache is None:
-            cache = fits_in_memory((len(shards.train_files) + len(shards.valid_files)) * sample_bytes, local_size)
+        cache = self.input_cache_bytes(shards, local_size) > 0
         # The ranks of a height split read their rows of each sample; they must hold rows of the same
         # sample at each place of a batch, so they read in order (as exact resume does).
         common = dict(channels=d.channels, height=d.height, width=d.width,

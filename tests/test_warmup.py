@@ -105,6 +105,9 @@ def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config,
     with_warmup, without = runs[3], runs[0]
     assert "[init] warm-up: 3 synthetic step(s) in" in with_warmup[0]
     assert "warm-up:" not in without[0]
+    # The tiny shard is cached (staging.cache auto), in TensorFlow's pool: its pages written at init.
+    for stdout, _ in runs.values():
+        assert "[init] tensor pool: " in stdout and "before run_start" in stdout, stdout[-3000:]
     # Each run times its first epoch's steps; the line and summary.json agree.
     for stdout, out in runs.values():
         history = json.loads((out / "summary.json").read_text())["history"]

@@ -60,6 +60,7 @@ class RunInfo:
     resumed_source: str | None = None  # the checkpoint folder as named
     warmup_steps: int = 0             # synthetic steps run before run_start, the state put back after
     warmup_s: float = 0.0
+    tensor_pool: object = None        # common.run.tensor_pool.Reservation: the input cache's pages written at init
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +105,8 @@ class EpochTrain:
     first_input_wait_s: float | None = None
     # The process's minor page faults (pages touched for the first time, every thread's) during the
     # first step and the median step, their wait for input apart. On the CPU with oneDNN, the first
-    # timed step touched about 20 MB of new pages where the median step touched none: TensorFlow's
-    # pool of tensor memory (a BFC allocator) grew by a region in it (docs/gpu.md).
+    # timed step touched about 20 MB of new pages where the median step touched none, until the
+    # input cache's share of TensorFlow's tensor pool was written at init (common.run.tensor_pool).
     first_step_page_faults: int | None = None
     median_step_page_faults: float | None = None
 
