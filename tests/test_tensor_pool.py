@@ -70,3 +70,10 @@ def test_a_cache_too_large_for_memory_is_not_written(monkeypatch):
     got = tensor_pool.reserve_for_cache(1 << 50, 1 << 20, 1)
     assert got.bytes == 0 and "exceed" in got.skipped
     assert tensor_pool.reserve_for_cache(0, 1 << 20, 1) == tensor_pool.Reservation()   # no cache
+
+
+@pytest.mark.parametrize("nbytes", [1, 1 << 20, (1 << 20) + 1, 5 << 30])
+def test_the_written_block_covers_the_bytes_in_dimensions_below_2_to_the_31(nbytes):
+    rows, row = tensor_pool.block_shape(nbytes)
+    assert nbytes <= rows * row < nbytes + row
+    assert max(rows, row) < 2**31

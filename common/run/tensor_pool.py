@@ -68,8 +68,15 @@ def write_pages(nbytes: int) -> None:
     place the cache in the one written least (seen: 1 GiB + 146 MiB, the first step still faulted
     5,800 pages)."""
     # Eager ops on the CPU run as they are called: the bytes are written before fill returns.
-    block = tf.fill([nbytes], tf.constant(1, tf.uint8))
+    block = tf.fill(tf.constant(block_shape(nbytes), tf.int64), tf.constant(1, tf.uint8))
     del block
+
+
+def block_shape(nbytes: int) -> tuple[int, int]:
+    """[rows, 1 MiB] covering `nbytes`: a shape given as one Python int past 2**31 - 1 is taken
+    as int32 and wraps (seen with tf.raw_ops.Empty: a 8 GiB request became an empty tensor)."""
+    row = 1 << 20
+    return (-(-nbytes // row), row)
 
 
 def reserve_for_cache(cache_bytes: int, working_set_bytes: int, local_size: int) -> Reservation:
