@@ -114,6 +114,8 @@ def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config,
         assert "first_step_s" in history[0] and "first_step_s" not in history[1]
         first = history[0]
         assert f"[timing] first step {first['first_step_s']:.3f} s, median {first['median_step_s']:.3f} s" in stdout
+        assert f"90th percentile {first['p90_step_s']:.3f} s" in stdout
+        assert first["median_step_s"] <= first["p90_step_s"]
         assert (f"{first['first_step_page_faults']:,} in the first step, {first['median_step_page_faults']:,.0f} "
                 f"at the median") in stdout
     want, got = _final_weights(without[1]), _final_weights(with_warmup[1])

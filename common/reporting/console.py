@@ -84,7 +84,8 @@ class Console(Listener):
         self.train = train
         if train.first_step_s is not None:
             self.print(f"[timing] first step {train.first_step_s:.3f} s, median {train.median_step_s:.3f} s "
-                       f"({train.first_step_s / train.median_step_s:.2f}x) over the epoch's steps, without their "
+                       f"({train.first_step_s / train.median_step_s:.2f}x), 90th percentile {train.p90_step_s:.3f} s "
+                       f"({train.p90_step_s / train.median_step_s:.2f}x) over the epoch's steps, without their "
                        f"wait for input; pages touched for the first time (minor faults, the whole process): "
                        f"{train.first_step_page_faults:,} in the first step, {train.median_step_page_faults:,.0f} "
                        f"at the median; the first batch waited {train.first_input_wait_s:.3f} s (cold reads, "

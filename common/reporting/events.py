@@ -102,6 +102,8 @@ class EpochTrain:
     # did not); and the first step's wait for its batch (cold reads, a shuffle buffer filling).
     first_step_s: float | None = None
     median_step_s: float | None = None
+    # The epoch's own spread (its 90th percentile): a first step within it is one more ordinary step.
+    p90_step_s: float | None = None
     first_input_wait_s: float | None = None
     # The process's minor page faults (pages touched for the first time, every thread's) during the
     # first step and the median step, their wait for input apart. On the CPU with oneDNN, the first

@@ -75,6 +75,7 @@ class TrainingRun:
             record = {"epoch": epoch, "loss": train.loss, "samples_per_s": train.samples_per_s, "lr": train.lr}
             if train.first_step_s is not None:
                 record.update(first_step_s=train.first_step_s, median_step_s=train.median_step_s,
+                              p90_step_s=train.p90_step_s,
                               first_input_wait_s=train.first_input_wait_s,
                               first_step_page_faults=train.first_step_page_faults,
                               median_step_page_faults=train.median_step_page_faults)
@@ -175,6 +176,7 @@ class TrainingRun:
                           samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds,
                           first_step_s=step_times[0] if step_times else None,
                           median_step_s=float(np.median(step_times)) if step_times else None,
+                          p90_step_s=float(np.percentile(step_times, 90)) if step_times else None,
                           first_step_page_faults=step_faults[0] if step_faults else None,
                           median_step_page_faults=float(np.median(step_faults)) if step_faults else None,
                           first_input_wait_s=input_waits[0] if input_waits else None)
