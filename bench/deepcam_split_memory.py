@@ -1,10 +1,12 @@
-"""Where DeepCAM's height split spends memory: per variant, its peak RSS after two train steps (one
-process), then TensorFlow's own count (another process, its BFC allocator on the CPU): the peak of the
-bytes in use over the second step (what a GPU's allocator would count) and the bytes held between steps.
+"""Where DeepCAM's height split spends memory: per variant, its peak RSS over --steps train steps (one
+process; 2 by default), then TensorFlow's own count (another process, its BFC allocator on the CPU): the
+peak of the bytes in use over the last step (what a GPU's allocator would count) and the bytes held
+before it.
 
   python bench/deepcam_split_memory.py                      # 384 x 576, K = 2, mixed bf16 where native
   python bench/deepcam_split_memory.py --height 768 --width 1152 --precision float32 --optimizer LAMB
   python bench/deepcam_split_memory.py ... --only "split K" "split K, sharded"    # some variants
+  python bench/deepcam_split_memory.py ... --steps 6        # the RSS once later steps wrote their pages
 
 Variants, each in a fresh process (peak RSS is a process's high-water mark):
   unsplit H      the reference model on whole samples (H rows): what one rank holds at K = 1
@@ -37,9 +39,9 @@ COUNT_TENSORS = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 
 def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool, optimizer: str,
-            sharded: bool = False) -> str:
-    """One variant in this process: 'peak_rss_gib step_s', or under COUNT_TENSORS
-    'peak_gib_of_step_2 gib_held_between_steps'."""
+            sharded: bool = False, steps: int = 2) -> str:
+    """One variant in this process, `steps` train steps: 'peak_rss_gib last_step_s', or under
+    COUNT_TENSORS 'peak_gib_of_the_last_step gib_held_before_it'."""
     import importlib
     import resource
     import time
@@ -102,8 +104,9 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
             shard.share()
         return loss
 
-    step(x, y)
-    if tensor_bytes:   # the second step alone: slots built, the graph traced, what every later step holds
+    for _ in range(steps - 1):   # the first builds the slots and traces the graph
+        step(x, y)
+    if tensor_bytes:   # the last step alone: what every later step holds and peaks at
         between = tf.config.experimental.get_memory_info("CPU:0")["current"]
         tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
@@ -123,6 +126,9 @@ def main(argv=None) -> int:
     p.add_argument("--optimizer", default="SGD", help="SGD (no slots) or the closed configs' LAMB (two slots, a "
                    "global norm clip)")
     p.add_argument("--only", nargs="+", choices=VARIANTS, help="these variants only")
+    p.add_argument("--steps", type=int, default=2, help="train steps per process (default 2): peak RSS over all "
+                   "of them, TensorFlow's count over the last (a pool's pages, once written, stay in the RSS, "
+                   "and the placement of later steps can write more of them)")
     p.add_argument("--variant", help=argparse.SUPPRESS)   # run one variant here (the child)
     args = p.parse_args(argv)
     h, w, k = args.height, args.width, args.k
@@ -131,16 +137,20 @@ def main(argv=None) -> int:
     if args.variant:
         height, kk, group_bn = variants[args.variant]
         print(measure(height, w, height // kk, kk, args.precision, group_bn, args.optimizer,
-                      sharded=args.variant.endswith("sharded")))
+                      sharded=args.variant.endswith("sharded"), steps=args.steps))
         return 0
-    print(f"DeepCAM {h} x {w} x 16, K = {k}, {args.precision}, batch 1, {args.optimizer}; "
+    if args.steps < 2:
+        print("error: --steps must be at least 2 (the first builds the slots and traces)", file=sys.stderr)
+        return 2
+    print(f"DeepCAM {h} x {w} x 16, K = {k}, {args.precision}, batch 1, {args.optimizer}, {args.steps} steps; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'variant':<17} {'peak RSS GiB':>12} {'step s':>7} {'tensors GiB':>11} {'held GiB':>8}")
     for name in (args.only or variants):
         figures = []
         for bfc in ({}, COUNT_TENSORS):   # RSS, then the allocator's own count
             out = subprocess.run([sys.executable, __file__, "--height", str(h), "--width", str(w), "--k", str(k),
-                                  "--precision", args.precision, "--optimizer", args.optimizer, "--variant", name],
+                                  "--precision", args.precision, "--optimizer", args.optimizer, "--variant", name,
+                                  "--steps", str(args.steps)],
                                  capture_output=True, text=True,
                                  env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", **bfc))
             if out.returncode:

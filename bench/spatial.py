@@ -73,10 +73,11 @@ def _current_rss_gib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GIB
 
 
-def plan(configs: list[str] | None, ks: list[int], overlaps: list[bool], slab_control: bool = False) -> list[dict]:
+def plan(configs: list[str] | None, ks: list[int], overlaps: list[bool], slab_control: bool = False,
+         shard_optimizer: bool = False) -> list[dict]:
     """The rows, in order: per config of the table (or of `configs`, each one of the table's), each K
-    and, for K > 1, each halo_overlap, then the slab control (`slab_control`: K ranks, unsplit, on a
-    slab each)."""
+    and, for K > 1, each halo_overlap (with `shard_optimizer`, the optimizer sharded over the group), then
+    the slab control (`slab_control`: K ranks, unsplit, on a slab each)."""
     owners = {c: b.name for b in benchmarks.BENCHMARKS for c in b.spatial_bench}
     for c in configs or ():
         if c not in owners:
@@ -86,6 +87,7 @@ def plan(configs: list[str] | None, ks: list[int], overlaps: list[bool], slab_co
     for c in configs or owners:
         for k in ks:
             rows += [{"benchmark": owners[c], "config": c, "spatial_ranks": k, "ranks": k, "halo_overlap": overlap}
+                     | ({"shard_optimizer": True} if k > 1 and shard_optimizer else {})
                      for overlap in (overlaps if k > 1 else [None])]
             if k > 1 and slab_control:
                 rows.append({"benchmark": owners[c], "config": c, "spatial_ranks": 1, "ranks": k,
@@ -114,6 +116,8 @@ def row_config(row: dict, sets: list[str]):
     overrides |= {b.local_batch_key: 1, "parallel.spatial_ranks": row["spatial_ranks"]}
     if row["halo_overlap"] is not None:
         overrides["parallel.halo_overlap"] = row["halo_overlap"]
+    if row.get("shard_optimizer"):
+        overrides["parallel.shard_optimizer"] = True
     return load_model_config(benchmarks.config_class(row["benchmark"]), REPO / row["config"], overrides)
 
 
@@ -174,16 +178,21 @@ def worker(args) -> int:
     import tensorflow as tf
     from common.parallel.distribution import Distribution
     from common.run.steps import TrainStep
+    from common.run.trainer import batchnorm_group, optimizer_shard
     row = json.loads(args.row)
     dist = Distribution()
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))
     mesh = dist.spatial_mesh(row["spatial_ranks"])
     base_rss = _current_rss_gib()
-    task = benchmarks.task_class(row["benchmark"])(row_config(row, args.set), mesh if mesh.is_split else None)
-    net, sends = build_recording_sends(task, dist.rank_group(task.batchnorm_group_size, "batchnorm_group_size"), mesh)
+    cfg = row_config(row, args.set)
+    task = benchmarks.task_class(row["benchmark"])(cfg, mesh if mesh.is_split else None)
+    # The trainer's batch-norm group (a split sample's statistics over its K slabs) and optimizer shard.
+    net, sends = build_recording_sends(task, batchnorm_group(dist, task), mesh)
     optimizer, _ = task.build_optimizer(1, steps_per_epoch=100)
+    shard = optimizer_shard(cfg, net, mesh)
+    optimizer.build(shard.owned_variables() if shard else net.trainable_variables)
     step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,
-                     gradient_scales=task.gradient_scales(net))
+                     gradient_scales=task.gradient_scales(net), shard=shard)
     specs = task.input_specs()
     rng = np.random.default_rng(0)   # small non-negative integers (counts, classes), floats in [-1, 1)
     batch = tuple(tf.constant(rng.integers(0, 3, s.shape) if s.dtype.is_integer else rng.uniform(-1, 1, s.shape),
@@ -252,10 +261,7 @@ def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict
     dims = r["sample"]
     return row | {
         "sample": dims, "sample_name": f"{dims[0]}^{len(dims)}" if len(set(dims)) == 1 else "x".join(map(str, dims)),
-        "halo": f"none: {k} slabs unsplit (control)" if row.get("slab_control") else
-                "-" if row["halo_overlap"] is None else
-                ("overlapped" if r["overlapping_layers"] else "exchanged first (nothing overlaps)")
-                if row["halo_overlap"] else "exchanged first",
+        "halo": halo_label(row, r["overlapping_layers"]),
         "overlapping_layers": r["overlapping_layers"],
         "parameters": r["parameters"], "threads_per_rank": r["threads"],
         "samples_per_s": 1.0 / r["seconds_per_step"], "seconds_per_step": r["seconds_per_step"],
@@ -268,6 +274,18 @@ def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict
         "halo_exchanges_forward": r["halo_exchanges_forward"],
         "alltoalls_per_step": r.get("alltoalls"),
         "halo_in_flight_share": r.get("halo_in_flight_share"), "halo_transfer_share": r.get("halo_transfer_share")}
+
+
+def halo_label(row: dict, overlapping_layers: int) -> str:
+    """The table's halo column: how the row's exchanges ran, and whether its optimizer was sharded."""
+    if row.get("slab_control"):
+        return f"none: {row['ranks']} slabs unsplit (control)"
+    if row["halo_overlap"] is None:
+        return "-"
+    label = "exchanged first"
+    if row["halo_overlap"]:
+        label = "overlapped" if overlapping_layers else "exchanged first (nothing overlaps)"
+    return label + ("; optimizer sharded" if row.get("shard_optimizer") else "")
 
 
 def same_split(a: dict, b: dict) -> bool:
@@ -340,6 +358,8 @@ def main(argv=None) -> int:
                    help="a config override for every row (e.g. data.sample_shape=32,32,32,4 for a smoke run)")
     p.add_argument("--slab-control", action="store_true",
                    help="for each K > 1, also K unsplit ranks on a slab each: the split without its collectives")
+    p.add_argument("--shard-optimizer", action="store_true",
+                   help="for K > 1, the optimizer's state sharded over the group (parallel.shard_optimizer)")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     p.add_argument("--allow-load", action="store_true",
                    help="measure above 0.5 load per core (a smoke run: the table says the load)")
@@ -366,7 +386,7 @@ def main(argv=None) -> int:
     name = "spatial_" + machine["isa"].replace(" ", "_")
     rows = []
     for row in plan(args.configs.split(",") if args.configs else None, [int(k) for k in args.ks.split(",")], overlaps,
-                    args.slab_control):
+                    args.slab_control, args.shard_optimizer):
         if not row["halo_overlap"] and any(same_split(r, row) and r["halo_overlap"] and not r["overlapping_layers"]
                                            for r in rows):
             continue   # its overlapped row overlapped nothing (DeepCAM's rows exchange first): the same run

@@ -108,6 +108,22 @@ def test_the_slab_control_is_the_unsplit_model_on_a_slab_each():
     assert ratios == [(1.0, 1.0), (0.75, 0.25)]
 
 
+def test_shard_optimizer_shards_the_split_rows_only():
+    """--shard-optimizer: the K > 1 split rows run parallel.shard_optimizer (the trainer's ShardedUpdate,
+    common.run.trainer.optimizer_shard), and say so; K = 1 and the slab control, which have no group to
+    shard over, do not (the config refuses it at K = 1)."""
+    from bench import spatial
+    rows = spatial.plan(None, [1, 2], [True, False], slab_control=True, shard_optimizer=True)
+    sharded = [r for r in rows if spatial.row_config(r, []).parallel.shard_optimizer]
+    assert sharded and sharded == [r for r in rows if r["spatial_ranks"] > 1]
+    assert not [r for r in spatial.plan(None, [1, 2], [True, False], slab_control=True)
+                if spatial.row_config(r, []).parallel.shard_optimizer]   # the negative control
+    assert spatial.halo_label(sharded[0], overlapping_layers=3) == "overlapped; optimizer sharded"
+    assert spatial.halo_label(sharded[0] | {"halo_overlap": False}, 0) == "exchanged first; optimizer sharded"
+    unsharded = {k: v for k, v in sharded[0].items() if k != "shard_optimizer"}
+    assert spatial.halo_label(unsharded, overlapping_layers=0) == "exchanged first (nothing overlaps)"
+
+
 def test_the_halo_share_is_the_union_of_the_alltoalls_in_flight(tmp_path):
     from bench import spatial
     events = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}

@@ -11,7 +11,7 @@ import tensorflow as tf
 from common.checkpoints.checkpointer import random_generators
 from common.run.steps import TrainStep, make_eval_step
 from common.run.train_mode import _TimedBatches
-from common.run.warmup import state_variables, synthetic_batch, warm_up
+from common.run.warmup import saved_values, state_variables, synthetic_batch, warm_up
 from tests import helpers
 
 SPECS = (tf.TensorSpec((4, 8, 8, 2), tf.int16), tf.TensorSpec((4, 3), tf.float32))
@@ -73,6 +73,28 @@ def test_warm_up_puts_back_every_variable_its_steps_changed(run_parts):
     changed = {v.name for v, value in zip(variables, before) if not np.array_equal(v.numpy(), value)}
     assert changed == {v.name for v in variables}, sorted({v.name for v in variables} - changed)
     assert len(random_generators(model)) == 1
+
+
+class _GpuVariable:
+    """A stand-in for a variable on a GPU (none exists here): its device string and its values."""
+    device = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+    def __init__(self, values):
+        self._values = values
+
+    def numpy(self):
+        return self._values.copy()
+
+
+def test_the_saved_state_leaves_a_gpus_memory_and_keeps_a_cpus_values():
+    """A GPU's variables are saved to host memory (NumPy); a CPU's as tensors sharing their buffer,
+    which an optimizer's update in place must not reach (copy-on-write)."""
+    on_gpu, on_cpu = _GpuVariable(np.ones(4)), tf.Variable(tf.ones([4096]))
+    gpu_saved, cpu_saved = saved_values([on_gpu, on_cpu])
+    assert isinstance(gpu_saved, np.ndarray) and np.array_equal(gpu_saved, np.ones(4))
+    assert isinstance(cpu_saved, tf.Tensor) and "CPU" in cpu_saved.device
+    tf.keras.optimizers.SGD(1.0).apply_gradients([(tf.ones([4096]), on_cpu)])   # ResourceApplyGradientDescent
+    assert np.all(on_cpu.numpy() == 0.0) and np.all(cpu_saved.numpy() == 1.0)
 
 
 def test_synthetic_batches_have_the_specs_and_finite_values_in_range():

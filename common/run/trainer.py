@@ -40,6 +40,24 @@ from common.run.train_mode import TrainingRun
 from common.run.warmup import state_variables, warm_up
 
 
+def batchnorm_group(dist, task):
+    """The RankGroup whose batch norm shares its statistics: the task's batchnorm_group_size ranks, times
+    K when samples are split (a slab's statistics are not its sample's). Collective (registers a
+    process set): every rank, in the same order."""
+    k = task.mesh.size if task.mesh is not None else 1
+    return dist.rank_group(task.batchnorm_group_size * k, "batchnorm_group_size" if k == 1 else
+                           f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})")
+
+
+def optimizer_shard(cfg, model, mesh) -> ShardedUpdate | None:
+    """With parallel.shard_optimizer, this rank's share of `model`'s variables for the optimizer, the
+    updated weights allgathered over the spatial group; else None (every rank updates all of them)."""
+    if not cfg.parallel.shard_optimizer:
+        return None
+    return ShardedUpdate(model.trainable_variables, mesh.index, mesh.size,
+                         lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"))
+
+
 class Trainer:
     """Runs a bound Task (common.task) on every rank.
 
@@ -139,19 +157,12 @@ class Trainer:
         """(model, optimizer, schedule, loss, metric): the model under the precision policy with its
         batch-norm group, the task's optimizer wrapped for the precision and built (for this rank's
         variables only when it is sharded over the spatial group: self.optimizer_shard)."""
-        dist, task = self.dist, self.task
-        # Collective (registers a process set): every rank, same order. A split sample's batch norm
-        # takes its statistics over the slabs of its spatial group too: K x the group's ranks.
-        k = task.mesh.size if task.mesh is not None else 1
-        bn_group = dist.rank_group(task.batchnorm_group_size * k, "batchnorm_group_size" if k == 1 else
-                                   f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})")
+        task = self.task
         with runtime_lib.dtype_policy(precision):
-            model = task.build_model(bn_group)
+            model = task.build_model(batchnorm_group(self.dist, task))
         optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
         optimizer = runtime_lib.wrap_optimizer(optimizer, precision)   # fp16: dynamic loss scaling
-        if self.cfg.parallel.shard_optimizer:
-            self.optimizer_shard = ShardedUpdate(model.trainable_variables, mesh.index, mesh.size,
-                                       lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"))
+        self.optimizer_shard = optimizer_shard(self.cfg, model, mesh)
         optimizer.build(self.optimizer_shard.owned_variables() if self.optimizer_shard else model.trainable_variables)
         return model, optimizer, schedule, task.build_losses(), task.build_metrics()
 
