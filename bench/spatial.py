@@ -4,6 +4,7 @@ each splitting benchmark's models unsplit (K=1) and split K=2 ways, the halo ove
   python bench/spatial.py                                  # every row: the quiet run (~25 min, 2 cores)
   python bench/spatial.py --configs cosmoflow/configs/cosmoflow_spatial_256.yaml --ks 2 --halo-overlap on
   python bench/spatial.py --configs cosmoflow/configs/cosmoflow_spatial_256.yaml --slab-control   # + the control
+  python bench/spatial.py --configs deepcam/configs/deepcam_closed_gbs1024.yaml --halo-overlap on --shard-optimizer
   python bench/spatial.py --allow-load --steps 1 --configs cosmoflow/configs/cosmoflow_closed_gbs512.yaml \\
       --set data.sample_shape=32,32,32,4 --out-dir /tmp/smoke      # a smoke run on a busy machine
 
