@@ -190,8 +190,7 @@ def worker(args) -> int:
     # The trainer's batch-norm group (a split sample's statistics over its K slabs) and optimizer shard.
     net, sends = build_recording_sends(task, batchnorm_group(dist, task), mesh)
     optimizer, _ = task.build_optimizer(1, steps_per_epoch=100)
-    shard = optimizer_shard(cfg, net, mesh)
-    optimizer.build(shard.owned_variables() if shard else net.trainable_variables)
+    shard = optimizer_shard(cfg, net, mesh)   # TrainStep builds the optimizer for the shard's variables
     step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,
                      gradient_scales=task.gradient_scales(net), shard=shard)
     specs = task.input_specs()
