@@ -14,7 +14,7 @@ from tests import helpers
 
 PROBE = helpers.REPO / "tests" / "deepcam_split_probe.py"
 TOLERANCE = 1e-5         # of each tensor's own scale
-NOISE = 1e-6             # gradients below this fraction of the largest one are the unsplit step's rounding noise
+UNRESOLVED = 1e-2        # a gradient that 1 and 2 threads give apart by more than this much of its size is rounding noise
 
 # One launch per rank count (start-up and rendezvous cost more than a job); "1t": the control.
 LAUNCHES = {"1": ["step:1"], "1t": ["step:1"], "2": ["step:2", "step:2:no-halo"], "4": ["step:4", "step:2"]}
@@ -45,12 +45,13 @@ def _relative(got, want, floor: float = 0.0) -> float:
     return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), floor, 1e-30))
 
 
-def _gradient_errors(results, reference) -> dict:
-    """Per gradient, the largest error over the ranks, relative to the unsplit gradient's scale, or
-    to NOISE x the largest gradient for those the unsplit step gives as rounding noise."""
+def _gradient_errors(results, reference, unresolved=frozenset()) -> dict:
+    """Per gradient, the largest error over the ranks relative to the unsplit gradient's scale; for the
+    `unresolved` ones, which the unsplit step computes as rounding noise (a bias before a batch norm has
+    a zero gradient, summed from terms that cancel), relative to the largest gradient's scale."""
     grads = sorted((k for k in reference if k.startswith("grad_")), key=lambda k: int(k.split("_")[1]))
     largest = max(float(np.max(np.abs(reference[k]))) for k in grads)
-    return {k: max(_relative(r[k], reference[k], NOISE * largest) for r in results) for k in grads}
+    return {k: max(_relative(r[k], reference[k], largest if k in unresolved else 0.0) for r in results) for k in grads}
 
 
 def _errors(results, reference) -> dict:
@@ -78,8 +79,14 @@ def unsplit(probe):
 
 @pytest.fixture(scope="module")
 def thread_control(probe, unsplit):
-    """The largest gradient error of the unsplit step on 1 thread against the default 2."""
-    return max(_gradient_errors(probe("1t", "step:1"), unsplit).values())
+    """The unsplit step's own noise, from the same step on 1 intra-op thread against the default 2:
+    (the gradients it leaves unresolved, the largest relative difference of the others)."""
+    control = _gradient_errors(probe("1t", "step:1"), unsplit)
+    unresolved = frozenset(k for k, error in control.items() if error > UNRESOLVED)
+    # Held to its own scale, a noise gradient decided the bound for every other one, and failed a K=4
+    # split in CI at 1.6x the control's difference (a bias before batch norm: 2e-10, the largest 0.12).
+    assert len(unresolved) <= 2, sorted(unresolved)
+    return unresolved, max(error for k, error in control.items() if k not in unresolved)
 
 
 @pytest.mark.parametrize("launch,spatial_ranks,split_aspp", [
@@ -102,8 +109,9 @@ def test_split_step_equals_the_one_rank_step(probe, unsplit, thread_control, lau
     assert all(v < TOLERANCE for v in worst.values()), worst
     # Gradients: the unsplit step's own summation-order noise is above 1e-5 here (BN sums over a whole
     # batch's pixels); the split must stay within it.
-    grads = _gradient_errors(results, unsplit)
-    assert max(grads.values()) <= max(TOLERANCE, 1.5 * thread_control), (thread_control, sorted(
+    unresolved, noise = thread_control
+    grads = _gradient_errors(results, unsplit, unresolved)
+    assert max(grads.values()) <= max(TOLERANCE, 1.5 * noise), (noise, sorted(unresolved), sorted(
         grads.items(), key=lambda kv: -kv[1])[:3])
 
 
@@ -111,7 +119,8 @@ def test_without_the_halo_the_split_step_differs(probe, unsplit, thread_control)
     results = probe("2", "step:2:no-halo")
     worst = _errors(results, unsplit)
     assert worst["logits"] > 1e-3 and worst["variables"] > 1e-3, worst
-    assert max(_gradient_errors(results, unsplit).values()) > 100 * thread_control
+    unresolved, noise = thread_control
+    assert max(_gradient_errors(results, unsplit, unresolved).values()) > 100 * noise
 
 
 # ------------------------------------------------------------------ a whole run
