@@ -309,12 +309,20 @@ def _share(value) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+def fusion_buffer(environ) -> str:
+    """Horovod's fusion buffer the rows' ranks get, as Horovod reads it at init. On this CPU its size
+    moves a split rank's peak RSS (Gloo reduces fused gradients in it), so the table says it."""
+    value = environ.get("HOROVOD_FUSION_THRESHOLD")
+    return f"HOROVOD_FUSION_THRESHOLD={value} B" if value else "128 MiB (Horovod's default)"
+
+
 def markdown(machine: dict, rows: list[dict], command: str) -> str:
     loads = [r["load_per_core_before"] for r in rows]
     quiet = max(loads) <= machine_load.QUIET_PER_CORE
     lines = [f"# Spatial parallelism: {machine['isa']}", "",
              f"CPU {machine['cpu']} ({machine['isa']}), {machine['cores']} core(s), "
-             f"TensorFlow {machine['tensorflow']}, Horovod over Gloo on one machine; measured {machine['date']} "
+             f"TensorFlow {machine['tensorflow']}, Horovod over Gloo on one machine, its fusion buffer "
+             f"{machine['fusion_buffer']}; measured {machine['date']} "
              f"by `{command}`. One sample per step (local batch 1), fp32; K ranks share the cores. "
              f"Load average per core before the rows: "
              f"{min(loads):.2f}-{max(loads):.2f}" + ("." if quiet else
@@ -379,7 +387,8 @@ def main(argv=None) -> int:
     from common import cpu
     from common.files import write_text_atomic
     import tensorflow as tf
-    machine = cpu.describe() | {"cores": cpu.cores(), "tensorflow": tf.__version__, "date": time.strftime("%Y-%m-%d")}
+    machine = cpu.describe() | {"cores": cpu.cores(), "tensorflow": tf.__version__, "date": time.strftime("%Y-%m-%d"),
+                                "fusion_buffer": fusion_buffer(os.environ)}
     command = "python bench/spatial.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

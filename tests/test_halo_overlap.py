@@ -124,6 +124,13 @@ def test_shard_optimizer_shards_the_split_rows_only():
     assert spatial.halo_label(unsharded, overlapping_layers=0) == "exchanged first (nothing overlaps)"
 
 
+def test_the_table_says_horovod_s_fusion_buffer():
+    """Its size moves a split rank's peak RSS on the CPU (bench/results/spatial_deepcam_fusion_AVX-512.md)."""
+    from bench import spatial
+    assert spatial.fusion_buffer({}) == "128 MiB (Horovod's default)"
+    assert spatial.fusion_buffer({"HOROVOD_FUSION_THRESHOLD": "8388608"}) == "HOROVOD_FUSION_THRESHOLD=8388608 B"
+
+
 def test_the_halo_share_is_the_union_of_the_alltoalls_in_flight(tmp_path):
     from bench import spatial
     events = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}

@@ -294,6 +294,8 @@ def test_spatial_bench_reports_memory_and_halo_bytes(tmp_path):
     assert two["samples_per_s"] > 0 and two["peak_rss_gib_per_rank"] > 0
     table = next(tmp_path.glob("spatial_*.md")).read_text()
     assert "| cosmoflow | 32^3 | 2 | overlapped |" in table and "Load average per core" in table
+    from bench.spatial import fusion_buffer
+    assert f"its fusion buffer {fusion_buffer(helpers.env())};" in table
 
 
 def test_staging_a_corrupt_file_into_slabs_names_it(tmp_path):
