@@ -80,9 +80,10 @@ def unsplit(probe):
 @pytest.fixture(scope="module")
 def thread_control(probe, unsplit):
     """The unsplit step's own noise, from the same step on 1 intra-op thread against the default 2:
-    (the gradients it leaves unresolved, the largest relative difference of the others)."""
+    (the gradients it leaves unresolved or computes as exactly zero, the largest relative difference of
+    the others)."""
     control = _gradient_errors(probe("1t", "step:1"), unsplit)
-    unresolved = frozenset(k for k, error in control.items() if error > UNRESOLVED)
+    unresolved = frozenset(k for k, error in control.items() if error > UNRESOLVED or not np.any(unsplit[k]))
     # Held to its own scale, a noise gradient decided the bound for every other one, and failed a K=4
     # split in CI at 1.6x the control's difference (a bias before batch norm: 2e-10, the largest 0.12).
     assert len(unresolved) <= 2, sorted(unresolved)
