@@ -57,11 +57,10 @@ def _task(mesh, groups: int):
 
 def step(mesh, dist) -> dict:
     from common.run.steps import TrainStep
+    from common.run.trainer import batchnorm_group
     from deepcam.task import per_sample_iou
     task = _task(mesh, mesh.groups)
-    # The trainer's batch-norm group: the data-parallel groups' ranks x K (common.run.trainer._build).
-    bn_group = dist.rank_group(task.batchnorm_group_size * mesh.size)
-    net = task.build_model(bn_group)
+    net = task.build_model(batchnorm_group(dist, task))   # the trainer's: the data-parallel groups' ranks x K
     rng = np.random.default_rng(5)
     for v in net.trainable_variables:   # the same start on every rank and split
         fan_in = int(np.prod(v.shape[:-1])) if v.shape.rank > 1 else 100
