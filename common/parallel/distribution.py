@@ -163,7 +163,11 @@ class Distribution:
         """Records Horovod's timeline (Chrome trace JSON, rank 0 writes it) of what runs inside the
         block: each tensor's negotiation and reduction, with its name. Every rank enters it.
         Horovod allows it when HOROVOD_TIMELINE=DYNAMIC was set at its init."""
-        hvd.start_timeline(str(path), mark_cycles=False)
+        hvd.start_timeline(str(path), mark_cycles=False)   # returns on rank 0 once the file is open
+        # Another rank may submit the block's first collective before rank 0 has started: its
+        # negotiation then began unrecorded and the file holds its end alone. No rank passes this
+        # barrier before rank 0 has started, so what the block submits is recorded whole.
+        self.barrier()
         try:
             yield
         finally:
