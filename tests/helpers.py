@@ -92,6 +92,15 @@ def run(cmd, timeout=600, cwd=REPO, environ=None) -> subprocess.CompletedProcess
                           timeout=timeout)
 
 
+def failure_output(proc, chars: int = 3000) -> str:
+    """What a failed run printed, for an assertion's message: its first traceback (in a multi-rank job
+    the failing rank's, which the other ranks' shutdown errors follow and a tail alone cuts off), then
+    the last `chars` of stdout and of stderr."""
+    first = (proc.stdout + proc.stderr).find("Traceback")
+    head = (proc.stdout + proc.stderr)[first:first + chars] + "\n[...]\n" if first >= 0 else ""
+    return head + proc.stdout[-chars:] + proc.stderr[-chars:]
+
+
 def _comparable(environ: dict) -> dict:
     return {k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"}   # pytest's, per test
 
@@ -321,7 +330,7 @@ def probe_on_two_ranks(script: str, out) -> list:
     """Runs tests/<script> on 2 Horovod ranks (Gloo) writing `out`/rank-R.json; returns both ranks' JSON."""
     import json
     proc = horovodrun(2, [PYTHON, REPO / "tests" / script, out], timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_output(proc)
     return [json.loads((Path(out) / f"rank-{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -337,7 +346,7 @@ class SingleProcess:
 def train_to_summary(cmd, ranks: int, out) -> tuple:
     """Runs a train.py command on `ranks` ranks (horovodrun above 1) that must exit 0; (the process, out's summary)."""
     proc = horovodrun(ranks, cmd) if ranks > 1 else run(cmd)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_output(proc)
     return proc, json.loads((Path(out) / "summary.json").read_text())
 
 

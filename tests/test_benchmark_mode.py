@@ -16,7 +16,7 @@ def benchmark_lines(stdout: str) -> list[str]:
 
 def check_benchmarked(proc, run_dir, ranks: int, steps: int, warmup_steps: int) -> dict:
     """The checks every benchmark-mode run passes; returns summary.json's benchmark figures."""
-    output = proc.stdout[-3000:] + proc.stderr[-3000:]
+    output = helpers.failure_output(proc)
     assert proc.returncode == 0, output
     assert len(benchmark_lines(proc.stdout)) == 1, output   # rank 0 only
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -57,7 +57,7 @@ def test_cosmoflow_throughput_script_prints_its_table(tmp_path):
                         "--config", "cosmoflow/configs/cosmoflow_synthetic_cpu.yaml", "--data-dir", tmp_path / "data",
                         "--n-samples", "16", "--modes", "fp32", "--warmup-steps", "1", "--steps", "2",
                         "--output-dir", tmp_path / "runs"], timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     table = proc.stdout[proc.stdout.index("\nCosmoFlow throughput"):]
     assert "CPU " in table.splitlines()[1]   # the title names the machine
     rows = {}
@@ -80,7 +80,7 @@ def test_deepcam_throughput_script_writes_its_table_as_json(tmp_path):
                         "--width", "96", "--config", "deepcam/configs/deepcam_synthetic_cpu.yaml",
                         "--data-dir", tmp_path / "data", "--n-samples", "4", "--modes", "fp32",
                         "--warmup-steps", "1", "--steps", "1", "--json", out], timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     record = json.loads(out.read_text())
     assert record["title"].startswith("DeepCAM throughput") and record["machine"]["isa"]
     rows = {r["measurement"].split(",")[0]: r for r in record["rows"]}
@@ -99,7 +99,7 @@ def test_input_pipeline_bench_measures_before_and_after(tmp_path):
                         "--n-samples", "4", "--passes", "1", "--repeats", "1", "--cosmoflow-size", "16",
                         "--cosmoflow-batch", "2", "--deepcam-height", "32", "--deepcam-width", "48",
                         "--json", out], timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     record = json.loads(out.read_text())
     variants = [(r["benchmark"], r["variant"].split(" (")[0].split(",")[0]) for r in record["rows"]]
     check = "the train step's NaN/Inf check alone"

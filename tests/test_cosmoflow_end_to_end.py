@@ -16,7 +16,7 @@ from tests import helpers
 def test_single_rank_run_reaches_target_and_log_passes_checker(cosmo_data, tiny_config, tmp_path):
     out = tmp_path / "run"
     proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     assert "147,740 trainable parameters" in proc.stdout
     assert "PASSED the compliance checker" in proc.stdout
 
@@ -151,7 +151,7 @@ def test_staged_runs_train_as_the_unstaged_one(cosmo_data, tiny_config, tmp_path
             "--set", "staging.cache=false", "--set", "runtime.check_log=false",
             # Two whole epochs that end in success: a target any model reaches, no stop at it.
             "--set", "target_mae=10", "--set", "train.stop_at_target=false", *extra), timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, helpers.failure_output(proc)
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         return [(h["epoch"], h["loss"], h.get("metric")) for h in summary["history"]], summary["staging"]
 

@@ -169,7 +169,7 @@ def imported_run(tmp_path_factory, tiny_config):
 
 def test_training_starts_from_a_model_only_folder(imported_run):
     proc, root = imported_run["proc"], imported_run["root"]
-    assert (root / "run" / "summary.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (root / "run" / "summary.json").exists(), helpers.failure_output(proc)
     assert f"[init] model weights from {root / 'imported'} (model-only folder" in proc.stdout, proc.stdout
     assert "resumed from" not in proc.stdout
     summary = json.loads((root / "run" / "summary.json").read_text())

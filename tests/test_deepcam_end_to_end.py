@@ -16,7 +16,7 @@ def test_single_rank_run_reaches_target_and_log_passes_checker(deepcam_data, dee
     out = tmp_path / "runs"
     proc = helpers.run(helpers.train_cmd("deepcam", deepcam_config, "--data_dir_prefix", deepcam_data,
                                          "--output_dir", out, "--run_tag", "r0", "--save_frequency", "5"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     run = out / "r0"
     assert "PASSED the compliance checker" in proc.stdout
     summary = json.loads((run / "summary.json").read_text())
@@ -52,7 +52,7 @@ def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp
         "deepcam", deepcam_config, "--data_dir_prefix", data, "--output_dir", out,
         "--batchnorm_group_size", "2", "--gradient_accumulation_frequency", "2", "--local_batch_size", "2",
         "--target_iou", "0.01", "--set", "runtime.record_shards=true"), timeout=600)   # one epoch
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == 2 and summary["weights_in_sync"] and summary["epochs"] == 1
     # The fingerprint covers the batch-norm running statistics too (non-trainable),
@@ -137,7 +137,7 @@ def test_staged_raw_run_trains_as_the_hdf5_run(deepcam_data, deepcam_config, tmp
                                              "--output_dir", tmp_path / name, "--target_iou", "0.01",
                                              "--set", "runtime.deterministic=true", "--set", "staging.cache=false",
                                              *extra), timeout=300)   # one epoch
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, helpers.failure_output(proc)
         summaries[name] = json.loads((tmp_path / name / "summary.json").read_text())
     staged = sorted(p.name for p in (tmp_path / "stage" / "train").iterdir())
     assert len(staged) == 16 and all(n.endswith(".raw") for n in staged)

@@ -35,7 +35,7 @@ def probe(tmp_path_factory):
             launched[launch] = out, ranks, (helpers.horovodrun(ranks, cmd, timeout=900) if ranks > 1
                                             else helpers.run(cmd, timeout=600))
         out, ranks, proc = launched[launch]
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, helpers.failure_output(proc)
         return helpers.rank_results(out, job, ranks)
 
     return results

@@ -138,7 +138,7 @@ def test_a_tiny_run_trains_with_the_stage_on_and_says_where_batches_go(tmp_path)
                                          "--data-dir", data, "--output-dir", out, "--tiny",
                                          "--set", "data.sample_shape=16,16,16,4",
                                          "--set", "runtime.prefetch_to_device=on"), timeout=300)
-    assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]   # 3: target not reached
+    assert proc.returncode in (0, 3), helpers.failure_output(proc)   # 3: target not reached
     runtime_line = next(line for line in proc.stdout.splitlines()
                         if line.startswith("[init]") and "; runtime {" in line)
     assert "'prefetch_to_device': '/cpu:0'" in runtime_line, runtime_line

@@ -97,7 +97,7 @@ def runs(cosmo_data, tiny_config, deepcam_data, deepcam_config, tmp_path_factory
         if (bench, ranks) not in done:
             out = tmp_path_factory.mktemp(f"whole-{bench}-{ranks}")
             proc = helpers.run(_launch(ranks, make(bench, out)), timeout=900)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            assert proc.returncode == 0, helpers.failure_output(proc)
             done[bench, ranks] = out
         return done[bench, ranks]
 

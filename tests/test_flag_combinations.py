@@ -17,7 +17,7 @@ ACCUMULATE = ["--set", "train.gradient_accumulation_frequency=2"]
 
 
 def _trained_a_step(proc, out, benchmark: bool) -> None:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     if benchmark:
         assert "[benchmark]" in proc.stdout, proc.stdout[-2000:]

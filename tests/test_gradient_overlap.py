@@ -18,7 +18,7 @@ from tests import helpers
 def probe(tmp_path_factory):
     out = tmp_path_factory.mktemp("overlap")
     proc = helpers.horovodrun(2, [helpers.PYTHON, helpers.REPO / "tests" / "overlap_probe.py", "--out", out])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     return out
 
 

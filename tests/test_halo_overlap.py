@@ -18,7 +18,7 @@ from tests import helpers
 def traces(tmp_path_factory):
     out = tmp_path_factory.mktemp("halo_overlap")
     proc = helpers.horovodrun(2, [helpers.PYTHON, helpers.REPO / "tests" / "halo_overlap_probe.py", "--out", out])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     return {v: json.loads((out / f"{v}.json").read_text()) for v in ("overlap", "exchange-first")}
 
 

@@ -22,7 +22,7 @@ def test_two_ranks_disjoint_shards_identical_weights_one_log(cosmo_data, tiny_co
         "cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out, "--n-train", "128",
         "--n-valid", "32", "--n-epochs", "2", "--set", "runtime.record_shards=true",
         "--set", "train.stop_at_target=false", "--stage-dir", tmp_path / "stage"))
-    assert (out / "summary.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "summary.json").exists(), helpers.failure_output(proc)
     assert "2 rank(s) on 1 node(s)" in proc.stdout
 
     shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text()) for r in (0, 1)]

@@ -153,7 +153,7 @@ def test_a_tiny_cosmoflow_run_in_the_image_passes_the_checker(image, engine, tmp
                   f"--seed {EASY['seed']} --target-spread {EASY['target_spread']} && "
                   "python cosmoflow/train.py tests/configs/cosmoflow_tiny.yaml --data-dir /out/data --output-dir /out/run "
                   + sizes, volume=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     passed, output = check_log(tmp_path / "run" / "mlperf.log")   # the host's official checker
     assert passed, output
     assert '"status": "success"' in (tmp_path / "run" / "mlperf.log").read_text()
@@ -164,14 +164,14 @@ def test_two_ranks_under_mpirun_allreduce_in_the_image(image, engine):
               "total = hvd.allreduce(tf.constant([hvd.rank() + 1.0]), op=hvd.Sum); "
               "print(f'rank {hvd.rank()} of {hvd.size()} mpi {hvd.mpi_enabled()} sum {float(total[0])}')")
     proc = run_in(image[0], engine, "mpirun", "--oversubscribe", "-np", "2", "python", "-c", script, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
     assert lines == ["rank 0 of 2 mpi True sum 3.0", "rank 1 of 2 mpi True sum 3.0"], proc.stdout
 
 
 def test_make_test_imports_every_test_module_in_the_image(image, engine):
     proc = run_in(image[0], engine, "make", "test", "PYTEST_ARGS=--collect-only -q", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     assert "[install]" not in proc.stdout     # `make install` found the image's stack as built: nothing redone
     collected = re.search(r"(\d+)(?:/\d+)? tests collected", proc.stdout)   # "407/424 tests collected (17 deselected)"
     assert collected and int(collected[1]) > 100, proc.stdout[-2000:]

@@ -22,7 +22,7 @@ def test_no_op_runs_before_the_runtime_is_configured_on_a_spatial_run(cosmo_data
            "--spatial-ranks", "2", "--benchmark", "1", "--set", "train.benchmark_warmup_steps=0"]
     proc = helpers.run([*launchers.horovodrun(4), *cmd], timeout=600,
                        environ={**helpers.env(), "INIT_ORDER_PROBE_OP_FIRST": "3"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     probes = {int(rank): (device, pools) for rank, device, pools in PROBE.findall(proc.stdout)}
     assert probes == {0: ("cpu", "set"), 1: ("cpu", "set"), 2: ("cpu", "set"), 3: ("cpu", "refused")}, proc.stdout
     # Rank 0's [init] line says nothing of TensorFlow running early: its pools are as sized.

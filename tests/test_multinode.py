@@ -27,7 +27,7 @@ def test_each_node_stages_only_its_ranks_shard(cosmo_data, tiny_config, tmp_path
                               "--stage-dir", f"{stage}/node{{node}}", "--set", "runtime.record_shards=true",
                               "--set", "target_mae=100")]   # a target met at once: one epoch, success
     proc = helpers.run(cmd, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     assert "4 rank(s) on 2 node(s), 2 per node" in proc.stdout
     assert "GB/s" in proc.stdout and "[staging]" in proc.stdout
 

@@ -39,7 +39,7 @@ def older_python() -> Path:
                           env=dict(environ, STACK="tf2.15", VENV=str(OLDER_VENV)), timeout=2400)
     if proc.returncode != 0 and '[install] FAILED at step "python"' in proc.stderr:
         pytest.skip(f"no Python for the older stack here: {proc.stderr.strip().splitlines()[-1]}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     python = OLDER_VENV / "bin" / "python"
     version = subprocess.run([python, "-c", "import tensorflow as tf; print(tf.__version__)"],
                              capture_output=True, text=True, env=_environ(python)).stdout.strip()
@@ -92,14 +92,14 @@ def default_runs(cosmo_data, tiny_config, deepcam_data, deepcam_config, tmp_path
     deepcam = _deepcam(python, deepcam_data, deepcam_config, out / "deepcam", "--set", "train.n_epochs=1",
                        "--set", "train.stop_at_target=false")
     for proc in (cosmo, deepcam):
-        assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]   # 3: target not reached
+        assert proc.returncode in (0, 3), helpers.failure_output(proc)   # 3: target not reached
     return {"cosmoflow": out / "cosmoflow", "deepcam": out / "deepcam" / "r0"}
 
 
 @pytest.mark.parametrize("bench", ["cosmoflow", "deepcam"])
 def test_the_older_stack_trains_to_the_target_with_a_log_the_checker_passes(older_runs, bench):
     proc, run = older_runs[bench]
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     assert "PASSED the compliance checker" in proc.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "success" and summary["log_check"] == "passed"
@@ -120,7 +120,7 @@ def _newest_checkpoint(run: Path) -> Path:
 def _restored(python: Path, bench: str, checkpoint: Path, out: Path, *flags) -> dict:
     proc = helpers.run([python, helpers.REPO / "tests" / "restore_probe.py", bench, checkpoint, out, *flags],
                        timeout=300, environ=_environ(python))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     return helpers.final_checkpoint_state(out)
 
 

@@ -42,7 +42,7 @@ def test_result_set_runs_seeded_runs_into_the_submission_layout(cosmo_data, tiny
                         "--system", "testbox", "--", "--n-train", "256", "--n-valid", "64", "--n-epochs", "1"],
                        timeout=600)
     # One epoch cannot reach the target: both runs exit 3, and so does the set.
-    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 3, helpers.failure_output(proc)
     folder = out / "reference" / "results" / "testbox" / "strong" / "cosmoflow"
     logs = sorted(folder.glob("result_*.txt"))
     assert [p.name for p in logs] == ["result_0.txt", "result_1.txt"]
@@ -61,7 +61,7 @@ def test_characterization_of_a_tiny_run_writes_json_table_and_pngs(cosmo_data, t
     proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", run,
                                          "--n-train", "512", "--n-valid", "64", "--n-epochs", "2",
                                          "--stage-dir", tmp_path / "stage", "--set", "runtime.characterize=true"))
-    assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode in (0, 3), helpers.failure_output(proc)
     machine = characterize.measure_machine(matmul_size=512, copy_bytes=1 << 24)
     (tmp_path / "machine.json").write_text(json.dumps(machine))
     proc = helpers.run([helpers.PYTHON, "-m", "offline.characterize", run, "--machine", tmp_path / "machine.json"])
@@ -96,7 +96,7 @@ def test_weak_scaling_launcher_trains_instances_concurrently(cosmo_easy_data, ti
     proc = helpers.run([helpers.PYTHON, "-m", "offline.weak_scaling", "--bench", "cosmoflow", "--config", tiny_config,
                         "--data-dir", cosmo_easy_data, "--instances", "2", "--ranks", "1", "--output", out,
                         "--system", "testbox", "--", *EASY_ARGS], timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     folder = out / "reference" / "results" / "testbox" / "weak" / "cosmoflow"
     logs = sorted(folder.glob("result_*.txt"))
     assert [p.name for p in logs] == ["result_0.txt", "result_1.txt"]

@@ -42,7 +42,7 @@ def test_every_shipped_config_trains_tiny(name, config, cosmo_data, deepcam_data
     proc = helpers.run(helpers.train_cmd(name, config, bench.data_flag, data, bench.output_flag, out, "--tiny",
                                          "--tensorboard", *SHAPE_OF_TEST_DATA[name]), timeout=600)
     # 3: trained, target not reached (a tiny run is a smoke run; its log says aborted).
-    assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode in (0, 3), helpers.failure_output(proc)
     assert "runtime.tiny: the config is shrunk" in proc.stdout
 
     summary = json.loads((out / "summary.json").read_text())

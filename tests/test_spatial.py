@@ -43,7 +43,7 @@ def probe(tmp_path_factory, cosmo_data):
             launch = helpers.LAUNCHERS[launcher] if ranks > 1 else (lambda _, c, timeout: helpers.run(c, timeout=timeout))
             launched[key] = out, launch(ranks, cmd, timeout=900)
         out, proc = launched[key]
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, helpers.failure_output(proc)
         assert job in LAUNCHES[key]
         return helpers.rank_results(out, job, ranks)
 
@@ -262,7 +262,7 @@ def test_benchmark_mode_counts_groups_not_ranks(cosmo_data, tiny_config, tmp_pat
                             "--n-valid", "8", "--batch-size", "2", "--benchmark", "2", "--spatial-ranks", "2",
                             "--set", "train.benchmark_warmup_steps=1")
     proc = helpers.horovodrun(2, cmd)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     b = json.loads((out / "summary.json").read_text())["throughput"]
     assert b["spatial_ranks"] == 2 and b["global_batch_size"] == 2
     # One group of 2 ranks trains 2 samples a step: the job's rate is one group's.
@@ -276,7 +276,7 @@ def test_spatial_bench_reports_memory_and_halo_bytes(tmp_path):
                         "cosmoflow/configs/cosmoflow_closed_gbs512.yaml", "--set", "data.sample_shape=32,32,32,4",
                         "--ks", "1,2", "--halo-overlap", "on", "--steps", "1", "--allow-load", "--out-dir", tmp_path],
                        timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, helpers.failure_output(proc)
     rows = json.loads(next(tmp_path.glob("spatial_*.json")).read_text())["rows"]
     one, two = rows
     assert (one["spatial_ranks"], two["spatial_ranks"]) == (1, 2) and one["halo_mib_forward_per_rank"] == 0

@@ -122,7 +122,7 @@ def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config,
         out = tmp_path / f"warmup{steps}"
         proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out,
                                              *RUN, "--set", f"train.warmup_steps={steps}"))
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, helpers.failure_output(proc)
         runs[steps] = (proc.stdout, out)
     with_warmup, without = runs[3], runs[0]
     assert "[init] warm-up: 3 synthetic step(s) in" in with_warmup[0]
