@@ -32,10 +32,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench.tensor_count import COUNT_TENSORS  # noqa: E402
+
 VARIANTS = ("unsplit H", "unsplit H/K", "split K", "split K, BN", "split K, sharded")
-# Set in a child's environment: TensorFlow's BFC allocator on the CPU, which counts its bytes in use
-# (read before TensorFlow starts, so one process measures either its RSS or its tensors).
-COUNT_TENSORS = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 
 def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn: bool, optimizer: str,
@@ -46,7 +46,6 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
     import resource
     import time
 
-    sys.path.insert(0, str(REPO))
     from common import benchmarks, optimizers   # before TensorFlow: its oneDNN kernels on, as in training
     import tensorflow as tf
     from common.parallel.distribution import NeighbourPlanes, RankGroup

@@ -65,7 +65,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench import horovod_timeline, machine_load  # noqa: E402
-from bench.deepcam_split_memory import COUNT_TENSORS  # noqa: E402
+from bench.tensor_count import COUNT_TENSORS  # noqa: E402
 from common import benchmarks, launchers  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"

@@ -293,12 +293,12 @@ class SpatialMesh:
         if zs is None or zs < halo:
             raise ValueError(f"{name}: a slab of {zs} plane(s) cannot give a halo of {halo}")
         perm = [1, 0] + list(range(2, x.shape.rank))
-        # The planes go first: alltoall splits and concatenates along axis 0.
         # One gather rather than two slices concatenated: backward then adds a single tensor to the
         # slab's gradient, not one per slice. Grappler rewrites a sum of three or more large
         # tensors into an accumulator initialised from a zeros_like it folds into a constant kept
-        # between steps (108 MiB per rank for DeepCAM at 768 x 1152, K = 2).
+        # between steps (of the slab's size: 27 MiB for DeepCAM at 384 x 576, K = 2).
         rows = list(range(halo)) + list(range(zs - halo, zs))
+        # The planes go first: alltoall splits and concatenates along axis 0.
         send = tf.transpose(tf.gather(x, rows, axis=1), perm)
         below = self.index - 1 if self.index > 0 else self.index
         above = self.index + 1 if self.index < self.size - 1 else self.index
@@ -313,7 +313,8 @@ class SpatialMesh:
         # at a face that slot holds this rank's own planes, sent to itself: zeroed, by cutting out
         # the slots to keep and padding them back. Not tf.where against zeros_like: TensorFlow
         # folds a zeros_like of a static shape into a constant the graph keeps between steps
-        # (74 MiB per rank over DeepCAM's exchanges at 768 x 1152, K = 2); a pad writes its zeros
+        # (the received planes' size: 74 MiB per rank over DeepCAM's exchanges at 768 x 1152,
+        # K = 2; with the accumulator above, 0.15 GiB held between steps); a pad writes its zeros
         # as it runs. Every rank runs the same slice and pad (only their bounds differ): Horovod
         # names the backward alltoall after the op that hands it its gradient.
         first = halo if self.index == 0 else 0
