@@ -33,6 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench import tensor_count  # noqa: E402
 from bench.tensor_count import COUNT_TENSORS  # noqa: E402
 
 VARIANTS = ("unsplit H", "unsplit H/K", "split K", "split K, BN", "split K, sharded")
@@ -106,13 +107,11 @@ def measure(height: int, width: int, rows: int, k: int, precision: str, group_bn
     for _ in range(steps - 1):   # the first builds the slots and traces the graph
         step(x, y)
     if tensor_bytes:   # the last step alone: what every later step holds and peaks at
-        between = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        tf.config.experimental.reset_memory_stats("CPU:0")
+        peak, between = tensor_count.over(lambda: step(x, y))
+        return f"{peak / 2**30:.2f} {between / 2**30:.2f}"
     start = time.perf_counter()
     step(x, y)
     seconds = time.perf_counter() - start
-    if tensor_bytes:
-        return f"{tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**30:.2f} {between / 2**30:.2f}"
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} {seconds:.1f}"
 
 

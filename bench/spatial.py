@@ -65,6 +65,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench import horovod_timeline, machine_load  # noqa: E402
+from bench import tensor_count  # noqa: E402
 from bench.tensor_count import COUNT_TENSORS  # noqa: E402
 from common import benchmarks, launchers  # noqa: E402
 
@@ -246,11 +247,7 @@ def count_tensors(out: str, dist, seconds) -> int:
     before it (weights, slots, Horovod's fusion buffer): what a GPU's allocator would have to hold,
     without what the host's malloc keeps of freed tensors and what TensorFlow and Horovod hold
     outside their tensors (Gloo's buffers)."""
-    import tensorflow as tf
-    held = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    seconds(1)
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    peak, held = tensor_count.over(lambda: seconds(1))
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / f"rank-{dist.rank:05d}.json").write_text(json.dumps({"tensors_peak_bytes": peak,
                                                                        "tensors_held_bytes": held}))

@@ -7,3 +7,12 @@ host's malloc and TensorFlow's runtime. One process measures either its RSS or i
 """
 
 COUNT_TENSORS = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
+
+
+def over(run) -> tuple[int, int]:
+    """(bytes in use at run()'s peak, bytes held before it), under COUNT_TENSORS."""
+    import tensorflow as tf
+    held = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    run()
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"], held
