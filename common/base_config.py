@@ -18,11 +18,11 @@ class TrainLoopConfig:
     resume_from: Optional[str] = None  # or from this checkpoint folder (checkpoints/step-NNNNNNNNNN)
     # Steps between the collective check for a stop request (SIGUSR1, SIGTERM on any
     # rank); the end of each epoch checks too. 1 reacts soonest; each check is a
-    # one-value allreduce that waits for the step to finish.
+    # small allreduce of the losses and input flags of steps already done (two behind).
     stop_check_steps: int = 10
     eval_every: int = 1              # epochs between evaluations
     # Steps between training figures (loss, LR, samples/s) for TensorBoard and the
-    # progress line; each reads the loss, so waits for that step (0: none).
+    # progress line; the loss is of steps already done (two behind), so nothing waits (0: none).
     log_every_steps: int = 50
     # Benchmark mode (NVIDIA DLE's --benchmark): train this many steps through the
     # real loop (staging, input pipeline, Horovod), print samples/s, no MLPerf log (0: off).
@@ -80,6 +80,10 @@ class RuntimeConfig:
     # Write TensorBoard event files to <run dir>/tensorboard on rank 0 (train loss,
     # LR, samples/s every train.log_every_steps steps; the validation metric per epoch).
     tensorboard: bool = False
+    # A measurement, not for timed runs: wait for each step of the first epoch this process runs and
+    # time it, for the [timing] line (the first step against the median). On a GPU each wait empties
+    # the queue the steps are launched into.
+    step_timing: bool = False
     # After run_stop, measure FLOPs, input rate, memory, allreduce time for
     # `python -m offline.characterize RUN_DIR` (outside the timed region).
     characterize: bool = False

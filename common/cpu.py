@@ -1,9 +1,14 @@
 """What this CPU can do, and TensorFlow's oneDNN switch, settled before TensorFlow loads.
 
-TensorFlow 2.15 turns its oneDNN kernels on by default only on x86 CPUs with
+TensorFlow turns its oneDNN kernels on by default only on x86 CPUs with
 AVX-512 VNNI or newer. Elsewhere (every AVX2-only CPU, AMD EPYC up to Zen 3
 among them) convolutions fall back to TensorFlow's own im2col + small-GEMM path:
 a CosmoFlow Conv3D training step measured 4.1x slower on a 2-core AVX2 EPYC.
+That matters where the CPU trains: `prefer_onednn()` turns oneDNN on for x86
+hosts where no GPU is visible, and leaves TensorFlow's default where one is
+(the model then runs on the GPU; oneDNN would only change the input pipeline's
+CPU ops). Whether a GPU is visible is read without TensorFlow: the NVIDIA
+driver's device list in /proc, narrowed by CUDA_VISIBLE_DEVICES.
 TensorFlow reads `TF_ENABLE_ONEDNN_OPTS` once, when it is first imported, so
 `prefer_onednn()` must run before that; the packages of this repository call it
 in their `__init__`, which every entry point (train.py, bench/, `python -m`
@@ -33,6 +38,9 @@ _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 # Whether prefer_onednn() set the variable (as opposed to the user), for the report.
 _set_here = False
+# Whether prefer_onednn() left TensorFlow's default because a GPU is visible.
+_gpu_seen = False
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"   # a folder per GPU, where the NVIDIA driver is loaded
 # Whether TensorFlow was imported before prefer_onednn() could choose.
 _tensorflow_first = False
 # Training samples/s on the 2-core AVX2 EPYC, oneDNN on vs off (bench/results/AVX2.md).
@@ -83,17 +91,36 @@ def has_native_bf16(flags=None) -> bool:
     return any(flag in flags for flag in _BF16_FLAGS)
 
 
-def prefer_onednn(environ=None, machine=None) -> bool:
-    """Turns TensorFlow's oneDNN kernels on for x86-64 CPUs unless the user chose; True if it set it.
+def gpu_visible(environ=None, gpus_dir: str = NVIDIA_GPUS) -> bool:
+    """Whether this process would see an NVIDIA GPU, told without importing TensorFlow: the driver
+    lists one, and CUDA_VISIBLE_DEVICES (if set) does not hide them all ('' or '-1')."""
+    environ = os.environ if environ is None else environ
+    try:
+        if not os.listdir(gpus_dir):
+            return False
+    except OSError:
+        return False
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    return visible is None or visible.strip() not in ("", "-1")
+
+
+def prefer_onednn(environ=None, machine=None, gpus_dir: str = NVIDIA_GPUS) -> bool:
+    """Turns TensorFlow's oneDNN kernels on for x86-64 hosts without a visible GPU, unless the user
+    chose; True if it set it.
 
     Args:
       environ: the environment to update (default: os.environ).
       machine: platform.machine() to decide on (default: this one's).
+      gpus_dir: where the NVIDIA driver lists its GPUs (gpu_visible).
     """
-    global _set_here, _tensorflow_first
+    global _set_here, _tensorflow_first, _gpu_seen
     environ = os.environ if environ is None else environ
     machine = (machine or platform.machine()).lower()
     if ONEDNN_ENV in environ or machine not in _X86_64:
+        return False
+    if gpu_visible(environ, gpus_dir):
+        if environ is os.environ:
+            _gpu_seen = True
         return False
     if environ is os.environ and "tensorflow" in sys.modules:
         _tensorflow_first = True
@@ -137,6 +164,8 @@ def describe() -> dict:
     else:
         if _set_here:
             who = f"{ONEDNN_ENV}=1 set by this project"
+        elif _gpu_seen:
+            who = "TensorFlow's default: a GPU is visible, so this project left it"
         elif _tensorflow_first and ONEDNN_ENV not in os.environ:
             who = "TensorFlow imported before this project could choose"
         elif ONEDNN_ENV in os.environ:

@@ -70,9 +70,6 @@ class Task:
     # Root config dataclass (a common.base_config.BaseConfig with a `data` section).
     config_class: ClassVar[type]
     flags: ClassVar[tuple[Flag, ...]] = ()   # command-line flags mapped onto config keys
-    # Whether the input cache's samples are tensors that TensorFlow's CPU allocator made (its pool,
-    # written before run_start: common.run.tensor_pool), not arrays it took from NumPy without a copy.
-    cache_in_tensor_pool: ClassVar[bool] = False
 
     def __init__(self, cfg, mesh=None):
         self.cfg = cfg

@@ -56,7 +56,6 @@ class CosmoFlowTask(Task):
     metric_name = METRIC_NAME
     config_class = CosmoFlowConfig
     flags = FLAGS
-    cache_in_tensor_pool = True   # decoded by decode_raw: TensorFlow's tensors
 
     @classmethod
     def tiny_overrides(cls, cfg) -> dict:

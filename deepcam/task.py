@@ -97,7 +97,6 @@ class DeepCAMTask(Task):
     metric_name = METRIC_NAME
     config_class = DeepCAMConfig
     flags = FLAGS
-    cache_in_tensor_pool = False   # the cached samples are NumPy's arrays, taken without a copy (deepcam.data)
 
     def __init__(self, cfg, mesh=None):
         super().__init__(cfg, mesh)   # a split mesh cuts every sample's height (deepcam.model)

@@ -25,13 +25,28 @@ def test_isa_and_native_bf16_from_cpu_flags(flags, isa, bf16):
     assert cpu.has_native_bf16(flags) is bf16
 
 
-def test_onednn_is_preferred_on_x86_64_only_and_a_user_choice_is_kept():
+def test_onednn_is_preferred_on_x86_64_only_and_a_user_choice_is_kept(tmp_path):
+    no_gpu = str(tmp_path / "absent")
     env = {}
-    assert cpu.prefer_onednn(env, machine="x86_64") and env == {cpu.ONEDNN_ENV: "1"}
+    assert cpu.prefer_onednn(env, machine="x86_64", gpus_dir=no_gpu) and env == {cpu.ONEDNN_ENV: "1"}
     env = {cpu.ONEDNN_ENV: "0"}
-    assert not cpu.prefer_onednn(env, machine="x86_64") and env == {cpu.ONEDNN_ENV: "0"}
+    assert not cpu.prefer_onednn(env, machine="x86_64", gpus_dir=no_gpu) and env == {cpu.ONEDNN_ENV: "0"}
     env = {}
-    assert not cpu.prefer_onednn(env, machine="aarch64") and env == {}
+    assert not cpu.prefer_onednn(env, machine="aarch64", gpus_dir=no_gpu) and env == {}
+
+
+def test_onednn_is_left_to_tensorflow_where_a_gpu_is_visible(tmp_path):
+    # The NVIDIA driver's list as /proc/driver/nvidia/gpus holds it on a GPU node: a folder per GPU.
+    gpus = tmp_path / "gpus"
+    (gpus / "0000:07:00.0").mkdir(parents=True)
+    env = {}
+    assert not cpu.prefer_onednn(env, machine="x86_64", gpus_dir=str(gpus)) and env == {}
+    for hidden in ("", "-1"):   # CUDA_VISIBLE_DEVICES hiding every GPU: a CPU run, oneDNN on
+        env = {"CUDA_VISIBLE_DEVICES": hidden}
+        assert cpu.prefer_onednn(env, machine="x86_64", gpus_dir=str(gpus)) and env[cpu.ONEDNN_ENV] == "1"
+    (gpus / "0000:07:00.0").rmdir()   # the driver loaded, no GPU: the control
+    env = {}
+    assert cpu.prefer_onednn(env, machine="x86_64", gpus_dir=str(gpus)) and env == {cpu.ONEDNN_ENV: "1"}
 
 
 PROBE = "import common, tensorflow; from common import cpu; print('onednn', cpu.onednn_enabled())"

@@ -85,11 +85,9 @@ class Console(Listener):
         if train.first_step_s is not None:
             self.print(f"[timing] first step {train.first_step_s:.3f} s, median {train.median_step_s:.3f} s "
                        f"({train.first_step_s / train.median_step_s:.2f}x), 90th percentile {train.p90_step_s:.3f} s "
-                       f"({train.p90_step_s / train.median_step_s:.2f}x) over the epoch's steps, without their "
-                       f"wait for input; pages touched for the first time (minor faults, the whole process): "
-                       f"{train.first_step_page_faults:,} in the first step, {train.median_step_page_faults:,.0f} "
-                       f"at the median; the first batch waited {train.first_input_wait_s:.3f} s (cold reads, "
-                       f"buffers filling); rank 0")
+                       f"({train.p90_step_s / train.median_step_s:.2f}x) over the epoch's steps, each waited for, "
+                       f"without their wait for input; the first batch waited {train.first_input_wait_s:.3f} s "
+                       f"(cold reads, buffers filling); rank 0")
 
     def on_eval_start(self, epoch, site):
         self.steps.on_eval_start(epoch, site)
@@ -133,10 +131,6 @@ def runtime_lines(job: str, rt: dict) -> list[str]:
     return lines + [rt[note] for note in ("precision_note", "threads_note") if rt.get(note)]
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:,.1f} MiB"
-
-
 def init_lines(info) -> list[str]:
     """What init built, a line each (without the `[init] ` tag), from the RunInfo."""
     lines = []
@@ -151,14 +145,6 @@ def init_lines(info) -> list[str]:
     if info.warmup_steps:
         lines.append(f"warm-up: {info.warmup_steps} synthetic step(s) in {info.warmup_s:.2f} s (compile, autotune), "
                      f"the state put back; before run_start, outside the timed region")
-    pool = info.tensor_pool
-    if pool is not None and pool.bytes:
-        lines.append(f"tensor pool: {_mib(pool.bytes)} written in {pool.seconds:.2f} s for the input cache "
-                     f"({_mib(pool.cache_bytes)}) and twice the step's working set ({_mib(pool.working_set_bytes)}), "
-                     f"before run_start: their pages are not faulted in the timed region")
-    elif pool is not None and pool.skipped:
-        lines.append(f"tensor pool: the input cache's {_mib(pool.cache_bytes)} not written before run_start: "
-                     f"{pool.skipped}")
     if info.batchnorm_layers and info.ranks > 1:
         lines.append(f"batch norm: running statistics of {info.batchnorm_layers} layers averaged over the "
                      f"{info.ranks} ranks after every epoch")

@@ -60,7 +60,6 @@ class RunInfo:
     resumed_source: str | None = None  # the checkpoint folder as named
     warmup_steps: int = 0             # synthetic steps run before run_start, the state put back after
     warmup_s: float = 0.0
-    tensor_pool: object = None        # common.run.tensor_pool.Reservation: the input cache's pages written at init
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +80,7 @@ class StepInfo:
 
 @dataclasses.dataclass(frozen=True)
 class TrainLog:
-    """Training figures every `train.log_every_steps` steps (reads the loss: waits for that step)."""
+    """Training figures every `train.log_every_steps` steps (the loss of steps already done: two behind)."""
     epoch: int
     global_step: int
     loss: float               # mean over the steps since the previous TrainLog, this rank
@@ -97,7 +96,7 @@ class EpochTrain:
     seconds: float            # this rank's, for the steps of the epoch this process ran (a resume's: the rest)
     lr: float                 # the LR of the epoch's first step
     samples_per_s: float      # all ranks, over the steps this process ran
-    # The first epoch this process runs only (None after): its first step's time beside the median
+    # With runtime.step_timing, the first epoch this process runs only (None otherwise): its first step's time beside the median
     # of its steps, each waited for, without their wait for input (the first step pays what warm-up
     # did not); and the first step's wait for its batch (cold reads, a shuffle buffer filling).
     first_step_s: float | None = None
@@ -105,12 +104,6 @@ class EpochTrain:
     # The epoch's own spread (its 90th percentile): a first step within it is one more ordinary step.
     p90_step_s: float | None = None
     first_input_wait_s: float | None = None
-    # The process's minor page faults (pages touched for the first time, every thread's) during the
-    # first step and the median step, their wait for input apart. On the CPU with oneDNN, the first
-    # timed step touched about 20 MB of new pages where the median step touched none, until the
-    # input cache's share of TensorFlow's tensor pool was written at init (common.run.tensor_pool).
-    first_step_page_faults: int | None = None
-    median_step_page_faults: float | None = None
 
 
 class Listener:

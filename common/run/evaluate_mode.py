@@ -1,5 +1,7 @@
 """Evaluation: the metric over every rank's validation files, after an epoch or as a run mode (--evaluate)."""
 
+import tensorflow as tf
+
 from common.errors import InputError
 from common.run.failures import RunFailed, fail_on_input, naming_bad_files
 from common.run.result import RunResult
@@ -9,10 +11,12 @@ from common.run.steps import EvalSums
 def evaluate(ctx, valid_ds, epoch: int) -> tuple[float, float]:
     """Every rank: (the metric, the per-sample mean loss) over every rank's validation files;
     RunFailed on every rank if a batch held NaN or Inf."""
-    sums = EvalSums.zero_vector(ctx.metric.n_sums)
+    # Summed where the steps run and read once: a read per batch would wait for each.
+    sums = tf.constant(EvalSums.zero_vector(ctx.metric.n_sums))
     with naming_bad_files(ctx.task, ctx.shards.valid_files):
         for x, y in valid_ds:
-            sums = sums + ctx.eval_step(x, y).numpy()
+            sums = sums + ctx.eval_step(x, y)
+        sums = sums.numpy()
     local = EvalSums.of(sums)
     # The ranks of a spatial group evaluate the same samples: each group counted once.
     total = EvalSums.of(ctx.dist.allreduce_sum(sums) / ctx.mesh.size)

@@ -6,7 +6,6 @@ epoch's batch-norm averaging, evaluation, the agreement every train.stop_check_s
 steps (common.run.termination.agree) and mid-epoch saves (common.checkpoints.save_policy).
 """
 
-import resource
 import time
 
 import numpy as np
@@ -19,6 +18,10 @@ from common.run.failures import Failure, RunFailed, fail_on_input, fail_on_loss,
 from common.run.characterization import characterize_run
 from common.run.result import RunResult, staging_dict
 from common.parallel.sync_batchnorm import average_batchnorm_statistics
+
+# How many steps behind the newest one launched a step must be before its values are read: by then
+# it has finished, so the read does not wait for it (on a GPU, it would empty the launch queue).
+READ_LAG = 2
 
 
 class TrainingRun:
@@ -76,9 +79,7 @@ class TrainingRun:
             if train.first_step_s is not None:
                 record.update(first_step_s=train.first_step_s, median_step_s=train.median_step_s,
                               p90_step_s=train.p90_step_s,
-                              first_input_wait_s=train.first_input_wait_s,
-                              first_step_page_faults=train.first_step_page_faults,
-                              median_step_page_faults=train.median_step_page_faults)
+                              first_input_wait_s=train.first_input_wait_s)
             self.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
@@ -115,6 +116,12 @@ class TrainingRun:
     def _epoch(self, train_iter, epoch) -> EpochTrain | None:
         """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
 
+        The loop launches steps and reads none of their values while they may still run: a step's
+        loss and input flag are read (for the agreement and the log line) once it is READ_LAG steps
+        behind the newest one launched, so that on a GPU the read finds it done and the queue the
+        steps are launched into never drains. Only the epoch's end (_end_epoch) reads the last ones,
+        where batch-norm averaging and evaluation wait for them anyway.
+
         Raises RunFailed on every rank once they agree that a step's input or loss was not finite.
         """
         ctx = self.ctx
@@ -124,52 +131,48 @@ class TrainingRun:
         first = len(losses)
         flags = []                   # each step's StepResult.inputs_finite, from step first + 1
         checked = first              # losses[:checked] went through an agreement
-        log_from, log_start = first, start   # the steps and time since the last TrainLog
-        # The first epoch's steps are each waited for and timed, their wait for input apart, so that
-        # the first step's compute (what warm-up left to pay) can be read beside the median, and its
-        # wait for the first batch (cold reads, a shuffle buffer filling) beside it; later steps run
-        # ahead of their reads.
-        timed = self.timed_epochs == 0
+        log_from, log_launched, log_start = first, first, start   # what the last TrainLog covered
+        # runtime.step_timing (a measurement, off by default): the first epoch's steps each waited
+        # for and timed, their wait for input apart, for the [timing] line.
+        timed = ctx.cfg.runtime.step_timing and self.timed_epochs == 0
         batches = _TimedBatches(train_iter) if timed else train_iter
-        step_times, input_waits, step_faults = [], [], []
+        step_times, input_waits = [], []
         self.timed_epochs += 1
         with naming_bad_files(ctx.task, ctx.shards.train_files):
             for step in range(first + 1, per_epoch + 1):
                 step_start = time.perf_counter()
-                faults_before = minor_page_faults() if timed else 0   # a system call: the timed epoch only
-                # Keep the tensors: reading one would wait for its step.
                 result = ctx.train_step(batches)
                 if timed:
-                    result.loss.numpy()
-                    waited, wait_faults = batches.take_wait()
+                    result.loss.numpy()   # waits for the step: the measurement's cost, opted into
+                    waited = batches.take_wait()
                     step_times.append(time.perf_counter() - step_start - waited)
-                    step_faults.append(minor_page_faults() - faults_before - wait_faults)
                     input_waits.append(waited)
                 losses.append(result.loss)
                 flags.append(result.inputs_finite)
                 state.global_step += 1
                 ctx.events.on_step(StepInfo(epoch, step, per_epoch, state.global_step))
-                if t.log_every_steps and state.global_step % t.log_every_steps == 0:
-                    ctx.events.on_train_log(self._train_log(epoch, losses[log_from:], log_start))
-                    log_from, log_start = len(losses), time.perf_counter()
                 if step == per_epoch:
                     break   # the epoch's end checks and saves after its statistics are averaged
+                finished = max(len(losses) - READ_LAG, checked)   # losses[:finished] are done
+                if t.log_every_steps and state.global_step % t.log_every_steps == 0 and finished > log_from:
+                    now = time.perf_counter()
+                    ctx.events.on_train_log(self._train_log(
+                        epoch, losses[log_from:finished], state.global_step - (len(losses) - finished),
+                        len(losses) - log_launched, now - log_start))
+                    log_from, log_launched, log_start = finished, len(losses), now
                 stop = False
                 if state.global_step % t.stop_check_steps == 0:
-                    stop = self._agree(epoch, step, losses[checked:], flags[checked - first:])
-                    checked = len(losses)
+                    stop = self._agree(epoch, step, losses[checked:finished], flags[checked - first:finished - first],
+                                       first_step=state.global_step - (len(losses) - checked) + 1)
+                    checked = finished
                 if saver.due_mid_epoch(state.global_step):
                     saver.save(epoch, step, state.global_step, losses)
                 if stop:
                     saver.save(epoch, step, state.global_step, losses, wait=True)
                     return None
-            # The steps since the last agreement, before their losses are averaged and logged; a
-            # stop request waits for the epoch's end checks.
-            self._agree(epoch, per_epoch, losses[checked:], flags[checked - first:])
-            loss = _mean(losses)
+            loss = self._end_epoch(epoch, losses[checked:], flags[checked - first:], losses)
         self.epoch_losses = []
         seconds = time.perf_counter() - start
-        loss = float(ctx.dist.allreduce_mean([loss])[0])
         steps = per_epoch - first
         return EpochTrain(global_step=ctx.state.global_step, loss=loss, seconds=seconds,
                           lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
@@ -177,16 +180,20 @@ class TrainingRun:
                           first_step_s=step_times[0] if step_times else None,
                           median_step_s=float(np.median(step_times)) if step_times else None,
                           p90_step_s=float(np.percentile(step_times, 90)) if step_times else None,
-                          first_step_page_faults=step_faults[0] if step_faults else None,
-                          median_step_page_faults=float(np.median(step_faults)) if step_faults else None,
                           first_input_wait_s=input_waits[0] if input_waits else None)
 
-    def _agree(self, epoch, step, losses, flags) -> bool:
-        """The agreement of the steps since the last one (`losses`, `flags`: this rank's): True on
-        every rank once any rank got a stop request; RunFailed on every rank when a batch or a loss
-        was not finite on any rank."""
-        ctx, global_step = self.ctx, self.ctx.state.global_step
-        first = global_step - len(losses) + 1   # global step of losses[0]
+    def _end_epoch(self, epoch, unchecked, flags, losses) -> float:
+        """After the epoch's last step: the agreement over the steps not yet agreed on (a stop request
+        waits for the epoch's end checks), then the epoch's mean loss over all ranks."""
+        global_step = self.ctx.state.global_step
+        self._agree(epoch, self.ctx.steps_per_epoch, unchecked, flags, first_step=global_step - len(unchecked) + 1)
+        return float(self.ctx.dist.allreduce_mean([_mean(losses)])[0])
+
+    def _agree(self, epoch, step, losses, flags, first_step: int) -> bool:
+        """The agreement of the steps since the last one (`losses`, `flags`: this rank's, done steps
+        from global step `first_step` on): True on every rank once any rank got a stop request;
+        RunFailed on every rank when a batch or a loss was not finite on any rank."""
+        ctx, global_step, first = self.ctx, self.ctx.state.global_step, first_step
         values = tf.stack(losses).numpy() if losses else np.zeros(0)
         finite = tf.stack(flags).numpy() if flags else np.ones(0, bool)
         verdict = termination.agree(ctx.dist, first, values, finite)
@@ -212,14 +219,14 @@ class TrainingRun:
                          time_to_train_s=time_to_train_s, history=self.history, checkpoint=failure.checkpoint,
                          failure=failure)
 
-    def _train_log(self, epoch, losses, since) -> TrainLog:
-        """This rank's mean loss over `losses` (waits for the last step), the LR, samples/s since `since`."""
+    def _train_log(self, epoch, losses, global_step, launched, seconds) -> TrainLog:
+        """This rank's mean loss over `losses` (done steps, the last of them `global_step`) and its LR;
+        samples/s of the `launched` steps of the last `seconds`."""
         ctx = self.ctx
-        loss = _mean(losses)
-        seconds = time.perf_counter() - since
-        samples = len(losses) * ctx.samples_per_epoch / ctx.steps_per_epoch
-        return TrainLog(epoch=epoch, global_step=ctx.state.global_step, loss=loss,
-                        lr=float(ctx.schedule.at_step(ctx.state.global_step - 1)),
+        loss = float(np.mean(tf.stack(losses).numpy(), dtype=np.float64))
+        samples = launched * ctx.samples_per_epoch / ctx.steps_per_epoch
+        return TrainLog(epoch=epoch, global_step=global_step, loss=loss,
+                        lr=float(ctx.schedule.at_step(global_step - 1)),
                         samples_per_s=samples / seconds if seconds > 0 else 0.0)
 
     def characterize(self, train_ds, staging) -> dict:
@@ -243,36 +250,27 @@ class TrainingRun:
             samples_read=len(ctx.shards.train_files))
 
 
-def minor_page_faults() -> int:
-    """The process's minor page faults so far, every thread's: each is a page of memory touched for
-    the first time (or again after it was given back), about a microsecond or two apiece."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 class _TimedBatches:
-    """The training iterator, counting the seconds its callers wait in next() (for input) and the
-    page faults meanwhile, so that a step's own can be told apart."""
+    """The training iterator, counting the seconds its callers wait in next() (for input), so that
+    a step's own time can be told apart."""
 
     def __init__(self, iterator):
         self._iterator = iterator
         self._waited = 0.0
-        self._wait_faults = 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        start, faults = time.perf_counter(), minor_page_faults()
+        start = time.perf_counter()
         try:
             return next(self._iterator)
         finally:
             self._waited += time.perf_counter() - start
-            self._wait_faults += minor_page_faults() - faults
 
-    def take_wait(self) -> tuple[float, int]:
-        """The seconds waited and the page faults while waiting, since the last call."""
-        taken = (self._waited, self._wait_faults)
-        self._waited, self._wait_faults = 0.0, 0
+    def take_wait(self) -> float:
+        """The seconds waited since the last call."""
+        taken, self._waited = self._waited, 0.0
         return taken
 
 

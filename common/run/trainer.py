@@ -34,7 +34,6 @@ from common.parallel.fingerprint import variables_in_sync
 from common.parallel.sharded_optimizer import ShardedUpdate
 from common.run.result import RunResult
 from common.run.steps import TrainStep, make_eval_step
-from common.run import tensor_pool
 from common.parallel.sync_batchnorm import batchnorm_statistics
 from common.run.train_mode import TrainingRun
 from common.run.warmup import state_variables, warm_up
@@ -108,15 +107,9 @@ class Trainer:
             start.rank_state.restore_batchnorm(model, start.source)
         train_step, eval_step = self._build_steps(model, optimizer, loss_fn, metric)   # gradients allreduced inside
         # Compile and autotune on synthetic batches, the state put back: not in the timed region.
-        tensor_pool.reset_peak()
         warmup = warm_up(train_step, eval_step, task.input_specs(), state_variables(model, optimizer, train_step),
                          0 if cfg.train.evaluate_only else cfg.train.warmup_steps)
-        # The input cache's pages and the step's written before run_start, not faulted in its first epoch.
-        cache_bytes = task.input_cache_bytes(shards, dist.local_size) if task.cache_in_tensor_pool else 0
-        timed_training = not (cfg.train.evaluate_only or cfg.train.benchmark_steps)
-        pool = tensor_pool.reserve_for_cache(cache_bytes if timed_training else 0,
-                                             tensor_pool.peak_bytes(), dist.local_size)
-        info = self._run_info(runtime, mesh, shards, plan, model, metric, start, warmup, pool)
+        info = self._run_info(runtime, mesh, shards, plan, model, metric, start, warmup)
         events.on_init_stop(info)
 
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
@@ -193,7 +186,7 @@ class Trainer:
         eval_step.get_concrete_function(*specs)
         return train_step, eval_step
 
-    def _run_info(self, runtime, mesh, shards, plan, model, metric, start, warmup, pool) -> RunInfo:
+    def _run_info(self, runtime, mesh, shards, plan, model, metric, start, warmup) -> RunInfo:
         cfg, dist, task = self.cfg, self.dist, self.task
         return RunInfo(
             benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
@@ -206,7 +199,7 @@ class Trainer:
             spatial_ranks=mesh.size, spatial_plan=task.describe_split(model) if mesh.is_split else "",
             batchnorm_layers=len(batchnorm_statistics(model)) // 2, samples_per_epoch=plan.samples_per_epoch,
             shard_samples=shards.n_train, resumed_source=start.source, warmup_steps=warmup.steps,
-            warmup_s=warmup.seconds, tensor_pool=pool)
+            warmup_s=warmup.seconds)
 
     def _check_specs(self, train_ds):
         """The graphs traced at init are the ones training runs: no tracing inside the timed region."""
