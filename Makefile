@@ -59,12 +59,12 @@ weak-scaling: $(DATA_TARGET_$(BENCH))
 	@$(PY) -m offline.weak_scaling --bench $(BENCH) --instances $(M) --ranks $(NP) --output $(WEAK_DIR) \
 	  --config $(CONFIG_$(BENCH)) --data-dir $(DATA_$(BENCH))
 
-# The first thing to run on a new machine (common/preflight): every rank's device, GPU, CPUs and threads, an
+# The first thing to run on a new machine (offline/preflight): every rank's device, GPU, CPUs and threads, an
 # allreduce sweep, a 20-step benchmark beside its projection. NP ranks, as `make run`; e.g.
 #   make preflight NP=2 PREFLIGHT_ARGS="--machine machines/eos-h100.yaml --expect-gpus 8"
 PREFLIGHT_ARGS ?=
 preflight: install
-	@$(LAUNCH) $(PY) -m common.preflight $(PREFLIGHT_ARGS)
+	@$(LAUNCH) $(PY) -m offline.preflight $(PREFLIGHT_ARGS)
 
 # `make test` skips the tests marked slow (pytest.ini says which); `make test-all` runs them too.
 # Both run on TEST_WORKERS pytest processes (pytest-xdist), a test file to one process so that its
