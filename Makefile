@@ -12,7 +12,7 @@ NP ?= 1
 # needed), as common/launchers.py builds it. Expanded when a recipe runs, after `install` made $(PY).
 LAUNCH = $(if $(filter 1,$(NP)),,$(or $(shell $(PY) -m common.launchers horovodrun $(NP)),$(error cannot build the launch command: $(PY) -m common.launchers horovodrun $(NP) failed)))
 
-.PHONY: install wheelhouse result-set weak-scaling preflight test test-all bench bench-stacks bench-budgets clean
+.PHONY: install wheelhouse result-set weak-scaling preflight test test-all bench bench-stacks clean
 
 # WHEELHOUSE=DIR make install: from the files of DIR only, no network (tools/install.sh).
 install:
@@ -89,10 +89,6 @@ bench: install
 bench-stacks: install
 	@$(MAKE) --no-print-directory install STACK=tf2.15 VENV=.venv-tf2.15
 	@$(PY) bench/stacks.py --venv $(VENV) --venv .venv-tf2.15
-
-# `make run` training and `make test` wall time against their budgets on this CPU.
-bench-budgets: install
-	@$(PY) bench/time_budgets.py
 
 clean:
 	rm -rf runs data
