@@ -12,7 +12,7 @@ NP ?= 1
 # needed), as common/launchers.py builds it. Expanded when a recipe runs, after `install` made $(PY).
 LAUNCH = $(if $(filter 1,$(NP)),,$(or $(shell $(PY) -m common.launchers horovodrun $(NP)),$(error cannot build the launch command: $(PY) -m common.launchers horovodrun $(NP) failed)))
 
-.PHONY: install wheelhouse result-set weak-scaling preflight test test-all bench bench-stacks bench-budgets clean
+.PHONY: install wheelhouse result-set weak-scaling preflight test test-all bench bench-stacks clean
 
 # WHEELHOUSE=DIR make install: from the files of DIR only, no network (tools/install.sh).
 install:
@@ -59,12 +59,12 @@ weak-scaling: $(DATA_TARGET_$(BENCH))
 	@$(PY) -m offline.weak_scaling --bench $(BENCH) --instances $(M) --ranks $(NP) --output $(WEAK_DIR) \
 	  --config $(CONFIG_$(BENCH)) --data-dir $(DATA_$(BENCH))
 
-# The first thing to run on a new machine (common/preflight): every rank's device, GPU, CPUs and threads, an
+# The first thing to run on a new machine (offline/preflight): every rank's device, GPU, CPUs and threads, an
 # allreduce sweep, a 20-step benchmark beside its projection. NP ranks, as `make run`; e.g.
 #   make preflight NP=2 PREFLIGHT_ARGS="--machine machines/eos-h100.yaml --expect-gpus 8"
 PREFLIGHT_ARGS ?=
 preflight: install
-	@$(LAUNCH) $(PY) -m common.preflight $(PREFLIGHT_ARGS)
+	@$(LAUNCH) $(PY) -m offline.preflight $(PREFLIGHT_ARGS)
 
 # `make test` skips the tests marked slow (pytest.ini says which); `make test-all` runs them too.
 # Both run on TEST_WORKERS pytest processes (pytest-xdist), a test file to one process so that its
@@ -89,10 +89,6 @@ bench: install
 bench-stacks: install
 	@$(MAKE) --no-print-directory install STACK=tf2.15 VENV=.venv-tf2.15
 	@$(PY) bench/stacks.py --venv $(VENV) --venv .venv-tf2.15
-
-# `make run` training and `make test` wall time against their budgets on this CPU.
-bench-budgets: install
-	@$(PY) bench/time_budgets.py
 
 clean:
 	rm -rf runs data

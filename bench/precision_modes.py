@@ -71,7 +71,7 @@ def add_arguments(parser, warmup_steps: int, steps: int) -> None:
 
 
 def extra_overrides(parser, args) -> dict:
-    """{key: value} of the --set flags (bench/gradient_overlap.py passes runtime.gradient_allreduce so)."""
+    """{key: value} of the --set flags (e.g. runtime.gradient_allreduce=grouped)."""
     bad = [item for item in args.sets if "=" not in item]
     if bad:
         parser.error(f"--set expects KEY=VALUE, got {bad[0]!r}")

@@ -5,7 +5,6 @@ each splitting benchmark's models unsplit (K=1) and split K=2 ways, the halo ove
   python bench/spatial.py --configs cosmoflow/configs/cosmoflow_spatial_256.yaml --ks 2 --halo-overlap on
   python bench/spatial.py --configs cosmoflow/configs/cosmoflow_spatial_256.yaml --slab-control   # + the control
   python bench/spatial.py --configs deepcam/configs/deepcam_closed_gbs1024.yaml --halo-overlap on --shard-optimizer
-  python bench/spatial.py ... --count-tensors               # + TensorFlow's count of each row's tensors
   python bench/spatial.py --allow-load --steps 1 --configs cosmoflow/configs/cosmoflow_closed_gbs512.yaml \\
       --set data.sample_shape=32,32,32,4 --out-dir /tmp/smoke      # a smoke run on a busy machine
 
@@ -31,12 +30,6 @@ subtracts the RSS once TensorFlow and Horovod are loaded. What every rank holds 
 size beside each row: it is why K=2 holds more than half of K=1. Halo bytes: what each exchange
 sends forward, recorded as the model is built; backward sends as much again per exchange but
 those on the model's input (the alltoalls/step column counts both directions).
-
---count-tensors launches each row a second time under TensorFlow's BFC allocator on the CPU
-(TF_CPU_ALLOCATOR_USE_BFC=true) for its own count over one step after the warm-up: the bytes in use
-at the step's peak and those held before it. That is what a GPU's allocator would have to hold; the
-peak RSS adds what the host's malloc keeps of freed tensors and what lives outside TensorFlow's
-tensors (Gloo's buffers), which grow the RSS of a split rank more than its tensors.
 
 Refuses to measure (one `error:` line, exit 2) when the load average is above 0.5 per core;
 --allow-load measures anyway and the table says the load. Writes bench/results/spatial_<ISA>.md
@@ -65,8 +58,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench import horovod_timeline, machine_load  # noqa: E402
-from bench import tensor_count  # noqa: E402
-from bench.tensor_count import COUNT_TENSORS  # noqa: E402
 from common import benchmarks, launchers  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -216,8 +207,6 @@ def worker(args) -> int:
         return time.perf_counter() - start
 
     seconds(1)   # warm-up: traces the step
-    if args.count_tensors:   # under COUNT_TENSORS: the allocator's bytes over one more step
-        return count_tensors(args.out, dist, seconds)
     timed = float(dist.allreduce_max([seconds(args.steps)])[0]) / args.steps
     record = {}
     if mesh.is_split:
@@ -242,19 +231,6 @@ def worker(args) -> int:
     return 0
 
 
-def count_tensors(out: str, dist, seconds) -> int:
-    """Writes this rank's TensorFlow count over one step: the bytes in use at its peak and those held
-    before it (weights, slots, Horovod's fusion buffer): what a GPU's allocator would have to hold,
-    without what the host's malloc keeps of freed tensors and what TensorFlow and Horovod hold
-    outside their tensors (Gloo's buffers)."""
-    peak, held = tensor_count.over(lambda: seconds(1))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / f"rank-{dist.rank:05d}.json").write_text(json.dumps({"tensors_peak_bytes": peak,
-                                                                       "tensors_held_bytes": held}))
-    dist.barrier()
-    return 0
-
-
 def synthetic_data(benchmark: str, folder: Path, env: dict) -> Path:
     """A one-sample synthetic set of the benchmark's generator (common/benchmarks.py) in `folder`: the
     steps train on random tensors, but a task's preprocessing may read the set's statistics (DeepCAM's
@@ -266,13 +242,13 @@ def synthetic_data(benchmark: str, folder: Path, env: dict) -> Path:
     return folder
 
 
-def launch(row: dict, steps: int, sets: list[str], settle: bool, count: bool = False) -> tuple[float, list[dict]]:
+def launch(row: dict, steps: int, sets: list[str], settle: bool) -> tuple[float, list[dict]]:
     """One launch of the row's ranks: the load per core before it and each rank's record."""
-    env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"} | (COUNT_TENSORS if count else {})
+    env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     with tempfile.TemporaryDirectory(prefix="bench_spatial.") as tmp:
         data = synthetic_data(row["benchmark"], Path(tmp) / "data", env)
         cmd = [sys.executable, __file__, "--worker", json.dumps(row), "--steps", str(steps), "--out", tmp,
-               f"--set=data.data_dir={data}", *[f"--set={s}" for s in sets], *(["--count-tensors"] if count else [])]
+               f"--set=data.data_dir={data}", *[f"--set={s}" for s in sets]]
         cmd = launchers.on_this_host(cmd, row["ranks"])
         # The previous row's own load out of the 1-minute average first (not for a smoke run: --allow-load).
         load = machine_load.settle() if settle else machine_load.per_core()
@@ -283,13 +259,8 @@ def launch(row: dict, steps: int, sets: list[str], settle: bool, count: bool = F
         return load, [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank-*.json"))]
 
 
-def measure(row: dict, steps: int, sets: list[str], settle: bool = True, count: bool = False) -> dict:
+def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict:
     load, ranks = launch(row, steps, sets, settle)
-    tensors = {}
-    if count:   # its own launch: the BFC allocator counts, but it is not the allocator the RSS is of
-        counted = launch(row, steps, sets, settle, count=True)[1]
-        tensors = {"tensors_peak_gib_per_rank": max(x["tensors_peak_bytes"] for x in counted) / GIB,
-                   "tensors_held_gib_per_rank": max(x["tensors_held_bytes"] for x in counted) / GIB}
     r = ranks[0]
     dims = r["sample"]
     return row | {
@@ -306,9 +277,7 @@ def measure(row: dict, steps: int, sets: list[str], settle: bool = True, count: 
         "halo_mib_forward_per_rank": r["halo_bytes_forward"] / 2**20,
         "halo_exchanges_forward": r["halo_exchanges_forward"],
         "alltoalls_per_step": r.get("alltoalls"),
-        "halo_in_flight_share": r.get("halo_in_flight_share"), "halo_transfer_share": r.get("halo_transfer_share"),
-        "tensors_peak_gib_per_rank": tensors.get("tensors_peak_gib_per_rank"),
-        "tensors_held_gib_per_rank": tensors.get("tensors_held_gib_per_rank")}
+        "halo_in_flight_share": r.get("halo_in_flight_share"), "halo_transfer_share": r.get("halo_transfer_share")}
 
 
 def halo_label(row: dict, overlapping_layers: int) -> str:
@@ -329,26 +298,19 @@ def same_split(a: dict, b: dict) -> bool:
 
 
 def with_unsplit_ratios(rows: list[dict]) -> list[dict]:
-    """Each row with its peak RSS above import, its tensors' peak (where counted) and its samples/s
-    over those of the unsplit row (one rank, K=1) of its config and sample."""
+    """Each row with its peak RSS above import and its samples/s over those of the unsplit row (one
+    rank, K=1) of its config and sample."""
     unsplit = {(r["config"], r["sample_name"]): r for r in rows if r["ranks"] == 1}
     out = []
     for r in rows:
         base = unsplit.get((r["config"], r["sample_name"]))
-        counted = base and r.get("tensors_peak_gib_per_rank") and base.get("tensors_peak_gib_per_rank")
         out.append(r | {"above_import_vs_unsplit": base and r["peak_rss_above_import_gib"] / base["peak_rss_above_import_gib"],
-                        "tensors_vs_unsplit": r["tensors_peak_gib_per_rank"] / base["tensors_peak_gib_per_rank"]
-                        if counted else None,
                         "speed_vs_unsplit": base and r["samples_per_s"] / base["samples_per_s"]})
     return out
 
 
 def _share(value) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
-
-
-def _gib(value) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 def _ratio(value) -> str:
@@ -375,8 +337,8 @@ def markdown(machine: dict, rows: list[dict], command: str) -> str:
              f" (NOT QUIET, above {machine_load.QUIET_PER_CORE}: a smoke run, its timings are not figures)."), "",
              "| benchmark | sample | K | halo | params | threads/rank | samples/s | speed vs K=1 | peak RSS/rank GiB "
              "| above import GiB | vs K=1 | halo MiB/rank forward | exchanges forward | alltoalls/step "
-             "| halo in flight | halo transfer | tensors peak GiB/rank | vs K=1 |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| halo in flight | halo transfer |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio, speed = _ratio(r["above_import_vs_unsplit"]), _ratio(r["speed_vs_unsplit"])
         lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['ranks']} | {r['halo']} | "
@@ -384,8 +346,7 @@ def markdown(machine: dict, rows: list[dict], command: str) -> str:
                      f"{r['peak_rss_gib_per_rank']:.2f} | {r['peak_rss_above_import_gib']:.2f} | {ratio} | "
                      f"{r['halo_mib_forward_per_rank']:.1f} | {r['halo_exchanges_forward'] or '-'} | "
                      f"{r['alltoalls_per_step'] or '-'} | "
-                     f"{_share(r['halo_in_flight_share'])} | {_share(r['halo_transfer_share'])} | "
-                     f"{_gib(r.get('tensors_peak_gib_per_rank'))} | {_ratio(r.get('tensors_vs_unsplit'))} |")
+                     f"{_share(r['halo_in_flight_share'])} | {_share(r['halo_transfer_share'])} |")
     lines += ["", "Held whole by every rank, whatever K (GiB; gradients: one set, during the step; gathered: the "
               "gathers' outputs and the layers after a gathered head, per sample, saved for backward):", "",
               "| benchmark | sample | K | TF + Horovod at import | weights | optimizer slots | gradients | gathered |",
@@ -415,9 +376,6 @@ def main(argv=None) -> int:
     p.add_argument("--shard-optimizer", action="store_true",
                    help="for K > 1, the optimizer's state sharded over the group (parallel.shard_optimizer)")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
-    p.add_argument("--count-tensors", action="store_true",
-                   help="also launch each row under TensorFlow's BFC allocator on the CPU for its count of "
-                        "the bytes in use at a step's peak (what a GPU's allocator holds)")
     p.add_argument("--allow-load", action="store_true",
                    help="measure above 0.5 load per core (a smoke run: the table says the load)")
     p.add_argument("--json", help="also write the rows here (bench/report.py)")
@@ -448,7 +406,7 @@ def main(argv=None) -> int:
         if not row["halo_overlap"] and any(same_split(r, row) and r["halo_overlap"] and not r["overlapping_layers"]
                                            for r in rows):
             continue   # its overlapped row overlapped nothing (DeepCAM's rows exchange first): the same run
-        rows.append(measure(row, args.steps, args.set, settle=not args.allow_load, count=args.count_tensors))
+        rows.append(measure(row, args.steps, args.set, settle=not args.allow_load))
         print(f"[bench] {json.dumps(rows[-1])}", flush=True)
         # Written after every row, so that a row that fails (out of memory) leaves those before it.
         measured = with_unsplit_ratios(rows)

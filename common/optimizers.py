@@ -77,7 +77,7 @@ class LAMB(tf.keras.optimizers.Optimizer):
         # Every term the size of the variable comes from the gradient or after it: a graph runs an op
         # once its inputs are ready, and one of the slots or weights alone (b1 * m, decay * w) would
         # run as the step starts and be held through forward and backward (1.2 GiB more at the peak
-        # of DeepCAM's step: bench/deepcam_split_memory.py --optimizer LAMB).
+        # of DeepCAM's step at 768 x 1152 fp32 on a 2-core AVX2 EPYC: docs/figures.md).
         m.assign_add((gradient - m) * (1.0 - b1))                 # b1 m + (1 - b1) g
         v.assign_add((tf.square(gradient) - v) * (1.0 - b2))      # b2 v + (1 - b2) g^2
         m_hat = m / (1.0 - tf.pow(b1, step))

@@ -61,8 +61,8 @@ echo "[sbatch] each rank: $CPUS_PER_TASK CPU(s), --cpu-bind=$CPU_BIND; every GPU
 # buffer holds up to HOROVOD_FUSION_THRESHOLD bytes (DeepCAM's 226 MB of fp32 gradients, when ready
 # at once as under --xla, go in two). Runs with batch-norm groups get a shorter cycle from the
 # launcher itself unless HOROVOD_CYCLE_TIME is set (docs/running.md). A CPU job over Gloo pays about
-# 4x the buffer in peak RSS per rank (bench/results/spatial_deepcam_fusion_AVX-512.md: 8388608 saved
-# a DeepCAM K=2 rank 0.5 GiB at the same speed); a GPU's NCCL reduces in the buffer in place.
+# 4x the buffer in peak RSS per rank (8388608 saved a DeepCAM K=2 rank 0.5 GiB at the same speed on a
+# 2-core AVX-512 EPYC: docs/figures.md); a GPU's NCCL reduces in the buffer in place.
 export HOROVOD_FUSION_THRESHOLD=${HOROVOD_FUSION_THRESHOLD:-134217728}
 # TensorFlow launches each GPU's kernels from threads of its own (TF_GPU_THREAD_MODE=gpu_private),
 # so the input pipeline's threads on the rank's few cores do not delay a step's launches.

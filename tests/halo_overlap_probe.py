@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench import tf_profile  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.spatial import SpatialConv3D  # noqa: E402
+from tests import tf_profile  # noqa: E402
 
 DELAY_S = 3.0   # 1 s was once too short for the interior, with another pytest worker on the 2 cores
 SLAB = (1, 32, 64, 64, 8)       # [B, Zs, Y, X, C]: an interior of some milliseconds' compute

@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench import tf_profile  # noqa: E402
 from common.config_loading import load_config  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.run.steps import TrainStep  # noqa: E402
 from cosmoflow.task import CosmoFlowTask  # noqa: E402
+from tests import tf_profile  # noqa: E402
 
 VARIANTS = {"overlap": (False, "none"), "grouped": (True, "none"), "overlap-fp16": (False, "fp16")}
 # 64^3: backward long enough (tens of ms) that its gradients come apart even on loaded cores.

@@ -3,7 +3,7 @@ the order, from a Horovod timeline and TensorFlow's trace of one step on 2 ranks
 the grouped allreduce after backward (tests/overlap_probe.py runs the three variants in one launch).
 
 Gloo over loopback shares these 2 cores with the backward pass, so what overlap buys in time is
-not judged here (bench/gradient_overlap.py measures it)."""
+not judged here (docs/figures.md gives the figure of one CPU)."""
 
 import json
 

@@ -5,7 +5,7 @@ Two constructions did: the faces' slots zeroed by tf.where against a zeros_like 
 constant of the received planes' size), and the boundary rows cut as two slices (the slab's
 gradient a sum of three tensors, which grappler's memory optimizer turns into an accumulator
 initialised from a zeros_like of the slab's size, folded too). For DeepCAM at 768 x 1152, K = 2,
-they held 0.15 GiB per rank through training (bench/results/spatial_deepcam_tensors_AVX-512.md). The
+they held 0.15 GiB per rank through training (docs/figures.md). The
 traced step of the exchange, one Horovod rank, the old constructions as the control."""
 
 import json

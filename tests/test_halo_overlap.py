@@ -125,7 +125,7 @@ def test_shard_optimizer_shards_the_split_rows_only():
 
 
 def test_the_table_says_horovod_s_fusion_buffer():
-    """Its size moves a split rank's peak RSS on the CPU (bench/results/spatial_deepcam_fusion_AVX-512.md)."""
+    """Its size moves a split rank's peak RSS on the CPU (docs/figures.md)."""
     from bench import spatial
     assert spatial.fusion_buffer({}) == "128 MiB (Horovod's default)"
     assert spatial.fusion_buffer({"HOROVOD_FUSION_THRESHOLD": "8388608"}) == "HOROVOD_FUSION_THRESHOLD=8388608 B"

@@ -1,4 +1,4 @@
-"""python -m common.preflight: on 2 Gloo ranks end to end, its checks' exit codes, and its pure parts."""
+"""python -m offline.preflight: on 2 Gloo ranks end to end, its checks' exit codes, and its pure parts."""
 
 import json
 import subprocess
@@ -6,11 +6,11 @@ import subprocess
 import pytest
 
 from common.errors import InputError
-from common.preflight import host, ranks, sweep, verdict
+from offline.preflight import host, ranks, sweep, verdict
 from tests import helpers
 from tests.test_gpus import A, B, fake_nvml  # noqa: F401  (fake_nvml: a fixture)
 
-PREFLIGHT = [helpers.PYTHON, "-m", "common.preflight"]
+PREFLIGHT = [helpers.PYTHON, "-m", "offline.preflight"]
 
 
 def preflight(args, environ=None, timeout=300) -> subprocess.CompletedProcess:
@@ -112,7 +112,7 @@ def test_lscpu_and_the_machine_file_it_writes_load_as_a_machine(tmp_path):
     text = host.machine_yaml(host="node1", cpu=cpu, cpu_source="lscpu", device_name="AMD EPYC 7763, 16 CPUs a rank",
                              matmul_edge=1024, peaks=[host.DevicePeaks(2e11, 5e10), host.DevicePeaks(1e11, 4e10)],
                              devices_per_node=8, busbw=3e9, latency_s=1e-5, ranks=8,
-                             command="python -m common.preflight")
+                             command="python -m offline.preflight")
     (tmp_path / "m.yaml").write_text(text)
     from offline.projection import inputs
     m = inputs.load_machine(tmp_path / "m.yaml")

@@ -3,8 +3,8 @@
 Its gradients are autodiff's (2D and 3D, a part of zero rows included), and the rebuild in backward
 waits for the incoming gradient: a graph runs an op once its inputs are ready, so a rebuild reading
 only forward tensors would run during forward and be kept, as autodiff keeps the padded input.
-What that saves, and that the convolution its tape records is pruned (equal step times), is
-bench/rebuilt_input.py's to measure."""
+What that saves, and that the convolution its tape records is pruned (equal step times), is a
+measurement (docs/figures.md), not a test."""
 
 import contextlib
 

@@ -5,7 +5,7 @@ RunLoopOnce) starts one negotiation cycle every HOROVOD_CYCLE_TIME milliseconds,
 what is left of the period after the last cycle's work, and every cycle coordinates the ranks
 whether or not a tensor waits. A collective submitted between cycles waits for the next one, so
 a chain of collectives each depending on the last (group batch norm's: a layer after another,
-forward then backward) pays up to a cycle apiece on top of its transfer (bench/group_batchnorm.py).
+forward then backward) pays up to a cycle apiece on top of its transfer (docs/figures.md).
 
 The thread reads the variable once, as hvd.init starts it (hvd.init returns after that), so a
 value set later changes nothing: it must come from the launch environment (slurm/env.sh, the
@@ -15,7 +15,7 @@ reading: 1 ms by default, 0 when HOROVOD_ENABLE_XLA_OPS is set, then HOROVOD_CYC
 with C's strtof (milliseconds, fractions allowed; text that is not a number reads as 0), and
 left to Horovod's autotuner (1-100 ms) when HOROVOD_AUTOTUNE is on and no value is given.
 
-Standard library only: it is read before Horovod starts, and by bench/group_batchnorm.py's driver.
+Standard library only: it is read before Horovod starts.
 """
 
 import dataclasses
@@ -27,7 +27,7 @@ DEFAULT_MS = 1.0            # operations.cc: SetCycleTimeMs(1)
 # For runs with batch-norm groups, whose two collectives per layer each wait for a cycle. On 2 Gloo
 # ranks of a 2-core AMD EPYC shared with other jobs, DeepCAM's step at reference depth with groups
 # of 2 took 0.98 s at 0.1 ms against 2.38 s at 1 ms (0.22-0.32 s without the collectives); 0 ms,
-# a loop that never sleeps, did no better than 1 ms there (bench/results/group_batchnorm_AVX-512.md).
+# a loop that never sleeps, did no better than 1 ms there (docs/figures.md).
 BATCHNORM_GROUP_MS = 0.1
 
 # The value set_for_batchnorm_groups put into the environment (None: it set nothing), for the report.

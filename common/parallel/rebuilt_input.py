@@ -10,8 +10,8 @@ convolution's own gradient through it.
 
 Backward takes that gradient with a tape over the same convolution: its gradient ops read the
 convolution's input and kernel, never its output, so the forward op the tape records there feeds
-nothing and TensorFlow prunes it from the function. bench/rebuilt_input.py measures both: 1.01
-slabs kept per layer against autodiff's 2.02, at equal step times (2-core AMD EPYC, AVX2).
+nothing and TensorFlow prunes it from the function: 1.01 slabs kept per layer against autodiff's
+2.02, at equal step times (2-core AMD EPYC, AVX2; docs/figures.md).
 """
 
 import tensorflow as tf

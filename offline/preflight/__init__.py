@@ -1,10 +1,10 @@
 """The first thing a site runs: what each rank got, the allreduce bandwidth, a benchmark beside its projection.
 
-  python -m common.preflight                                   # one rank, CosmoFlow's synthetic config
+  python -m offline.preflight                                  # one rank, CosmoFlow's synthetic config
   make preflight NP=2                                          # 2 ranks on this host (horovodrun, Gloo)
-  srun -N 2 --ntasks-per-node 4 --gpus-per-node 4 python -m common.preflight --expect-gpus 4 \\
+  srun -N 2 --ntasks-per-node 4 --gpus-per-node 4 python -m offline.preflight --expect-gpus 4 \\
       --machine machines/perlmutter-a100.yaml                  # or: sbatch ... slurm/preflight.sbatch
-  mpirun -np 2 python -m common.preflight --tiny --sweep-sizes 8,1M
+  mpirun -np 2 python -m offline.preflight --tiny --sweep-sizes 8,1M
 
 Under any launcher, every rank runs it; rank 0 prints:
   1. per rank: host, device and GPU (NVML UUID), the GPUs it sees, its CPU affinity and the threads

@@ -1,6 +1,6 @@
 import sys
 
-from common.preflight.cli import main
+from offline.preflight.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

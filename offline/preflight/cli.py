@@ -1,4 +1,4 @@
-"""python -m common.preflight: its flags and the order every rank runs it in (common/preflight/__init__.py).
+"""python -m offline.preflight: its flags and the order every rank runs it in (offline/preflight/__init__.py).
 
 Every rank makes every collective, in the same order; rank 0 alone prints and writes
 <output>/preflight.json (and <output>/machine.yaml when it measured this host).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from common import benchmarks, cpu
 from common.errors import ExitCode, InputError, tool_main
-from common.preflight import host, ranks, sweep, verdict
+from offline.preflight import host, ranks, sweep, verdict
 from offline.projection import inputs
 
 TAG = "[preflight]"
@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m common.preflight", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="python -m offline.preflight", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bench", default="cosmoflow", choices=benchmarks.names(), help="the benchmark (default cosmoflow)")
     p.add_argument("--config", help="the config to benchmark (default: the benchmark's synthetic config)")
@@ -185,7 +185,7 @@ def _measure_this_host(dist, device: str, rows, out: Path, argv):
         path.write_text(host.machine_yaml(
             host=dist.hostname, cpu=node_cpu, cpu_source=source, device_name=name, matmul_edge=host.matmul_edge(device),
             peaks=peaks, devices_per_node=dist.local_size, busbw=rows[-1].busbw if rows else None, latency_s=latency,
-            ranks=dist.size, command="python -m common.preflight " + shlex.join(argv or sys.argv[1:])))
+            ranks=dist.size, command="python -m offline.preflight " + shlex.join(argv or sys.argv[1:])))
     dist.barrier()
     return inputs.load_machine(path) if dist.is_root else None
 
