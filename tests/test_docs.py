@@ -1,7 +1,9 @@
 """The documentation's promises that can be checked without TensorFlow: every relative link of
-README.md and docs/*.md resolves to a file, every `make TARGET` they name is a Makefile target
-(the Makefile's own and those `python -m common.benchmarks make` generates), every module they
-name (`common.x.y`, `common/x/y.py`) exists, and README.md stays under 200 lines."""
+README.md and docs/*.md resolves to a file (and to a heading of it, where the link names one),
+every `make TARGET` they name is a Makefile target (the Makefile's own and those
+`python -m common.benchmarks make` generates), every module they name (`common.x.y`,
+`common/x/y.py`) exists, and README.md stays a first page: at most 110 lines, none over 200
+characters."""
 import re
 import subprocess
 import sys
@@ -34,6 +36,33 @@ def relative_links(text):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
             continue  # http(s), mailto, ... and anchors within the page
         yield prose.count("\n", 0, m.start()) + 1, target.split("#", 1)[0]
+
+
+def links_with_anchors(text):
+    """(line number, target file or "", anchor) of every relative link naming an anchor: [x](#a)
+    within the page, [x](page.md#a) into another."""
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    for m in LINK.finditer(prose):
+        target = m.group(1)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or "#" not in target:
+            continue
+        path, anchor = target.split("#", 1)
+        yield prose.count("\n", 0, m.start()) + 1, path, anchor
+
+
+def heading_anchors(text):
+    """The anchors GitHub gives a page's headings: lower case, punctuation but '-' and '_' dropped,
+    spaces to '-', a repeated one suffixed -1, -2, ..."""
+    seen, anchors = {}, set()
+    for line in FENCE.sub("", text).splitlines():
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
 
 
 def make_targets_named(text):
@@ -89,9 +118,11 @@ def makefile_targets():
     return targets
 
 
-def test_readme_is_short():
-    n = len((ROOT / "README.md").read_text().splitlines())
-    assert n < 200, f"README.md has {n} lines; the manual belongs in docs/"
+def test_readme_is_a_first_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 110, f"README.md has {len(lines)} lines; the manual belongs in docs/"
+    long = [f"README.md:{i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 200]
+    assert not long, "lines over 200 characters:\n" + "\n".join(long)
 
 
 def test_pages_exist():
@@ -104,6 +135,18 @@ def test_relative_links_resolve(page):
               for line, target in relative_links(page.read_text())
               if target and not (page.parent / target).exists()]
     assert not broken, "links to nothing:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_anchors_resolve(page):
+    broken = []
+    for line, path, anchor in links_with_anchors(page.read_text()):
+        target = (page.parent / path) if path else page
+        if target.suffix != ".md" or not target.is_file():
+            continue  # a missing file is test_relative_links_resolve's; anchors of other files unchecked
+        if anchor not in heading_anchors(target.read_text()):
+            broken.append(f"{page.relative_to(ROOT)}:{line}: {path}#{anchor}")
+    assert not broken, "links to no heading:\n" + "\n".join(broken)
 
 
 def test_makefile_targets_parsed():
@@ -131,6 +174,10 @@ def test_checks_can_fail():
     text = "see [x](no/such/file.md) and ![img](gone.png), [ok](https://x.org) [a](#b)\n```\nmake frobnicate\n```\n"
     assert [t for _, t in relative_links(text)] == ["no/such/file.md", "gone.png"]
     assert make_targets_named(text) == {"frobnicate"}
+    assert list(links_with_anchors(text)) == [(1, "", "b")]
+    page = "# Title\n## What a run writes (`--output-dir`)\n## Tiers\n## Tiers\n```\n# not a heading\n```\n"
+    assert heading_anchors(page) == {"title", "what-a-run-writes---output-dir", "tiers", "tiers-1"}
+    assert "b" not in heading_anchors(page)
     assert make_targets_named("`VARIANT=gpu make install` and `make run NP=2`") == {"install", "run"}
     assert "frobnicate" not in makefile_targets()
     assert missing_modules("common.launch, common/trainer.py and common/run_context.RunContext, not "
