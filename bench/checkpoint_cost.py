@@ -48,6 +48,7 @@ MEASURABLE = benchmarks.names_with("full_model_config")
 def build(name: str, config_path: str, device: str):
     """(model, optimizer, precision) as common.run.trainer builds them, without data or Horovod."""
     import tensorflow as tf
+    import tf_keras
 
     from common import runtime
     from common.config_loading import load_model_config
@@ -57,7 +58,7 @@ def build(name: str, config_path: str, device: str):
     task = task_class(load_model_config(task_class.config_class, config_path))
     cfg = task.cfg
     precision, _ = runtime.choose_precision(cfg.runtime, device)
-    tf.keras.backend.experimental.enable_tf_random_generator()   # as common.runtime.configure
+    tf_keras.backend.experimental.enable_tf_random_generator()   # as common.runtime.configure
     with runtime.dtype_policy(precision):
         model = task.build_model(RankGroup(1, None))
     batch = cfg.train.global_batch_size   # steps per epoch: DeepCAM's n_train 0 (all files) is unused
@@ -70,6 +71,7 @@ def build(name: str, config_path: str, device: str):
 def measure(name: str, config_path: str, device: str, saves: int, folder: Path, step_s) -> dict:
     import numpy as np
     import tensorflow as tf
+    import tf_keras
 
     from common.checkpoints.checkpointer import Checkpointer, random_generators
 
@@ -116,7 +118,7 @@ def measure(name: str, config_path: str, device: str, saves: int, folder: Path, 
     row["cost_per_save_s"] = row["blocked_steady_s"] + row["after_save_s"]
     row["min_checkpoint_steps"] = math.ceil(10 * row["cost_per_save_s"] / step_s) if step_s else None
     del ckpt, model, optimizer
-    tf.keras.backend.clear_session()
+    tf_keras.backend.clear_session()
     return row
 
 

@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 from common import benchmarks, launchers
-from common.legacy_keras import installed_tensorflow_version
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -144,15 +143,11 @@ def rows(runs, input_label: str, training_label: str) -> list[tuple[str, str, fl
 
 
 def machine(runs) -> str:
-    """The machine the figures were measured on, from the first run's summary: CPU, ISA, device, TensorFlow."""
+    """The machine the figures were measured on, from the first run's summary: CPU, ISA, device, stack."""
     rt = runs[0][1]["runtime"]
     cpu = rt["cpu"]
     return (f"CPU {cpu['cpu']} ({cpu['isa']}, bf16 {cpu['bf16']}, oneDNN {cpu['onednn'].split(' ')[0]}), "
-            f"{rt['intra_op_threads']} thread(s) per rank, device {rt['device']}, TensorFlow {_tensorflow_version()}")
-
-
-def _tensorflow_version() -> str:
-    return installed_tensorflow_version() or "?"
+            f"{rt['intra_op_threads']} thread(s) per rank, device {rt['device']}, {rt['stack']}")
 
 
 def report(benchmark: str, sample: str, args, runs, table_rows) -> None:

@@ -13,6 +13,7 @@ import math
 from typing import Sequence
 
 import tensorflow as tf
+import tf_keras
 
 from common.errors import ConfigError
 
@@ -28,7 +29,7 @@ def scale_lr(base_lr: float, global_batch_size: int, base_batch_size: int, scali
     raise ValueError(f"unknown LR scaling '{scaling}'")
 
 
-class EpochWarmupStepDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
+class EpochWarmupStepDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     """CosmoFlow's schedule (reference utils/optimizers.py::_lr_schedule), per 0-based epoch e.
 
     Warmup: for e < warmup_epochs, init_lr + e * (peak_lr - init_lr) / warmup_epochs.
@@ -78,7 +79,7 @@ class EpochWarmupStepDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
                     steps_per_epoch=self.steps_per_epoch)
 
 
-class StepWarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
+class StepWarmupSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
     """DeepCAM's step schedules, exactly as the reference drives them.
 
     The reference (utils/optimizer_helpers.py) builds its PyTorch scheduler
@@ -162,7 +163,7 @@ SCHEDULES = {
 }
 
 
-def build_schedule(name: str, **kwargs) -> tf.keras.optimizers.schedules.LearningRateSchedule:
+def build_schedule(name: str, **kwargs) -> tf_keras.optimizers.schedules.LearningRateSchedule:
     """The schedule of SCHEDULES called `name`, built with these arguments.
 
     Raises:

@@ -17,11 +17,12 @@ optimizer is its class here, its entry in OPTIMIZERS and its test.
 import dataclasses
 
 import tensorflow as tf
+import tf_keras
 
 from common.errors import ConfigError
 
 
-class AdamL2(tf.keras.optimizers.Adam):
+class AdamL2(tf_keras.optimizers.Adam):
     """Adam with PyTorch's coupled weight decay: g <- g + weight_decay * w."""
 
     def __init__(self, l2: float = 0.0, **kwargs):
@@ -37,7 +38,7 @@ class AdamL2(tf.keras.optimizers.Adam):
         return super().get_config() | {"l2": self.l2}
 
 
-class LAMB(tf.keras.optimizers.Optimizer):
+class LAMB(tf_keras.optimizers.Optimizer):
     """Layer-wise adaptive moments (You et al. 2019), apex FusedLAMB flavour.
 
     Args:
@@ -117,7 +118,7 @@ class OptimizerEntry:
     takes: tuple[str, ...]
     renamed: tuple[tuple[str, str], ...] = ()
 
-    def build(self, **hyperparameters) -> tf.keras.optimizers.Optimizer:
+    def build(self, **hyperparameters) -> tf_keras.optimizers.Optimizer:
         keywords = dict(self.renamed)
         return self.cls(**{keywords.get(key, key): value for key, value in hyperparameters.items()
                            if key in self.takes})
@@ -126,10 +127,10 @@ class OptimizerEntry:
 _ADAM = ("learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay")
 # Named as the configs and the MLPerf log's opt_name spell them.
 OPTIMIZERS = {
-    "SGD": OptimizerEntry(tf.keras.optimizers.SGD, takes=("learning_rate", "momentum")),
+    "SGD": OptimizerEntry(tf_keras.optimizers.SGD, takes=("learning_rate", "momentum")),
     # PyTorch's Adam: weight decay as an L2 term of the gradient.
     "Adam": OptimizerEntry(AdamL2, takes=_ADAM, renamed=(("weight_decay", "l2"),)),
-    "AdamW": OptimizerEntry(tf.keras.optimizers.AdamW, takes=_ADAM),
+    "AdamW": OptimizerEntry(tf_keras.optimizers.AdamW, takes=_ADAM),
     "LAMB": OptimizerEntry(LAMB, takes=(*_ADAM, "max_grad_norm"), renamed=(("weight_decay", "weight_decay_rate"),)),
 }
 
@@ -152,7 +153,7 @@ def check_name(name: str, hyperparameters) -> None:
                           f"optimizers of common/optimizers.py taking {', '.join(hyperparameters)})")
 
 
-def build_optimizer(name: str, **hyperparameters) -> tf.keras.optimizers.Optimizer:
+def build_optimizer(name: str, **hyperparameters) -> tf_keras.optimizers.Optimizer:
     """The optimizer of OPTIMIZERS called `name`, built with the hyperparameters it takes.
 
     Raises:

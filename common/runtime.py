@@ -1,11 +1,11 @@
 """Runtime knobs (device, threads, precision), set in one place and reported."""
 
 import contextlib
-import importlib
 import os
 import platform
 
 import tensorflow as tf
+import tf_keras
 
 from common import cpu
 from common.inputs import device_prefetch
@@ -34,7 +34,7 @@ def configure(runtime, dist) -> dict:
     # Random layers (dropout) draw from a tf.random.Generator, whose state a
     # checkpoint can hold (common.checkpoints.checkpointer), not from stateful ops whose
     # state lives in the kernels and restarts with the process.
-    tf.keras.backend.experimental.enable_tf_random_generator()
+    tf_keras.backend.experimental.enable_tf_random_generator()
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
     return {"device": device, "cpu": cpu.describe(), "intra_op_threads": intra, "deterministic": runtime.deterministic,
@@ -47,14 +47,9 @@ def configure(runtime, dist) -> dict:
 
 
 def software_stack() -> str:
-    """The TensorFlow, Keras and Python a run computes with (two stacks are supported: tools/install.sh),
-    for its console and summary.json: 'TensorFlow 2.21.0, Keras 2.21.0 (tf_keras), Python 3.12.1'."""
-    # tf.keras is tf_keras's API on TF >= 2.16 (common/legacy_keras.py), keras 2's on TF 2.15. The
-    # package is read off a class it defines: the API module's own name can be TensorFlow's alias
-    # ("tensorflow.keras", once a module did `import tensorflow.keras`), and carries no version.
-    package = tf.keras.layers.Layer.__module__.split(".")[0]
-    keras_version = importlib.import_module(package).__version__
-    return f"TensorFlow {tf.__version__}, Keras {keras_version} ({package}), Python {platform.python_version()}"
+    """The TensorFlow, Keras and Python a run computes with, for its console and summary.json:
+    'TensorFlow 2.21.0, Keras 2.21.0 (tf_keras), Python 3.12.1'."""
+    return f"TensorFlow {tf.__version__}, Keras {tf_keras.__version__} (tf_keras), Python {platform.python_version()}"
 
 
 def _size_thread_pools(intra: int, inter: int) -> tuple[int, int, str]:
@@ -110,18 +105,18 @@ def dtype_policy(policy: str):
     The policy is chosen once (`configure` -> its "precision") and passed to the
     model builders; nothing outside this block sees it.
     """
-    previous = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy(policy)
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(policy)
     try:
         yield
     finally:
-        tf.keras.mixed_precision.set_global_policy(previous)
+        tf_keras.mixed_precision.set_global_policy(previous)
 
 
 def wrap_optimizer(optimizer, policy):
     """Adds dynamic loss scaling when `policy` (a name or Policy) computes in float16 (bf16 needs none)."""
-    if tf.keras.mixed_precision.Policy(policy if isinstance(policy, str) else policy.name).compute_dtype == "float16":
-        return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    if tf_keras.mixed_precision.Policy(policy if isinstance(policy, str) else policy.name).compute_dtype == "float16":
+        return tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer
 
 

@@ -145,7 +145,7 @@ class Task:
         return 1
 
     def build_model(self, bn_group):
-        """The tf.keras.Model; `bn_group` is the RankGroup that shares batch-norm statistics.
+        """The tf_keras.Model; `bn_group` is the RankGroup that shares batch-norm statistics.
 
         Built under the run's dtype policy (the trainer's common.runtime.dtype_policy block).
         """

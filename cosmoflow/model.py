@@ -21,8 +21,8 @@ reference (models/cosmoflow.py) and the rules' `opt_weight_decay` define it:
 the conv layers and the output layer carry no penalty.
 """
 
-import tensorflow as tf
-from tensorflow.keras import layers
+import tf_keras
+from tf_keras import layers
 
 from common.parallel.spatial import GatherSlabs, SpatialConv3D, pool_stays_local
 
@@ -32,11 +32,11 @@ OUTPUT_SCALE = 1.2
 def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_size: int = 3,
                 n_conv_layers: int = 5, fc1_size: int = 128, fc2_size: int = 64, dropout: float = 0.5,
                 l2: float = 0.0, max_channels: int | None = None, mesh=None,
-                halo_overlap: bool = True) -> tf.keras.Model:
+                halo_overlap: bool = True) -> tf_keras.Model:
     """The model; with a split `mesh`, `input_shape` is the whole sample's and the input a z-slab of it
     (`halo_overlap`: parallel.halo_overlap, how its convolutions wait for their halos)."""
     # Keras' l2(l) adds l * sum(w^2) to the loss, as the reference's regularizers.l2.
-    regularizer = tf.keras.regularizers.l2(l2) if l2 > 0 else None
+    regularizer = tf_keras.regularizers.l2(l2) if l2 > 0 else None
     split = mesh is not None and mesh.is_split
     shape = tuple(input_shape)
     if split:
@@ -65,10 +65,10 @@ def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_s
     # The head stays in float32 under mixed precision: the loss compares it to targets.
     x = layers.Dense(target_size, activation="tanh", dtype="float32", name="head")(x)
     outputs = layers.Rescaling(OUTPUT_SCALE, dtype="float32", name="scale")(x)
-    return tf.keras.Model(inputs, outputs, name="cosmoflow")
+    return tf_keras.Model(inputs, outputs, name="cosmoflow")
 
 
-def from_config(cfg, mesh=None) -> tf.keras.Model:
+def from_config(cfg, mesh=None) -> tf_keras.Model:
     m = cfg.model
     return build_model(cfg.data.sample_shape, 4, m.conv_size, m.kernel_size, m.n_conv_layers,
                        m.fc1_size, m.fc2_size, m.dropout, cfg.optimizer.weight_decay, m.max_channels, mesh,

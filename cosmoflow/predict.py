@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
+import tf_keras
 
 from common.checkpoints.model_weights import find_run_config, restore_model_weights
 from common import config_loading as config_lib
@@ -35,7 +35,7 @@ def load_model_config(path) -> CosmoFlowConfig:
     return config_lib.load_model_config(CosmoFlowConfig, path)
 
 
-def load_model(checkpoint, config_path=None) -> tuple[tf.keras.Model, CosmoFlowConfig]:
+def load_model(checkpoint, config_path=None) -> tuple[tf_keras.Model, CosmoFlowConfig]:
     """The model of a checkpoint folder, with its weights, and the config it was built from."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():

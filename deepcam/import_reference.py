@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
+import tf_keras
 
 from common.checkpoints.model_weights import CONFIG_NAME, save_model_weights
 from common.config_loading import dump_config
@@ -70,7 +70,7 @@ AFFINE = Layout(trailing_ones=2)
 
 def _layer_tensors(layer):
     """[(reference tensor suffix, Keras variable, Layout)] of one layer; [] if it holds none."""
-    kl = tf.keras.layers
+    kl = tf_keras.layers
     # Subclasses first: both are Conv2D subclasses in Keras.
     if isinstance(layer, kl.Conv2DTranspose):
         return [("weight", layer.kernel, CONV)]
@@ -100,7 +100,7 @@ def tensor_map(model) -> dict:
 def _ignored(model) -> set:
     """Reference buffers with no Keras counterpart: BatchNorm2d's step counter."""
     return {f"{layer.name}.num_batches_tracked" for layer in model.layers
-            if isinstance(layer, tf.keras.layers.BatchNormalization)}
+            if isinstance(layer, tf_keras.layers.BatchNormalization)}
 
 
 def _named(kind: str, names, source) -> InputError:

@@ -40,7 +40,8 @@ pooling is a mean over the group; batch norm's statistics are summed over the gr
 import math
 
 import tensorflow as tf
-from tensorflow.keras import layers
+import tf_keras
+from tf_keras import layers
 
 from common import cpu
 from common.parallel.spatial_rows import GatherRows, GroupMeanPool, RowHalo, RowWindow, SlabConvolution
@@ -54,7 +55,7 @@ ASPP_RATES = (6, 12, 18)        # output stride 16; the first ASPP branch is a 1
 EXIT_FLOW_DILATION = 2            # exit flow separable convolutions at output stride 16
 
 
-class KaimingNormal(tf.keras.initializers.Initializer):
+class KaimingNormal(tf_keras.initializers.Initializer):
     """torch.nn.init.kaiming_normal_ with its defaults: N(0, 2 / fan_in), not truncated.
 
     The fan-in is given by the caller, because PyTorch counts it per group: a
@@ -72,7 +73,7 @@ class KaimingNormal(tf.keras.initializers.Initializer):
         return {"fan_in": self.fan_in}
 
 
-class TorchDefaultUniform(tf.keras.initializers.Initializer):
+class TorchDefaultUniform(tf_keras.initializers.Initializer):
     """PyTorch's default for a convolution's weight and bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 
     (kaiming_uniform_(a=sqrt 5) on the weight gives this bound.) A transposed
@@ -156,7 +157,7 @@ class SlabDepthwiseConv2D(SlabConvolution, layers.DepthwiseConv2D):
         return self.convolve_slab(inputs, self.depthwise_kernel, self._depthwise)
 
     def _depthwise(self, x, kernel):
-        return tf.keras.backend.depthwise_conv2d(x, kernel, strides=self.strides, padding=self.padding,
+        return tf_keras.backend.depthwise_conv2d(x, kernel, strides=self.strides, padding=self.padding,
                                                  dilation_rate=self.dilation_rate, data_format=self.data_format)
 
 
@@ -241,7 +242,7 @@ class _Builder:
         self.width = width
         self.bn_group = bn_group
         # Built under the run's dtype policy: the layers compute in its dtype.
-        self.direct_dilation = direct_dilation_supported(tf.keras.mixed_precision.global_policy().compute_dtype)
+        self.direct_dilation = direct_dilation_supported(tf_keras.mixed_precision.global_policy().compute_dtype)
         self.mesh = mesh if mesh is not None and mesh.is_split else None
         self._gathered = {}   # id(tensor) -> (tensor, its gathered whole map): one allgather per map
 
@@ -420,7 +421,7 @@ def _decoder(b: _Builder, x, low_level, n_classes: int):
 
 
 def build_model(height: int, width: int, in_channels: int, n_classes: int = 3, *, width_multiplier: float = 1.0,
-                middle_blocks: int = 16, bn_group=None, mesh=None) -> tf.keras.Model:
+                middle_blocks: int = 16, bn_group=None, mesh=None) -> tf_keras.Model:
     """DeepLabv3+ (output stride 16) mapping [B, H, W, C] fields to [B, H, W, classes] logits (float32).
 
     With a split `mesh`, `height` is the whole sample's and the input (and output) a slab of
@@ -428,14 +429,14 @@ def build_model(height: int, width: int, in_channels: int, n_classes: int = 3, *
     batchnorm_group_size ranks)."""
     b = _Builder(width_multiplier, bn_group, mesh)
     rows = height // mesh.size if b.mesh is not None else height
-    inputs = tf.keras.Input((rows, width, in_channels), name="fields")
+    inputs = tf_keras.Input((rows, width, in_channels), name="fields")
     x, low_level = _xception(b, inputs, middle_blocks)
     x = _bottleneck(b, x)
     logits = _decoder(b, x, low_level, n_classes)
-    return tf.keras.Model(inputs, logits, name="deeplabv3plus_xception")
+    return tf_keras.Model(inputs, logits, name="deeplabv3plus_xception")
 
 
-def from_config(cfg, bn_group=None, mesh=None) -> tf.keras.Model:
+def from_config(cfg, bn_group=None, mesh=None) -> tf_keras.Model:
     d, m = cfg.data, cfg.model
     return build_model(d.height, d.width, len(d.channels), 3, width_multiplier=m.width,
                        middle_blocks=m.middle_blocks, bn_group=bn_group, mesh=mesh)

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 from common.parallel.distribution import Distribution, RankGroup  # noqa: E402
 from common.parallel.sync_batchnorm import GroupBatchNormalization, average_batchnorm_statistics  # noqa: E402
@@ -24,17 +25,17 @@ from common.parallel.sync_batchnorm import GroupBatchNormalization, average_batc
 N_IN, N_HIDDEN, N_OUT = 6, 4, 3
 
 
-def build_model() -> tf.keras.Model:
+def build_model() -> tf_keras.Model:
     # A low momentum moves the running statistics far from (0, 1) in a few steps.
-    inner = tf.keras.Sequential([
-        tf.keras.layers.Dense(N_OUT, name="dense_b"),
+    inner = tf_keras.Sequential([
+        tf_keras.layers.Dense(N_OUT, name="dense_b"),
         GroupBatchNormalization(RankGroup(1, None), momentum=0.5, epsilon=1e-3, name="bn_b"),
     ], name="inner")
-    inputs = tf.keras.Input((N_IN,))
-    x = tf.keras.layers.Dense(N_HIDDEN, name="dense_a")(inputs)
-    x = tf.keras.layers.BatchNormalization(momentum=0.5, epsilon=1e-3, name="bn_a")(x)
-    x = tf.keras.layers.ReLU(name="relu")(x)
-    return tf.keras.Model(inputs, inner(x), name="tiny_bn")
+    inputs = tf_keras.Input((N_IN,))
+    x = tf_keras.layers.Dense(N_HIDDEN, name="dense_a")(inputs)
+    x = tf_keras.layers.BatchNormalization(momentum=0.5, epsilon=1e-3, name="bn_a")(x)
+    x = tf_keras.layers.ReLU(name="relu")(x)
+    return tf_keras.Model(inputs, inner(x), name="tiny_bn")
 
 
 def variables(model) -> dict:
@@ -42,7 +43,7 @@ def variables(model) -> dict:
 
 
 dist = Distribution()
-tf.keras.utils.set_random_seed(5)
+tf_keras.utils.set_random_seed(5)
 model = build_model()
 dist.broadcast_variables(model.variables)
 rng = np.random.default_rng(100 + dist.rank)

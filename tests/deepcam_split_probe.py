@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 from common.parallel.distribution import Distribution  # noqa: E402
 
@@ -74,7 +75,7 @@ def step(mesh, dist) -> dict:
     samples = slice(mesh.group * batch, (mesh.group + 1) * batch)
     cut = slice(mesh.index * rows, (mesh.index + 1) * rows)
     x, y = tf.constant(x_all[samples, cut]), tf.constant(y_all[samples, cut].astype(np.int32))
-    train_step = TrainStep(net, tf.keras.optimizers.SGD(0.5), task.build_losses(), dist,
+    train_step = TrainStep(net, tf_keras.optimizers.SGD(0.5), task.build_losses(), dist,
                            gradient_scales=task.gradient_scales(net))
     loss, _, grads = tf.function(train_step._loss_and_grads)(x, y)
     reduced = tf.function(train_step.reduce_gradients)(grads)
@@ -109,7 +110,7 @@ def main() -> int:
         mesh = copy.copy(meshes[int(k)])
         if flags == ["no-halo"]:
             _without_halo(mesh)
-        tf.keras.backend.clear_session()
+        tf_keras.backend.clear_session()
         result = {"step": lambda: step(mesh, dist)}[mode]()
         out = Path(args.out) / job
         out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -46,9 +47,9 @@ def probe(name: str, host: tf.data.Dataset, preprocess) -> dict:
     got = [next(it) for _ in range(N_BATCHES)]
     plain = next(iter(host))
     x_spec = host.element_spec[0]
-    model = tf.keras.Sequential([tf.keras.Input(x_spec.shape[1:]), tf.keras.layers.Flatten(),
-                                 tf.keras.layers.Dense(1)])
-    step = TrainStep(model, tf.keras.optimizers.SGD(0.01), _mean_squared, SingleProcess(), preprocess=preprocess)
+    model = tf_keras.Sequential([tf_keras.Input(x_spec.shape[1:]), tf_keras.layers.Flatten(),
+                                 tf_keras.layers.Dense(1)])
+    step = TrainStep(model, tf_keras.optimizers.SGD(0.01), _mean_squared, SingleProcess(), preprocess=preprocess)
     step.trace(host.element_spec)
     result = step(it)   # next() on the staged iterator, inside TrainStep
     return {"name": name, "devices": sorted({t.device for b in got for t in b}),

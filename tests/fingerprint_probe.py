@@ -16,16 +16,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.fingerprint import fingerprint, variables_in_sync  # noqa: E402
 
 dist = Distribution()
-tf.keras.utils.set_random_seed(3)
-inputs = tf.keras.Input((6,))
-hidden = tf.keras.layers.Dense(5, name="dense_a")(inputs)
-hidden = tf.keras.layers.BatchNormalization(momentum=0.5, name="bn")(hidden)
-model = tf.keras.Model(inputs, tf.keras.layers.Dense(3, name="dense_b")(hidden))
+tf_keras.utils.set_random_seed(3)
+inputs = tf_keras.Input((6,))
+hidden = tf_keras.layers.Dense(5, name="dense_a")(inputs)
+hidden = tf_keras.layers.BatchNormalization(momentum=0.5, name="bn")(hidden)
+model = tf_keras.Model(inputs, tf_keras.layers.Dense(3, name="dense_b")(hidden))
 dist.broadcast_variables(model.variables)
 # Non-trivial running statistics, the same on every rank (shared data).
 model(tf.constant(np.random.default_rng(0).standard_normal((16, 6)), tf.float32), training=True)

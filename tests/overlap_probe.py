@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 from common.config_loading import load_config  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
@@ -55,8 +56,8 @@ def _profiled(out: Path):
 
 
 def _run(dist, grouped: bool, compression: str, timeline: Path | None) -> dict:
-    tf.keras.backend.clear_session()
-    tf.keras.utils.set_random_seed(1)   # the same start on every rank and variant
+    tf_keras.backend.clear_session()
+    tf_keras.utils.set_random_seed(1)   # the same start on every rank and variant
     cfg = load_config(CosmoFlowTask.config_class, Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
                       {"data.data_dir": "/unused", "data.batch_size": BATCH,
                        "data.sample_shape": f"{EDGE},{EDGE},{EDGE},4"})

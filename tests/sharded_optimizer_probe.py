@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 from common import optimizers  # noqa: E402
 from common.checkpoints.checkpointer import resume_point  # noqa: E402
@@ -41,7 +42,7 @@ EDGE, BATCH, STEPS, SAVED = 32, 2, 4, 2
 
 
 def _build(dist, mesh, sharded: bool):
-    tf.keras.utils.set_random_seed(1)   # the same start on every rank and variant
+    tf_keras.utils.set_random_seed(1)   # the same start on every rank and variant
     cfg = load_config(CosmoFlowTask.config_class, Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
                       {"data.data_dir": "/unused", "data.batch_size": BATCH})
     task = CosmoFlowTask(cfg)
@@ -88,7 +89,7 @@ def main() -> int:
     arrays, facts = {}, {}
 
     for variant in ("whole", "sharded", "no-share"):
-        tf.keras.backend.clear_session()
+        tf_keras.backend.clear_session()
         model, optimizer, step, shard = _build(dist, mesh, sharded=variant != "whole")
         if variant == "no-share":
             shard.share = lambda: None
@@ -104,7 +105,7 @@ def main() -> int:
                           "owned": shard.owned if shard is not None else None}
 
     for variant in ("resumed", "slots-lost"):
-        tf.keras.backend.clear_session()
+        tf_keras.backend.clear_session()
         model, optimizer, step, shard = _build(dist, mesh, sharded=True)
         point = resume_point(_saver(out, model, optimizer, dist, shard).checkpointer, folder, model=model,
                              rank=dist.rank, ranks=dist.size, steps_per_epoch=SAVED, accumulation=1,

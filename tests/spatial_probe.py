@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 from common.parallel.distribution import Distribution  # noqa: E402
 
@@ -72,7 +73,7 @@ def layer(mesh, overlap: bool) -> dict:
     split = SpatialConv3D(4, 3, mesh, overlap=overlap, name="conv1")
     split.build((None, planes, 6, 5, 3))
     split.set_weights([kernel, bias])
-    whole = tf.keras.layers.Conv3D(4, 3, padding="same", name="conv1")
+    whole = tf_keras.layers.Conv3D(4, 3, padding="same", name="conv1")
     whole.build((None, 16, 6, 5, 3))
     whole.set_weights([kernel, bias])
     out, d_x, d_k, d_b = run(split, x[:, z], weights[:, z])
@@ -182,7 +183,7 @@ def main() -> int:
         if "no-halo" in flags:
             _without_halo(mesh)
         overlap = "no-overlap" not in flags
-        tf.keras.backend.clear_session()   # each job's layers get the names they would get alone
+        tf_keras.backend.clear_session()   # each job's layers get the names they would get alone
         result = {"halo": lambda: halo(mesh), "layer": lambda: layer(mesh, overlap),
                   "model": lambda: model(mesh, dist, overlap),
                   "labels": lambda: labels(mesh, args.data_dir)}[mode]()

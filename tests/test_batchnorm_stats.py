@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.parallel.distribution import RankGroup
 from common.parallel.sync_batchnorm import GroupBatchNormalization, average_batchnorm_statistics, batchnorm_statistics
@@ -21,11 +22,11 @@ class RecordingDistribution:
 
 
 def test_statistics_of_nested_and_subclassed_layers_in_layer_order():
-    inner = tf.keras.Sequential([tf.keras.layers.Dense(3, name="d2"),
+    inner = tf_keras.Sequential([tf_keras.layers.Dense(3, name="d2"),
                                  GroupBatchNormalization(RankGroup(1, None), name="gbn")], name="inner")
-    inputs = tf.keras.Input((5,))
-    x = tf.keras.layers.BatchNormalization(name="bn1")(tf.keras.layers.Dense(4, name="d1")(inputs))
-    model = tf.keras.Model(inputs, inner(tf.keras.layers.LayerNormalization(name="ln")(x)))
+    inputs = tf_keras.Input((5,))
+    x = tf_keras.layers.BatchNormalization(name="bn1")(tf_keras.layers.Dense(4, name="d1")(inputs))
+    model = tf_keras.Model(inputs, inner(tf_keras.layers.LayerNormalization(name="ln")(x)))
     dist = RecordingDistribution()
     assert average_batchnorm_statistics(model, dist) == 2
     # LayerNormalization keeps no running statistics; every trainable variable stays out.
@@ -48,7 +49,7 @@ def test_deepcam_model_hands_over_every_batch_norm_layer():
                       {"data.data_dir": "unused"})
     model = DeepCAMTask(cfg).build_model(RankGroup(1, None))
     stats = batchnorm_statistics(model)
-    n_bn = sum(isinstance(layer, tf.keras.layers.BatchNormalization) for layer in model.submodules)
+    n_bn = sum(isinstance(layer, tf_keras.layers.BatchNormalization) for layer in model.submodules)
     assert n_bn > 10 and len(stats) == 2 * n_bn
     assert {id(v) for v in stats} == {id(v) for v in model.non_trainable_variables}
 
@@ -108,7 +109,7 @@ def test_running_variance_takes_the_unbiased_batch_variance(fused):
     # unbiased variance n / (n - 1) x biased; GroupBatchNormalization must agree.
     x = np.random.default_rng(0).normal(2.0, 3.0, (2, 3, 3, 4)).astype(np.float32)
     kwargs = dict(momentum=0.9, epsilon=1e-5)
-    bn = tf.keras.layers.BatchNormalization(**kwargs) if fused else GroupBatchNormalization(RankGroup(1, None), **kwargs)
+    bn = tf_keras.layers.BatchNormalization(**kwargs) if fused else GroupBatchNormalization(RankGroup(1, None), **kwargs)
     tf.function(lambda t: bn(t, training=True))(tf.constant(x))
     flat = x.reshape(-1, 4)
     np.testing.assert_allclose(bn.moving_mean.numpy(), 0.1 * flat.mean(0), rtol=1e-5)

@@ -5,15 +5,16 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.checkpoints.checkpointer import Checkpointer, read_state, resume_point
 from common.errors import InputError
 
 
 def _model_and_optimizer(seed: int = 0):
-    tf.keras.utils.set_random_seed(seed)
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
-    optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    tf_keras.utils.set_random_seed(seed)
+    model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
+    optimizer = tf_keras.optimizers.SGD(0.1, momentum=0.9)
     optimizer.build(model.trainable_variables)
     return model, optimizer
 

@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 import yaml
 
 from common.checkpoints.model_weights import restore_model_weights, save_model_weights
@@ -19,10 +20,10 @@ from tests import helpers
 SMALL = dict(sample_shape=(16, 16, 16, 4), conv_size=2, n_conv_layers=2, fc1_size=8, fc2_size=4)
 
 
-def reference_model(sample_shape, conv_size, n_conv_layers, fc1_size, fc2_size, seed=3) -> tf.keras.Model:
+def reference_model(sample_shape, conv_size, n_conv_layers, fc1_size, fc2_size, seed=3) -> tf_keras.Model:
     """The reference's layer structure (mlcommons/hpc cosmoflow/models/cosmoflow.py), with random weights."""
-    layers = tf.keras.layers
-    model = tf.keras.Sequential()
+    layers = tf_keras.layers
+    model = tf_keras.Sequential()
     model.add(layers.Conv3D(conv_size, 3, padding="same", input_shape=sample_shape))
     model.add(layers.LeakyReLU())
     model.add(layers.MaxPool3D(pool_size=2))
@@ -63,7 +64,7 @@ def reference_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("reference")
     # Layer names as the reference's own fresh process gives them (dense, dense_1, ...), whatever
     # other tests of this process built before.
-    tf.keras.backend.clear_session()
+    tf_keras.backend.clear_session()
     model = reference_model(**SMALL)
     model.save(d / "checkpoint-001.h5")        # what the reference's ModelCheckpoint writes
     model.save_weights(d / "weights.h5")
@@ -156,7 +157,7 @@ def imported_run(tmp_path_factory, tiny_config):
     _write_samples(root / "data" / "train", 16, seed=1)
     _write_samples(root / "data" / "validation", 8, seed=2)
     cfg = predict.load_model_config(tiny_config)
-    tf.keras.utils.set_random_seed(99)           # not the run's seed: its own init would differ
+    tf_keras.utils.set_random_seed(99)           # not the run's seed: its own init would differ
     imported = model_lib.from_config(cfg)
     save_model_weights(imported, root / "imported")
     proc = helpers.run(helpers.train_cmd(

@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.checkpoints.model_weights import CONFIG_NAME, restore_model_weights, save_model_weights
 from common.config_loading import dump_config
@@ -25,7 +26,7 @@ def count(m):
 @pytest.fixture(scope="module")
 def full_model():
     """The reference-size model, built once (about 10 s) for the size and initialization tests."""
-    tf.keras.utils.set_random_seed(5)
+    tf_keras.utils.set_random_seed(5)
     return model.build_model(768, 1152, 16)
 
 

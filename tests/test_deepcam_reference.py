@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.checkpoints.model_weights import restore_model_weights
 from deepcam import import_reference, model
@@ -222,8 +223,8 @@ def test_entry_conv_pads_one_on_each_side_as_pytorch():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(3, 10, 13))
     w = rng.normal(size=(4, 3, 3, 3))
-    inputs = tf.keras.Input((10, 13, 3))
-    net = tf.keras.Model(inputs, model.entry_conv(inputs, 4, name="conv1"))
+    inputs = tf_keras.Input((10, 13, 3))
+    net = tf_keras.Model(inputs, model.entry_conv(inputs, 4, name="conv1"))
     net.get_layer("conv1").kernel.assign(import_reference.CONV.to_keras(w))
     assert_close(keras_nchw(net, x), torch_conv2d(x, w, stride=2, padding=1), rel=1e-5)
 
@@ -232,8 +233,8 @@ def test_transposed_conv_places_taps_as_pytorch():
     rng = np.random.default_rng(2)
     x = rng.normal(size=(3, 5, 7))
     w = rng.normal(size=(3, 4, 3, 3))          # PyTorch [in, out, kh, kw]
-    inputs = tf.keras.Input((5, 7, 3))
-    net = tf.keras.Model(inputs, model.transposed_conv(inputs, 4, name="deconv"))
+    inputs = tf_keras.Input((5, 7, 3))
+    net = tf_keras.Model(inputs, model.transposed_conv(inputs, 4, name="deconv"))
     net.get_layer("deconv").kernel.assign(import_reference.CONV.to_keras(w))
     oracle = torch_conv_transpose2d(x, w)
     assert oracle.shape == (4, 10, 14)
@@ -243,7 +244,7 @@ def test_transposed_conv_places_taps_as_pytorch():
 def test_decoder_low_level_branch_reads_relu_of_block1():
     net = model.build_model(32, 48, 3, width_multiplier=0.125, middle_blocks=1)
     # The 48-channel reduction's input against block 1's sum (before any ReLU).
-    probe = tf.keras.Model(net.input, [net.get_layer("xception_features.block1_add").output,
+    probe = tf_keras.Model(net.input, [net.get_layer("xception_features.block1_add").output,
                                        net.get_layer("conv2").input])
     block1, low = probe(tf.random.normal([1, 32, 48, 3]), training=False)
     assert float(tf.reduce_min(block1)) < 0

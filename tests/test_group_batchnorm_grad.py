@@ -11,6 +11,7 @@ beta, the gradient of the rank's own loss, which the gradient allreduce then sum
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from tests import helpers
 
@@ -31,7 +32,7 @@ def test_the_oracle_is_keras_batch_norm():
     rng = np.random.default_rng(1)
     x, c = rng.normal(1.0, 2.0, (6, 2, 3, 4)), rng.standard_normal((6, 2, 3, 4))
     gamma, beta = rng.uniform(0.5, 1.5, 4), rng.uniform(-0.5, 0.5, 4)
-    bn = tf.keras.layers.BatchNormalization(epsilon=1e-3, dtype="float64")
+    bn = tf_keras.layers.BatchNormalization(epsilon=1e-3, dtype="float64")
     bn.build(x.shape)
     bn.gamma.assign(gamma)
     bn.beta.assign(beta)

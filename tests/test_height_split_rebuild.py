@@ -10,16 +10,17 @@ import pytest
 from offline.projection import height_split
 
 tf = pytest.importorskip("tensorflow")
+tf_keras = pytest.importorskip("tf_keras")
 
 
 @pytest.fixture(scope="module")
 def real():
     from deepcam import model
-    tf.keras.backend.clear_session()
+    tf_keras.backend.clear_session()
     net = model.build_model(height_split.HEIGHT, height_split.WIDTH, height_split.IN_CHANNELS, height_split.N_CLASSES,
                             middle_blocks=height_split.MIDDLE_BLOCKS)
     yield net
-    tf.keras.backend.clear_session()
+    tf_keras.backend.clear_session()
 
 
 def _trainable(layer) -> int:
@@ -60,15 +61,15 @@ def test_the_rebuilt_layers_are_the_real_model_s(real):
 def test_halo_and_batch_norm_layers_are_the_real_model_s(real):
     """The layers that read beyond a slab are the convolutions of kernel 3 (3x3, depthwise, dilated,
     strided, transposed); their dilation is the halo of the stride-1 ones."""
-    convs = (tf.keras.layers.Conv2D, tf.keras.layers.DepthwiseConv2D)   # Conv2DTranspose is a Conv2D
+    convs = (tf_keras.layers.Conv2D, tf_keras.layers.DepthwiseConv2D)   # Conv2DTranspose is a Conv2D
     wide = {layer.name: layer for layer in real.layers if isinstance(layer, convs) and layer.kernel_size[0] > 1}
     rebuilt = height_split.network_layers(1)
     halos = {layer.name: layer for layer in rebuilt if layer.halo}
     assert set(halos) == set(wide) and len(halos) == 74
     for name, layer in wide.items():
-        if layer.strides == (1, 1) and not isinstance(layer, tf.keras.layers.Conv2DTranspose):
+        if layer.strides == (1, 1) and not isinstance(layer, tf_keras.layers.Conv2DTranspose):
             assert halos[name].halo == layer.dilation_rate[0], name
-    bns = {layer.name for layer in real.layers if isinstance(layer, tf.keras.layers.BatchNormalization)}
+    bns = {layer.name for layer in real.layers if isinstance(layer, tf_keras.layers.BatchNormalization)}
     assert bns == {layer.name for layer in rebuilt if layer.kind == "bn"} and len(bns) == 76
 
 

@@ -4,7 +4,7 @@ shrink switch, and the precision policy passed to the model builder, not left gl
 import dataclasses
 
 import pytest
-import tensorflow as tf
+import tf_keras
 
 from common import benchmarks, runtime
 from common.config_loading import load_config
@@ -68,15 +68,15 @@ def test_tiny_shrinks_a_config_and_the_command_line_still_wins(name):
 
 def test_the_precision_policy_is_passed_to_the_builder_and_not_left_global():
     from cosmoflow.model import build_model
-    assert tf.keras.mixed_precision.global_policy().name == "float32"
+    assert tf_keras.mixed_precision.global_policy().name == "float32"
     with runtime.dtype_policy("mixed_bfloat16"):
         model = build_model((8, 8, 8, 4), conv_size=2, n_conv_layers=1, fc1_size=4, fc2_size=4)
-    assert tf.keras.mixed_precision.global_policy().name == "float32"
+    assert tf_keras.mixed_precision.global_policy().name == "float32"
     assert model.get_layer("conv1").compute_dtype == "bfloat16"
     assert model.get_layer("conv1").variable_dtype == "float32"
     assert model.get_layer("head").compute_dtype == "float32"   # the output layers stay float32
-    sgd = tf.keras.optimizers.SGD(0.1)
+    sgd = tf_keras.optimizers.SGD(0.1)
     assert runtime.wrap_optimizer(sgd, "mixed_bfloat16") is sgd                 # bf16: no loss scaling
-    assert isinstance(runtime.wrap_optimizer(tf.keras.optimizers.SGD(0.1), "mixed_float16"),
-                      tf.keras.mixed_precision.LossScaleOptimizer)
-    assert tf.keras.mixed_precision.global_policy().name == "float32"
+    assert isinstance(runtime.wrap_optimizer(tf_keras.optimizers.SGD(0.1), "mixed_float16"),
+                      tf_keras.mixed_precision.LossScaleOptimizer)
+    assert tf_keras.mixed_precision.global_policy().name == "float32"

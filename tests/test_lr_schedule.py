@@ -15,6 +15,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.lr_schedules import EpochWarmupStepDecay, StepWarmupSchedule, scale_lr
 
@@ -101,7 +102,7 @@ def test_scaling_rules():
 
 def test_optimizer_uses_the_schedule():
     s = EpochWarmupStepDecay(0.1, 0.01, warmup_epochs=1, boundaries=[], factors=[], steps_per_epoch=2)
-    opt = tf.keras.optimizers.SGD(learning_rate=s)
+    opt = tf_keras.optimizers.SGD(learning_rate=s)
     v = tf.Variable(1.0)
     lrs = []
     for _ in range(4):

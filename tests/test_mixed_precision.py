@@ -15,6 +15,7 @@ growth steps of good steps. Last, what --amp picks from those configs and how [i
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.runtime import wrap_optimizer
 from common.run.steps import TrainStep
@@ -37,16 +38,16 @@ def float32_afterwards():
     try:
         yield
     finally:
-        tf.keras.mixed_precision.set_global_policy("float32")
+        tf_keras.mixed_precision.set_global_policy("float32")
 
 
-def build(policy: str, kernel, bias) -> tf.keras.Model:
+def build(policy: str, kernel, bias) -> tf_keras.Model:
     """Dense(1) made under the global policy `policy`, with these weights."""
-    tf.keras.mixed_precision.set_global_policy(policy)
+    tf_keras.mixed_precision.set_global_policy(policy)
     try:
-        model = tf.keras.Sequential([tf.keras.Input((kernel.shape[0],)), tf.keras.layers.Dense(1)])
+        model = tf_keras.Sequential([tf_keras.Input((kernel.shape[0],)), tf_keras.layers.Dense(1)])
     finally:
-        tf.keras.mixed_precision.set_global_policy("float32")
+        tf_keras.mixed_precision.set_global_policy("float32")
     model.layers[0].set_weights([np.asarray(kernel, np.float32), np.asarray(bias, np.float32)])
     return model
 
@@ -54,7 +55,7 @@ def build(policy: str, kernel, bias) -> tf.keras.Model:
 def step(policy: str, kernel, bias, x, y):
     """One TrainStep of SGD(LR) under `policy`; returns (model, optimizer, loss)."""
     model = build(policy, kernel, bias)
-    optimizer = wrap_optimizer(tf.keras.optimizers.SGD(LR), policy)
+    optimizer = wrap_optimizer(tf_keras.optimizers.SGD(LR), policy)
     loss = TrainStep(model, optimizer, mse, helpers.SingleProcess())(iter([(tf.constant(x, tf.float32), tf.constant(y, tf.float32))])).loss
     return model, optimizer, float(loss)
 
@@ -64,13 +65,13 @@ def weights(model) -> list:
 
 
 def test_only_float16_policies_get_a_loss_scale_optimizer():
-    for policy in ("mixed_float16", tf.keras.mixed_precision.Policy("mixed_float16")):
-        sgd = tf.keras.optimizers.SGD(LR)
+    for policy in ("mixed_float16", tf_keras.mixed_precision.Policy("mixed_float16")):
+        sgd = tf_keras.optimizers.SGD(LR)
         wrapped = wrap_optimizer(sgd, policy)
-        assert isinstance(wrapped, tf.keras.mixed_precision.LossScaleOptimizer)
+        assert isinstance(wrapped, tf_keras.mixed_precision.LossScaleOptimizer)
         assert wrapped.inner_optimizer is sgd and wrapped.dynamic and float(wrapped.loss_scale) == S0
-    for policy in ("float32", "mixed_bfloat16", tf.keras.mixed_precision.Policy("mixed_bfloat16")):
-        sgd = tf.keras.optimizers.SGD(LR)
+    for policy in ("float32", "mixed_bfloat16", tf_keras.mixed_precision.Policy("mixed_bfloat16")):
+        sgd = tf_keras.optimizers.SGD(LR)
         assert wrap_optimizer(sgd, policy) is sgd   # bf16 has float32's exponent range: nothing overflows
 
 
@@ -235,9 +236,9 @@ def test_cosmoflow_fp16_gradients_reach_the_allreduce_unscaled(cosmoflow_start):
     _, fp32_opt, fp32_dist = cosmoflow_step(cosmoflow_start, "float32")
     model, opt, dist = cosmoflow_step(cosmoflow_start, "mixed_float16")
     assert model.get_layer("conv1").compute_dtype == "float16" and model.get_layer("conv1").kernel.dtype == tf.float32
-    assert isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer) and opt.inner_optimizer.momentum == 0.9
+    assert isinstance(opt, tf_keras.mixed_precision.LossScaleOptimizer) and opt.inner_optimizer.momentum == 0.9
     assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1   # applied: no overflow at S0
-    assert not isinstance(fp32_opt, tf.keras.mixed_precision.LossScaleOptimizer)
+    assert not isinstance(fp32_opt, tf_keras.mixed_precision.LossScaleOptimizer)
     errors = relative_errors(dist.seen, fp32_dist.seen)
     assert max(errors) < GRAD_TOLERANCE, errors
     assert min(errors) > U32, errors   # it did compute in float16

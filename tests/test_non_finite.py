@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.run.steps import TrainStep
 from tests import helpers
@@ -19,14 +20,14 @@ def _mse(y, pred):
 
 def _first_feature_model():
     """A model that reads only the first of its 3 input features: a NaN in the others leaves the loss finite."""
-    inputs = tf.keras.Input((3,))
-    outputs = tf.keras.layers.Dense(1)(inputs[:, :1])
-    return tf.keras.Model(inputs, outputs)
+    inputs = tf_keras.Input((3,))
+    outputs = tf_keras.layers.Dense(1)(inputs[:, :1])
+    return tf_keras.Model(inputs, outputs)
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_the_step_flags_a_non_finite_input_even_when_the_loss_is_finite(accumulation):
-    step = TrainStep(_first_feature_model(), tf.keras.optimizers.SGD(0.1), _mse, helpers.SingleProcess(),
+    step = TrainStep(_first_feature_model(), tf_keras.optimizers.SGD(0.1), _mse, helpers.SingleProcess(),
                      accumulation=accumulation)
     x, y = np.ones((4, 3), np.float32), np.ones((4, 1), np.float32)
     clean = step(iter([(x, y)] * accumulation))
@@ -37,8 +38,8 @@ def test_the_step_flags_a_non_finite_input_even_when_the_loss_is_finite(accumula
 
 
 def test_an_update_with_non_finite_gradients_is_skipped_and_still_counted():
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
-    optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(1)])
+    optimizer = tf_keras.optimizers.SGD(0.1, momentum=0.9)
     step = TrainStep(model, optimizer, _mse, helpers.SingleProcess())
     x, y = np.ones((4, 3), np.float32), np.ones((4, 1), np.float32)
     step(iter([(x, y)]))

@@ -3,7 +3,7 @@ each name builds its class with the hyperparameters it takes, an unknown name is
 the known ones, and the configs and tasks choose from them."""
 
 import pytest
-import tensorflow as tf
+import tf_keras
 
 from common.config_loading import load_config
 from common.errors import ConfigError
@@ -17,7 +17,7 @@ from deepcam.task import DeepCAMTask
 EVERY_HYPERPARAMETER = dict(learning_rate=0.1, momentum=0.7, beta_1=0.8, beta_2=0.9, epsilon=1e-5,
                             weight_decay=0.01, max_grad_norm=2.0)
 # Where the shipped optimizers keep the configs' weight decay: spelled out here, not read from the table.
-WEIGHT_DECAY = {"Adam": (AdamL2, "l2"), "AdamW": (tf.keras.optimizers.AdamW, "weight_decay"),
+WEIGHT_DECAY = {"Adam": (AdamL2, "l2"), "AdamW": (tf_keras.optimizers.AdamW, "weight_decay"),
                 "LAMB": (LAMB, "weight_decay_rate")}
 
 
@@ -33,7 +33,7 @@ def test_each_name_builds_its_class_with_the_hyperparameters_it_takes(name):
 
 
 def test_the_shipped_optimizers_are_the_reference_classes_with_their_decay():
-    assert OPTIMIZERS["SGD"].cls is tf.keras.optimizers.SGD and "momentum" in OPTIMIZERS["SGD"].takes
+    assert OPTIMIZERS["SGD"].cls is tf_keras.optimizers.SGD and "momentum" in OPTIMIZERS["SGD"].takes
     for name, (cls, keyword) in WEIGHT_DECAY.items():
         assert OPTIMIZERS[name].cls is cls
         assert getattr(build_optimizer(name, **EVERY_HYPERPARAMETER), keyword) == pytest.approx(0.01), name
@@ -67,7 +67,7 @@ def test_deepcam_builds_the_optimizer_its_config_names(name):
 def test_cosmoflow_builds_sgd_with_its_momentum_and_epoch_schedule():
     cfg = _config(CosmoFlowConfig)
     optimizer, schedule = CosmoFlowTask(cfg).build_optimizer(cfg.train.global_batch_size, 10)
-    assert type(optimizer) is tf.keras.optimizers.SGD and isinstance(schedule, EpochWarmupStepDecay)
+    assert type(optimizer) is tf_keras.optimizers.SGD and isinstance(schedule, EpochWarmupStepDecay)
     assert optimizer.momentum == pytest.approx(cfg.optimizer.momentum)
 
 

@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.optimizers import LAMB, AdamL2
 from common.run.steps import TrainStep
@@ -54,7 +55,7 @@ def _update_terms_without_the_gradient(optimizer) -> list:
 def test_lamb_computes_no_variable_sized_term_before_the_gradient_arrives():
     assert _update_terms_without_the_gradient(LAMB(weight_decay_rate=0.01)) == []
     # The negative control: Keras' SGD with momentum computes momentum x slot from the slot alone.
-    assert _update_terms_without_the_gradient(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    assert _update_terms_without_the_gradient(tf_keras.optimizers.SGD(0.1, momentum=0.9))
 
 
 def test_lamb_matches_numpy_reference_with_clipping_and_trust_ratio():
@@ -88,20 +89,20 @@ def _mlp_numpy(weights, x):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_gradient_accumulation_equals_one_step_on_the_whole_batch(n):
-    tf.keras.utils.set_random_seed(0)
+    tf_keras.utils.set_random_seed(0)
     x = tf.random.normal([8, 5])
     y = tf.random.normal([8, 1])
 
     def fresh():
-        tf.keras.utils.set_random_seed(1)
-        return tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(3, activation="tanh"),
-                                    tf.keras.layers.Dense(1)])
+        tf_keras.utils.set_random_seed(1)
+        return tf_keras.Sequential([tf_keras.Input((5,)), tf_keras.layers.Dense(3, activation="tanh"),
+                                    tf_keras.layers.Dense(1)])
     loss = lambda yt, yp: tf.reduce_mean(tf.square(yt - yp))   # noqa: E731
     whole, split = fresh(), fresh()
     w0 = [v.numpy() for v in split.trainable_variables]
-    whole_loss = TrainStep(whole, tf.keras.optimizers.SGD(0.1), loss, helpers.SingleProcess())(itertools.repeat((x, y))).loss
+    whole_loss = TrainStep(whole, tf_keras.optimizers.SGD(0.1), loss, helpers.SingleProcess())(itertools.repeat((x, y))).loss
     parts = [(x[i::n], y[i::n]) for i in range(n)]
-    step = TrainStep(split, tf.keras.optimizers.SGD(0.1), loss, helpers.SingleProcess(), accumulation=n)
+    step = TrainStep(split, tf_keras.optimizers.SGD(0.1), loss, helpers.SingleProcess(), accumulation=n)
     mean_loss = step(iter(parts)).loss
     for a, b in zip(whole.trainable_variables, split.trainable_variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.checkpoints.rank_state import RankState, rank_file
 from common.errors import InputError
@@ -10,10 +11,10 @@ from common.parallel.sync_batchnorm import batchnorm_statistics
 
 
 def _model(bn_layers: int = 2, width: int = 3):
-    layers = [tf.keras.Input((width,))]
+    layers = [tf_keras.Input((width,))]
     for _ in range(bn_layers):
-        layers += [tf.keras.layers.Dense(width), tf.keras.layers.BatchNormalization()]
-    return tf.keras.Sequential(layers)
+        layers += [tf_keras.layers.Dense(width), tf_keras.layers.BatchNormalization()]
+    return tf_keras.Sequential(layers)
 
 
 def _set_statistics(model, seed: int) -> list:

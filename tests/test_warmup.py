@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from common.checkpoints.checkpointer import random_generators
 from common.run.steps import TrainStep, make_eval_step
@@ -29,15 +30,15 @@ def _mse(y, pred):
 def run_parts():
     """A model with every kind of state a step changes: weights, batch-norm statistics, a dropout
     generator; Adam's slots and step count; accumulated gradients (2 micro-batches a step)."""
-    tf.keras.backend.experimental.enable_tf_random_generator()   # as common.runtime.configure does
-    tf.keras.utils.set_random_seed(3)
-    inputs = tf.keras.Input(SPECS[0].shape[1:])
-    x = tf.keras.layers.Conv2D(4, 3, padding="same")(inputs)
-    x = tf.keras.layers.BatchNormalization()(x)
-    x = tf.keras.layers.Dropout(0.5)(x)
-    outputs = tf.keras.layers.Dense(3)(tf.keras.layers.GlobalAveragePooling2D()(x))
-    model = tf.keras.Model(inputs, outputs)
-    optimizer = tf.keras.optimizers.Adam(0.01)
+    tf_keras.backend.experimental.enable_tf_random_generator()   # as common.runtime.configure does
+    tf_keras.utils.set_random_seed(3)
+    inputs = tf_keras.Input(SPECS[0].shape[1:])
+    x = tf_keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    x = tf_keras.layers.BatchNormalization()(x)
+    x = tf_keras.layers.Dropout(0.5)(x)
+    outputs = tf_keras.layers.Dense(3)(tf_keras.layers.GlobalAveragePooling2D()(x))
+    model = tf_keras.Model(inputs, outputs)
+    optimizer = tf_keras.optimizers.Adam(0.01)
 
     def preprocess(x, y):
         return tf.math.log1p(tf.cast(x, tf.float32)), y
@@ -91,7 +92,7 @@ def test_the_saved_state_leaves_a_gpus_memory_and_keeps_a_cpus_values():
     gpu_saved, cpu_saved = saved_values([on_gpu, on_cpu])
     assert isinstance(gpu_saved, np.ndarray) and np.array_equal(gpu_saved, np.ones(4))
     assert isinstance(cpu_saved, tf.Tensor) and "CPU" in cpu_saved.device
-    tf.keras.optimizers.SGD(1.0).apply_gradients([(tf.ones([4096]), on_cpu)])   # ResourceApplyGradientDescent
+    tf_keras.optimizers.SGD(1.0).apply_gradients([(tf.ones([4096]), on_cpu)])   # ResourceApplyGradientDescent
     assert np.all(on_cpu.numpy() == 0.0) and np.all(cpu_saved.numpy() == 1.0)
 
 

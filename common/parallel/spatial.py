@@ -14,7 +14,7 @@ The replicated layers get the same whole gradient on every rank of the group.
 """
 
 import tensorflow as tf
-from tensorflow.keras import layers
+from tf_keras import layers
 
 from common.parallel.rebuilt_input import convolve_rebuilding_input
 

@@ -21,7 +21,7 @@ group (`all_partial_scales`), unlike CosmoFlow's gathered head (common.parallel.
 import dataclasses
 
 import tensorflow as tf
-from tensorflow.keras import layers
+from tf_keras import layers
 
 from common.parallel.rebuilt_input import convolve_rebuilding_input
 

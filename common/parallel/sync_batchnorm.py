@@ -12,9 +12,10 @@ once per epoch, as the MLCommons reference does.
 """
 
 import tensorflow as tf
+import tf_keras
 
 
-class GroupBatchNormalization(tf.keras.layers.BatchNormalization):
+class GroupBatchNormalization(tf_keras.layers.BatchNormalization):
     """BatchNormalization with moments averaged over `group` during training.
 
     Training has its backward pass written out (`_normalize`), as a fused kernel's: it keeps the
@@ -25,7 +26,7 @@ class GroupBatchNormalization(tf.keras.layers.BatchNormalization):
 
     Args:
       group: a RankGroup (size, sum(tensor)); of size 1 this is plain batch norm.
-      **kwargs: passed on to tf.keras.layers.BatchNormalization.
+      **kwargs: passed on to tf_keras.layers.BatchNormalization.
     """
 
     def __init__(self, group, **kwargs):

@@ -6,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:   # names for the annotations only: importing them here would import the whole run
-    import tensorflow as tf
+    import tf_keras
 
     from common.base_config import BaseConfig
     from common.checkpoints.save_policy import CheckpointSaver
@@ -50,8 +50,8 @@ class RunContext:
     events: Events
     mesh: SpatialMesh
     shards: Shards
-    model: tf.keras.Model
-    optimizer: tf.keras.optimizers.Optimizer
+    model: tf_keras.Model
+    optimizer: tf_keras.optimizers.Optimizer
     schedule: EpochWarmupStepDecay | StepWarmupSchedule
     metric: EvalMetric
     train_step: TrainStep

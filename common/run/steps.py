@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 
 class StepResult(NamedTuple):
@@ -78,7 +79,7 @@ class TrainStep:
             self._gradient_scales = list(gradient_scales)
         self._preprocess = preprocess or (lambda x, y: (x, y))
         self.accumulation = int(accumulation)
-        self._scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+        self._scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
         self._loss_fn = loss_fn
         self._compression = compression
         self._clip_norm = None

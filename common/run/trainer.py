@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
+import tf_keras
 
 from common.inputs import epochs
 from common.inputs.device_prefetch import prefetch_to
@@ -83,7 +83,7 @@ class Trainer:
         # Horovod is initialized and the device pinned (common.parallel.distribution), threads and
         # precision set (common.runtime.configure), all before the first op.
         runtime = self.runtime
-        tf.keras.utils.set_random_seed(cfg.train.seed)
+        tf_keras.utils.set_random_seed(cfg.train.seed)
         # Data parallelism is over groups: one rank each, or the K ranks that split each sample.
         mesh = task.mesh or dist.spatial_mesh(1)
         split = f"; {mesh.describe()}" if mesh.is_split else ""

@@ -1,0 +1,67 @@
+"""TensorFlow imported, and `tf.keras` used, before the project: a notebook's first cell or a site's
+wrapper script. `tf.keras` is then Keras 3 for the rest of the process; each benchmark's train.py,
+run in that process on its synthetic config (`--tiny`), still trains, since the project imports
+Keras 2 by name (`import tf_keras`) and never reaches it through `tf.keras`. Imported first, the
+project keeps TensorFlow from importing Keras 3 at all (common/__init__.py)."""
+
+import json
+import math
+import subprocess
+from importlib import metadata
+
+import pytest
+
+from common import benchmarks
+from tests import conftest, helpers
+
+# Run as `python -c WRAPPER TRAIN_PY ARGS...`: the wrapper's own tf.keras first, then train.py as
+# `python TRAIN_PY ARGS...` would run it. The assert is the test's premise: tf.keras is Keras 3 here.
+WRAPPER = """
+import runpy, sys
+import tensorflow as tf
+dense = tf.keras.layers.Dense.__module__
+assert dense.startswith("keras."), f"tf.keras is not Keras 3 in this process: {dense}"
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+TEST_DATA_SHAPE = {
+    "cosmoflow": ["--set", f"data.sample_shape={conftest.EASY['size']},{conftest.EASY['size']},"
+                           f"{conftest.EASY['size']},4"],
+    "deepcam": ["--set", f"data.height={conftest.DEEPCAM_TINY['height']}",
+                "--set", f"data.width={conftest.DEEPCAM_TINY['width']}"],
+}
+
+
+@pytest.mark.parametrize("name", benchmarks.names())
+def test_train_py_trains_after_tensorflow_was_imported_and_tf_keras_used(name, request, tmp_path):
+    bench = benchmarks.get(name)
+    data = request.getfixturevalue("cosmo_easy_data" if name == "cosmoflow" else "deepcam_data")
+    out = tmp_path / "run"
+    environ = helpers.env()
+    # Set before TensorFlow's first use of tf.keras, it would make tf.keras Keras 2 and hide the case.
+    environ.pop("TF_USE_LEGACY_KERAS", None)
+    train_py = [helpers.REPO / bench.train_script, helpers.REPO / bench.synthetic_config,
+                bench.data_flag, data, bench.output_flag, out, "--tiny", *TEST_DATA_SHAPE[name]]
+    proc = subprocess.run([helpers.PYTHON, "-c", WRAPPER, *train_py], cwd=helpers.REPO, env=environ,
+                          capture_output=True, text=True, timeout=300)
+    # 3: trained, target not reached (a tiny run is a smoke run).
+    assert proc.returncode in (0, 3), helpers.failure_output(proc)
+    assert f"Keras {metadata.version('tf-keras')} (tf_keras)" in proc.stdout, proc.stdout[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [h["epoch"] for h in summary["history"]] == [1]
+    assert math.isfinite(summary["history"][0]["loss"])
+
+
+def test_the_project_imported_first_keeps_keras_3_out_of_the_process():
+    probe = "import sys, common, tensorflow; print('keras' in sys.modules)"
+    environ = helpers.env()
+    environ.pop("TF_USE_LEGACY_KERAS", None)
+    loaded = subprocess.run([helpers.PYTHON, "-c", probe], cwd=helpers.REPO, env=environ, capture_output=True,
+                            text=True, timeout=120)
+    assert loaded.stdout.split() == ["False"], loaded.stdout + loaded.stderr
+    # Negative control: the user's TF_USE_LEGACY_KERAS=0 is kept, and TensorFlow then imports Keras 3.
+    environ["TF_USE_LEGACY_KERAS"] = "0"
+    loaded = subprocess.run([helpers.PYTHON, "-c", probe], cwd=helpers.REPO, env=environ, capture_output=True,
+                            text=True, timeout=120)
+    assert loaded.stdout.split() == ["True"], loaded.stdout + loaded.stderr
