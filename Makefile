@@ -4,24 +4,22 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 VARIANT ?= cpu
-# Which pinned stack `make install` installs: tf2.21 (requirements.txt) or tf2.15 (requirements-tf2.15.txt).
-STACK ?= tf2.21
 
 NP ?= 1
 # How NP ranks are started on this machine: one runs alone, more under horovodrun over Gloo (no MPI
 # needed), as common/launchers.py builds it. Expanded when a recipe runs, after `install` made $(PY).
 LAUNCH = $(if $(filter 1,$(NP)),,$(or $(shell $(PY) -m common.launchers horovodrun $(NP)),$(error cannot build the launch command: $(PY) -m common.launchers horovodrun $(NP) failed)))
 
-.PHONY: install wheelhouse result-set weak-scaling preflight test test-all bench bench-stacks clean
+.PHONY: install wheelhouse result-set weak-scaling preflight test test-all bench clean
 
 # WHEELHOUSE=DIR make install: from the files of DIR only, no network (tools/install.sh).
 install:
-	@VENV=$(VENV) VARIANT=$(VARIANT) STACK=$(STACK) bash tools/install.sh
+	@VENV=$(VENV) VARIANT=$(VARIANT) bash tools/install.sh
 
 # Every package `make install` takes from PyPI, for this platform and Python, into wheelhouse/ (or
 # WHEELHOUSE=DIR), with SHA256SUMS: for a machine without internet, and for the images.
 wheelhouse:
-	@WHEELHOUSE=$(or $(WHEELHOUSE),$(CURDIR)/wheelhouse) VARIANT=$(VARIANT) STACK=$(STACK) bash tools/wheelhouse.sh
+	@WHEELHOUSE=$(or $(WHEELHOUSE),$(CURDIR)/wheelhouse) VARIANT=$(VARIANT) bash tools/wheelhouse.sh
 
 # Per benchmark, from its entry in common/benchmarks.py (`python -m common.benchmarks make` prints
 # them): <PREFIX>_DATA, <PREFIX>_CONFIG and the run directory variable (COSMO_*, RUN_DIR; DEEPCAM_*,
@@ -83,12 +81,6 @@ test-all: install
 # bench/results/<ISA>.md and .json. `make bench-cosmoflow` / `make bench-deepcam`: one benchmark.
 bench: install
 	@$(PY) bench/report.py
-
-# The default stack (.venv) and the older one (.venv-tf2.15) side by side on this CPU: training-step
-# samples/s and `make run`'s time to train; bench/results/stacks-<ISA>.md (docs/figures.md).
-bench-stacks: install
-	@$(MAKE) --no-print-directory install STACK=tf2.15 VENV=.venv-tf2.15
-	@$(PY) bench/stacks.py --venv $(VENV) --venv .venv-tf2.15
 
 clean:
 	rm -rf runs data

@@ -67,11 +67,11 @@ def deepcam_config():
 
 
 # The test files that cost most, the longest first (CI's figures: tools/test_costs.py prints them).
-# pytest-xdist's --dist loadfile hands out files largest (most tests) first, which puts the CPU image,
-# the older stack and the SLURM cluster, files of 3-5 long tests, last: they then end a run on one
+# pytest-xdist's --dist loadfile hands out files largest (most tests) first, which puts the CPU image
+# and the SLURM cluster, files of 3-5 long tests, last: they then end a run on one
 # busy core. Handed out first, they start at once and the short files fill in behind them.
 HEAVY_FIRST = (
-    "test_older_stack.py", "test_images.py", "test_slurm.py", "test_exact_resume.py",
+    "test_images.py", "test_slurm.py", "test_exact_resume.py",
     "test_deepcam_split.py", "test_cosmoflow_end_to_end.py", "test_deepcam_end_to_end.py",
     "test_fuzz_inputs.py", "test_spatial.py", "test_flag_combinations.py", "test_horovod.py",
     "test_results_tools.py", "test_sharded_optimizer.py",

@@ -41,7 +41,7 @@ FAKE_TREE = {
         "                  device_context->stream());\n"),
 }
 
-OLD = BuildFacts(tensorflow=(2, 15, 1), libstdcxx=12, cmake=(3, 25, 1))   # this machine's TF 2.15 stack
+OLD = BuildFacts(tensorflow=(2, 15, 1), libstdcxx=12, cmake=(3, 25, 1))   # older than every edit's guard
 NEW = BuildFacts(tensorflow=(2, 21, 0), libstdcxx=13, cmake=(4, 0, 2))
 EDIT_NAMES = [edit.name for edit in hs.EDITS]
 

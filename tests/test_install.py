@@ -44,29 +44,22 @@ def test_unsupported_python_names_the_step(tmp_path):
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith('[install] FAILED at step "python": TensorFlow 2.21.0 (STACK=tf2.21) needs '
+    assert lines[0].startswith('[install] FAILED at step "python": TensorFlow 2.21.0 needs '
                                f"Python 3.10-3.13; PYTHON={fake} is Python 3.14")
     assert all(way in lines[0] for way in WAYS_ON)
     assert not (tmp_path / "venv").exists()
 
 
-def test_an_unknown_stack_is_one_line_naming_the_known_ones(tmp_path):
-    proc = install({"STACK": "tf2.16", "VENV": str(tmp_path / "venv")}, tmp_path)
-    assert proc.returncode == 1 and proc.stdout == ""
-    assert proc.stderr.splitlines() == [
-        '[install] FAILED at step "stack": STACK=tf2.16 is not a stack; known: tf2.21 (the default), tf2.15']
-
-
-def test_the_older_stack_on_a_path_with_only_python3_12_gets_one_line_with_the_ways_on(tmp_path):
+def test_a_path_with_only_python3_9_gets_one_line_with_the_ways_on(tmp_path):
     bin_dir = tmp_path / "bin"
-    fake_python(bin_dir, "python3.12", "3.12.3")
-    proc = install({"PATH": str(bin_dir), "STACK": "tf2.15", "VENV": str(tmp_path / "venv")}, tmp_path)
+    fake_python(bin_dir, "python3.9", "3.9.18")
+    proc = install({"PATH": str(bin_dir), "VENV": str(tmp_path / "venv")}, tmp_path)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        '[install] FAILED at step "python": TensorFlow 2.15.1 (STACK=tf2.15) needs Python 3.9-3.11; none of '
-        "python3.11, python3.10, python3.9 runs on PATH (found: python3.12 = Python 3.12); ways on: "
-        "`uv python install 3.11` then PYTHON=$(uv python find 3.11), or `pyenv install 3.11` then "
-        "PYTHON=$(pyenv prefix 3.11)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"]
+        '[install] FAILED at step "python": TensorFlow 2.21.0 needs Python 3.10-3.13; none of '
+        "python3.13, python3.12, python3.11, python3.10 runs on PATH (found: python3.9 = Python 3.9); ways on: "
+        "`uv python install 3.13` then PYTHON=$(uv python find 3.13), or `pyenv install 3.13` then "
+        "PYTHON=$(pyenv prefix 3.13)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"]
     assert not (tmp_path / "venv").exists()
 
 
@@ -81,15 +74,12 @@ def path_with_pythons(tmp_path, pythons, shims=()):
     return bin_dir
 
 
-@pytest.mark.parametrize("stack, taken", [(None, "python3.12 (Python 3.12.3)"),
-                                          ("tf2.15", "python3.10 (Python 3.10.13)")])
-def test_without_python_the_newest_supported_that_runs_is_taken(tmp_path, stack, taken):
+def test_without_python_the_newest_supported_that_runs_is_taken(tmp_path):
     # python3.13 is a pyenv shim of a version that is not active: found on PATH, but it does not run.
     bin_dir = path_with_pythons(tmp_path, (("python3.9", "3.9.18"), ("python3.10", "3.10.13"),
                                            ("python3.12", "3.12.3")), shims=("python3.13",))
-    env = {"PATH": str(bin_dir), "VENV": str(tmp_path / "venv"), **({"STACK": stack} if stack else {})}
-    proc = install(env, tmp_path)
-    assert f"[install] stack {stack or 'tf2.21'} " in proc.stdout and f"python: {taken}" in proc.stdout, \
+    proc = install({"PATH": str(bin_dir), "VENV": str(tmp_path / "venv")}, tmp_path)
+    assert "[install] TensorFlow 2.21.0 (requirements.txt), python: python3.12 (Python 3.12.3)" in proc.stdout, \
         proc.stdout + proc.stderr
     # The fake cannot make a venv: the install stops at the next step, naming it.
     assert proc.returncode == 1 and 'FAILED at step "venv"' in proc.stderr
@@ -107,7 +97,7 @@ def test_second_call_returns_at_once():
     assert proc.returncode == 0 and proc.stdout == ""  # the stamp matched: nothing installed again
 
 
-def wheelhouse(tmp_path, files=(), listed=(), python_version=None, variant="cpu", stack="tf2.21"):
+def wheelhouse(tmp_path, files=(), listed=(), python_version=None, variant="cpu"):
     """A wheelhouse as tools/wheelhouse.sh writes it: `files` (name: bytes) and a SHA256SUMS listing `listed` too."""
     import hashlib
     import sys
@@ -120,7 +110,7 @@ def wheelhouse(tmp_path, files=(), listed=(), python_version=None, variant="cpu"
     sums += [f"{'0' * 64}  {name}" for name in listed]
     (folder / "SHA256SUMS").write_text("".join(line + "\n" for line in sums))
     version = python_version or "%d.%d" % sys.version_info[:2]
-    (folder / "MADE_FOR").write_text(f"python {version} x\nplatform linux-x86_64\nvariant {variant}\nstack {stack}\n")
+    (folder / "MADE_FOR").write_text(f"python {version} x\nplatform linux-x86_64\nvariant {variant}\n")
     return folder
 
 

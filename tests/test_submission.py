@@ -87,7 +87,7 @@ def test_sets_become_a_tree_the_official_package_checker_passes(packaged):
     assert desc["cooling"] == "air"                                 # from the YAML
     cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     assert desc["host_processor_model_name"] == cpu                 # read from this machine
-    import tensorflow as tf   # either stack: the version installed here (2.21.0, or 2.15.1 with STACK=tf2.15)
+    import tensorflow as tf   # the version installed here
     assert desc["framework"].startswith(f"TensorFlow {tf.__version__}, Horovod 0.28.1")
     valid, *_ = system_desc_checker.check_system_desc(str(out / "systems" / "box_1x2.json"), "hpc", "3.0.0")
     assert valid

@@ -60,12 +60,12 @@ def test_xdist_takes_the_costliest_files_first_and_the_rest_in_its_own_order():
     queue = conftest._CostliestFilesFirst()
     # xdist's order: most tests first; the two heavy files come last in it.
     for scope in ("tests/test_projection.py", "tests/test_closed_configs.py", "tests/test_slurm.py",
-                  "tests/test_docs.py", "tests/test_older_stack.py"):
+                  "tests/test_docs.py", "tests/test_images.py"):
         queue[scope] = {f"{scope}::t": False}
     taken = [queue.popitem(last=False)[0] for _ in range(len(queue))]
-    assert taken == ["tests/test_older_stack.py", "tests/test_slurm.py", "tests/test_projection.py",
+    assert taken == ["tests/test_images.py", "tests/test_slurm.py", "tests/test_projection.py",
                      "tests/test_closed_configs.py", "tests/test_docs.py"]
     # Negative control: a plain OrderedDict, what xdist holds, gives them last.
     import collections
-    plain = collections.OrderedDict((s, {}) for s in ("tests/test_projection.py", "tests/test_older_stack.py"))
+    plain = collections.OrderedDict((s, {}) for s in ("tests/test_projection.py", "tests/test_images.py"))
     assert plain.popitem(last=False)[0] == "tests/test_projection.py"

@@ -3,7 +3,7 @@
 Horovod's last release (0.28.1, 2023) compiles against newer TensorFlow, compilers and CMake only
 with small source edits. They are written here, each as the exact text it replaces, and each is
 applied only when what it depends on holds for this build (the installed TensorFlow's version, the
-C++ standard library's release, CMake's version): on the TF 2.15 stack only the build edits apply.
+C++ standard library's release, CMake's version).
 conda-forge's horovod feedstock makes the same changes to build 0.28.1 against TF 2.21.
 
     python tools/horovod_source.py prepare SDIST DEST   # unpack SDIST into DEST/horovod-0.28.1, edit it

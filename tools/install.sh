@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs a pinned stack: requirements.txt (the default,
-# TensorFlow 2.21 + tf-keras) or, with STACK=tf2.15, requirements-tf2.15.txt (TensorFlow 2.15.1).
+# Creates .venv (if missing) and installs the pinned stack of requirements.txt (TensorFlow 2.21 +
+# tf-keras).
 #
 #   tools/install.sh              # CPU TensorFlow 2.21, Horovod 0.28.1 built against it
-#   STACK=tf2.15 tools/install.sh # the older stack, for sites whose drivers or containers are older
 #   VARIANT=gpu tools/install.sh  # tensorflow[and-cuda] at the same pin, Horovod with NCCL
 #   PYTHON=/opt/python3.12/bin/python3 tools/install.sh   # this interpreter, not the first that runs
 #   WHEELHOUSE=DIR tools/install.sh   # no network: only the files of DIR (tools/wheelhouse.sh made it);
 #                                     # a Horovod wheel DIR carries for this install's key is not compiled again
 #
 # Without PYTHON, the venv is made with the first of python3.13, python3.12, python3.11, python3.10
-# (STACK=tf2.15: python3.11, python3.10, python3.9) that runs: the stack's TensorFlow has wheels for
-# those only. Horovod is built from its sdist, edited for this TensorFlow, compiler and CMake by
+# that runs: TensorFlow 2.21 has wheels for those only. Horovod is built from its sdist, edited for this TensorFlow, compiler and CMake by
 # tools/horovod_source.py; the wheel is kept in the venv's folder, so a later install with the same
 # TensorFlow, Python and edits does not compile again. Idempotent: a stamp file records the hash of
 # the requirements and these scripts, so a second call returns at once. Each step says what failed.
@@ -24,28 +22,23 @@ fail() { printf '[install] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
 # usable Python gets one line and nothing else. (${BASH_SOURCE%/*}: dirname may not be on PATH.)
 # shellcheck source=tools/select_python.sh
 source "${BASH_SOURCE[0]%/*}/select_python.sh"
-select_stack || exit 1
 select_python || exit 1
-# The checks below import TensorFlow as the project runs it: Keras 2 from tf-keras on the default
-# stack (common/legacy_keras.py), TensorFlow 2.15's own on the older, which a TF_USE_LEGACY_KERAS=1
-# inherited from a shell of the default stack would break ("Keras cannot be imported").
-if [[ "$stack" == tf2.15 ]]; then unset TF_USE_LEGACY_KERAS; else export TF_USE_LEGACY_KERAS=1; fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$root/.venv}"
 variant="${VARIANT:-cpu}"
-reqs="$root/$stack_reqs"
+reqs="$root/requirements.txt"
 stamp="$venv/.installed"
 # Horovod is rebuilt when OpenMPI appears or goes, so the MPI controller follows the machine.
 has_mpi=no
 if command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then has_mpi=yes; fi
-want="$(cat "$reqs" "$0" "$root/tools/select_python.sh" "$root/tools/horovod_source.py" | sha256sum | cut -d' ' -f1)-$stack-$variant-mpi:$has_mpi"
+want="$(cat "$reqs" "$0" "$root/tools/select_python.sh" "$root/tools/horovod_source.py" | sha256sum | cut -d' ' -f1)-$variant-mpi:$has_mpi"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
 fi
 
-step "stack $stack ($stack_reqs), python: $python ($("$python" --version 2>&1))"
+step "$TF_RELEASE (requirements.txt), python: $python ($("$python" --version 2>&1))"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -63,9 +56,8 @@ if [[ -n "${WHEELHOUSE:-}" ]]; then
   [[ -z "$damaged" ]] || fail "wheelhouse" "$wheelhouse/$damaged does not match its hash in SHA256SUMS (a damaged copy?)"
   made_for="$(sed -n 's/^python \([0-9.]*\).*/\1/p' "$wheelhouse/MADE_FOR" 2>/dev/null || true)"
   made_variant="$(sed -n 's/^variant //p' "$wheelhouse/MADE_FOR" 2>/dev/null || true)"
-  made_stack="$(sed -n 's/^stack //p' "$wheelhouse/MADE_FOR" 2>/dev/null || true)"
-  [[ "$made_for" == "$python_version" && "$made_variant" == "$variant" && "$made_stack" == "$stack" ]] || fail "wheelhouse" \
-    "$wheelhouse was made for Python ${made_for:-?}, variant ${made_variant:-?}, stack ${made_stack:-?}; this install is Python $python_version ($python), variant $variant, stack $stack: make it with PYTHON=$python VARIANT=$variant STACK=$stack make wheelhouse"
+  [[ "$made_for" == "$python_version" && "$made_variant" == "$variant" ]] || fail "wheelhouse" \
+    "$wheelhouse was made for Python ${made_for:-?}, variant ${made_variant:-?}; this install is Python $python_version ($python), variant $variant: make it with PYTHON=$python VARIANT=$variant make wheelhouse"
   step "installing from the wheelhouse $wheelhouse only (no index)"
   # Only the wheelhouse: no index, and none of the find-links, extra indexes or constraints a
   # pip.conf or PIP_* variable of this host adds (they would hide a file the wheelhouse lacks).
@@ -95,12 +87,15 @@ if [[ ! -x "$venv/bin/python" ]]; then
   step "creating $venv"
   "$python" -m venv "$venv" || fail "venv" "python -m venv failed (Debian: apt-get install python3-venv)"
 fi
+# Horovod's build wants the newest setuptools, which also brings back distutils on Python 3.12+
+# (horovodrun imports it).
 pip_install "pip upgrade" -q --upgrade pip wheel setuptools
 
 tf_pin="$(grep -E '^tensorflow-cpu==' "$reqs")"
 hvd_pin="$(grep -E '^horovod==' "$reqs")"
 keras_pin="$(grep -E '^tf-keras==' "$reqs" || true)"
-[[ -n "$tf_pin" && -n "$hvd_pin" ]] || fail "requirements" "$stack_reqs must pin tensorflow-cpu and horovod"
+[[ -n "$tf_pin" && -n "$hvd_pin" && -n "$keras_pin" ]] \
+  || fail "requirements" "requirements.txt must pin tensorflow-cpu, tf-keras and horovod"
 base_reqs="$work/requirements.txt"
 grep -vE '^(horovod|tf-keras)==' "$reqs" > "$base_reqs"
 if [[ "$variant" == gpu ]]; then
@@ -108,12 +103,10 @@ if [[ "$variant" == gpu ]]; then
 fi
 
 step "installing Python packages (TensorFlow ${tf_pin#*==}, $variant)"
-pip_install "pip install -r $stack_reqs" -q -r "$base_reqs"
-if [[ -n "$keras_pin" ]]; then
-  # tf-keras requires `tensorflow`, which tensorflow-cpu does not provide: without --no-deps pip
-  # would install a second, full TensorFlow over the CPU one.
-  pip_install "pip install $keras_pin" -q --no-deps "$keras_pin"
-fi
+pip_install "pip install -r requirements.txt" -q -r "$base_reqs"
+# tf-keras requires `tensorflow`, which tensorflow-cpu does not provide: without --no-deps pip
+# would install a second, full TensorFlow over the CPU one.
+pip_install "pip install $keras_pin" -q --no-deps "$keras_pin"
 
 hvd_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
 if [[ "$has_mpi" == yes ]]; then
@@ -217,10 +210,6 @@ else
   fi
   echo "$hvd_key" > "$hvd_stamp"
 fi
-# The build above wants the newest setuptools; TensorBoard 2.15's command line
-# (`tensorboard --logdir runs/`) imports pkg_resources, which setuptools 81 dropped.
-# setuptools also brings distutils back on Python 3.12+, which horovodrun imports.
-pip_install "setuptools<81 (TensorBoard needs pkg_resources)" -q 'setuptools<81'
 # tf-keras's requirement of `tensorflow` is met by tensorflow-cpu, which pip check cannot know.
 if ! "${pip[@]}" check > "$work/pip-check.txt" 2>&1; then
   broken="$(grep -vE '^tf-keras [^ ]+ requires tensorflow, which is not installed\.$' "$work/pip-check.txt" || true)"

@@ -1,23 +1,15 @@
 # shellcheck shell=bash
-# Sourced by tools/install.sh and tools/wheelhouse.sh: which stack is installed, and for which
-# Python. Bash builtins only (a host's PATH may hold nothing but a Python that does not fit).
+# Sourced by tools/install.sh and tools/wheelhouse.sh: which Python the stack is installed for.
+# Bash builtins only (a host's PATH may hold nothing but a Python that does not fit).
 #
-# select_stack reads STACK (default tf2.21) and sets `stack`, `stack_reqs` (its requirements file,
-# relative to the repository), `stack_tf` (the TensorFlow it pins, for messages) and
-# SUPPORTED_PYTHONS (newest first). select_python then sets `python` to $PYTHON if given, else to
-# the first of SUPPORTED_PYTHONS that runs, and `python_version` to its X.Y. When either does not
-# fit it calls fail (defined by the caller) with one line: what was asked, what was found, the ways on.
+# select_python sets `python` to $PYTHON if given, else to the first of SUPPORTED_PYTHONS that runs,
+# and `python_version` to its X.Y. When it does not fit it calls fail (defined by the caller) with
+# one line: what was asked, what was found, the ways on.
 
-select_stack() {
-  stack=${STACK:-tf2.21}
-  case "$stack" in
-    # TensorFlow 2.21 publishes wheels for Python 3.10-3.13; tf-keras gives it the Keras 2 the code is.
-    tf2.21) stack_reqs=requirements.txt; stack_tf="TensorFlow 2.21.0"; SUPPORTED_PYTHONS=(3.13 3.12 3.11 3.10) ;;
-    # The older stack, for sites whose drivers or containers are older: wheels for 3.9-3.11 only.
-    tf2.15) stack_reqs=requirements-tf2.15.txt; stack_tf="TensorFlow 2.15.1"; SUPPORTED_PYTHONS=(3.11 3.10 3.9) ;;
-    *) fail "stack" "STACK=$stack is not a stack; known: tf2.21 (the default), tf2.15"; return 1 ;;
-  esac
-}
+# TensorFlow 2.21 publishes wheels for Python 3.10-3.13 (newest first); tf-keras gives it the Keras 2
+# the code is.
+TF_RELEASE="TensorFlow 2.21.0"
+SUPPORTED_PYTHONS=(3.13 3.12 3.11 3.10)
 
 # python_version_of NAME: X.Y of the interpreter NAME by running it; nothing if it does not run.
 # (A pyenv shim answers `command -v python3.12` for a version that is not active, then fails.)
@@ -55,5 +47,5 @@ select_python() {
     for v in "${SUPPORTED_PYTHONS[@]}"; do names+="${names:+, }python$v"; done
     found="none of $names runs on PATH (found: ${others:-no python3 at all})"
   fi
-  fail "python" "$stack_tf (STACK=$stack) needs Python $oldest-$newest; $found; ways on: \`uv python install $newest\` then PYTHON=\$(uv python find $newest), or \`pyenv install $newest\` then PYTHON=\$(pyenv prefix $newest)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"
+  fail "python" "$TF_RELEASE needs Python $oldest-$newest; $found; ways on: \`uv python install $newest\` then PYTHON=\$(uv python find $newest), or \`pyenv install $newest\` then PYTHON=\$(pyenv prefix $newest)/bin/python3, or the CPU image (docker build -f docker/Dockerfile.cpu .)"
 }

@@ -95,8 +95,8 @@ class Checkpointer:
         and traces the function that refreshes them at the second: measured with
         bench/checkpoint_cost.py on a 2-core EPYC, 0.8 s and 4.9 s for DeepCAM's
         model, then 1.6 s more at the first run of that function: a stall of
-        every rank at its next allreduce. The helper is private API (TF 2.15,
-        pinned); without it the first saves just cost more.
+        every rank at its next allreduce. The helper is private API (of the pinned
+        TensorFlow); without it the first saves just cost more.
         """
         helper = getattr(self._ckpt, "_async_checkpointer", None)
         if helper is None:
