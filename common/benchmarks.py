@@ -49,8 +49,6 @@ class Benchmark:
       published_eval_samples: its validation samples (offline.projection's evaluation pass).
       published_dataset_bytes: its size as published, the bytes offline.projection stages.
       throughput_args: that script's arguments for the compute rows of `make bench` (bench/report.py).
-      stack_bench_args: that script's arguments for the side-by-side of the two stacks
-        (bench/stacks.py, `make bench-stacks`): a smaller sample, more timed steps; () leaves it out.
       full_model_config: a closed config to build the full-size model and optimizer from
         (offline/measure_model_costs.py, bench/checkpoint_cost.py); the architecture is the same in
         every closed config of a benchmark. '' leaves the benchmark out of both.
@@ -90,7 +88,6 @@ class Benchmark:
     published_eval_samples: int = 0
     published_dataset_bytes: float = 0.0
     throughput_args: tuple[str, ...] = ()
-    stack_bench_args: tuple[str, ...] = ()
     full_model_config: str = ""
     one_core_reader: str = ""
     one_core_reader_samples: int = 4
@@ -128,8 +125,6 @@ BENCHMARKS = (
         published_eval_samples=65_536,
         published_dataset_bytes=1.7e12,
         throughput_args=("--batch-size", "2", "--n-samples", "16"),   # the closed model, 128^3 x 4
-        stack_bench_args=("--size", "64", "--batch-size", "4", "--n-samples", "32", "--warmup-steps", "5",
-                          "--steps", "40"),
         full_model_config="cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
         one_core_reader="cosmoflow.input_bench:one_core_reader",
         one_core_reader_samples=8,
@@ -166,8 +161,6 @@ BENCHMARKS = (
         published_dataset_bytes=8.8e12,
         # The full 56,454,720-parameter model at 192x288.
         throughput_args=("--height", "192", "--width", "288", "--n-samples", "8"),
-        stack_bench_args=("--height", "192", "--width", "288", "--batch-size", "1", "--warmup-steps", "5",
-                          "--steps", "30"),
         full_model_config="deepcam/configs/deepcam_closed_gbs1024.yaml",
         one_core_reader="deepcam.input_bench:one_core_reader",
         one_core_reader_samples=4,
