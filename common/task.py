@@ -156,7 +156,9 @@ class Task:
         the spatial group's size K where a rank's gradient is only its slab's part (the update needs the
         group's sum), 1 elsewhere. The default reads the split layers (common.parallel.spatial: CosmoFlow's
         depth split, whose gathered head is replicated); a network split end to end gives K to all."""
-        from common.parallel.spatial import gradient_scales   # here: the layers import TensorFlow
+        if self.mesh is None:   # data-parallel: nothing to scale, and no import of the split's layers
+            return [1.0] * len(model.trainable_variables)
+        from common.parallel.spatial import gradient_scales
         return gradient_scales(model)
 
     def describe_split(self, model) -> str:

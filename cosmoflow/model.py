@@ -24,8 +24,6 @@ the conv layers and the output layer carry no penalty.
 import tf_keras
 from tf_keras import layers
 
-from common.parallel.spatial import GatherSlabs, SpatialConv3D, pool_stays_local
-
 OUTPUT_SCALE = 1.2
 
 
@@ -38,6 +36,8 @@ def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_s
     # Keras' l2(l) adds l * sum(w^2) to the loss, as the reference's regularizers.l2.
     regularizer = tf_keras.regularizers.l2(l2) if l2 > 0 else None
     split = mesh is not None and mesh.is_split
+    if split:   # the split's layers, imported by split runs only
+        from common.parallel.spatial import GatherSlabs, SpatialConv3D, pool_stays_local
     shape = tuple(input_shape)
     if split:
         shape = (shape[0] // mesh.size,) + shape[1:]

@@ -38,14 +38,17 @@ pooling is a mean over the group; batch norm's statistics are summed over the gr
 """
 
 import math
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 import tf_keras
 from tf_keras import layers
 
 from common import cpu
-from common.parallel.spatial_rows import GatherRows, GroupMeanPool, RowHalo, RowWindow, SlabConvolution
 from common.parallel.sync_batchnorm import GroupBatchNormalization
+
+if TYPE_CHECKING:   # split runs only: a data-parallel run does not import the split's layers
+    from common.parallel.spatial_rows import RowHalo
 
 # PyTorch's BatchNorm2d defaults. Its momentum 0.1 weighs the new batch
 # (running = 0.9 * running + 0.1 * batch); Keras' momentum weighs the old value.
@@ -132,11 +135,29 @@ class DilatedConv2D(layers.Conv2D):
         return super().get_config() | {"direct": self.direct}
 
 
+class SlabConvolution:
+    """Mixin for a Keras convolution layer whose input may be a height slab: with `row_halo` (a
+    common.parallel.spatial_rows.RowHalo) its op convolves the slab with that halo ('valid'
+    padding), else the input as given. The layer keeps its class's variables and names."""
+    row_halo: "RowHalo | None" = None
+
+    def convolve_slab(self, inputs, kernel, convolve):
+        """convolve(inputs, kernel), with the halo rows added first when the layer has them."""
+        if self.row_halo is None:
+            return convolve(inputs, kernel)
+        return self.row_halo.convolve(inputs, kernel, convolve, name=self.name)
+
+    def compute_output_shape(self, input_shape):
+        if self.row_halo is not None:
+            input_shape = self.row_halo.padded_shape(input_shape)
+        return super().compute_output_shape(input_shape)
+
+
 class SlabConv2D(SlabConvolution, DilatedConv2D):
     """A Conv2D of a height-split network (any kernel, stride or dilation): 'valid' on its slab with
     the `row_halo` rows (common.parallel.spatial_rows.RowHalo), or on a window of the gathered map."""
 
-    def __init__(self, *args, row_halo: RowHalo | None = None, **kwargs):
+    def __init__(self, *args, row_halo: "RowHalo | None" = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.row_halo = row_halo
 
@@ -147,7 +168,7 @@ class SlabConv2D(SlabConvolution, DilatedConv2D):
 class SlabDepthwiseConv2D(SlabConvolution, layers.DepthwiseConv2D):
     """The DepthwiseConv2D (no bias) of a height-split network, as SlabConv2D."""
 
-    def __init__(self, *args, row_halo: RowHalo | None = None, **kwargs):
+    def __init__(self, *args, row_halo: "RowHalo | None" = None, **kwargs):
         super().__init__(*args, **kwargs)
         if self.use_bias:
             raise ValueError(f"{self.name}: a depthwise convolution on a slab takes no bias here")
@@ -201,7 +222,7 @@ class TorchConvTranspose2D(SlabConvolution, layers.Conv2DTranspose):
     padding after it grows by one, so the output is still 2 x the slab's own rows.
     """
 
-    def __init__(self, filters: int, row_halo: RowHalo | None = None, **kwargs):
+    def __init__(self, filters: int, row_halo: "RowHalo | None" = None, **kwargs):
         super().__init__(filters, 3, strides=2, padding="valid", **kwargs)
         self.row_halo = row_halo
 
@@ -230,7 +251,10 @@ class TorchConvTranspose2D(SlabConvolution, layers.Conv2DTranspose):
 
 def transposed_conv(x, filters: int, name: str, dtype=None, b: "_Builder | None" = None):
     """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1), no bias, default init."""
-    halo = RowHalo(b.mesh, 0, 1) if b is not None and b.mesh is not None else None
+    halo = None
+    if b is not None and b.mesh is not None:
+        from common.parallel.spatial_rows import RowHalo
+        halo = RowHalo(b.mesh, 0, 1)
     return TorchConvTranspose2D(filters, row_halo=halo, use_bias=False,
                                 kernel_initializer=TorchDefaultUniform(9 * filters), dtype=dtype, name=name)(x)
 
@@ -250,6 +274,7 @@ class _Builder:
         """Split runs: (input, RowHalo or None) for a 'valid' layer reading `top` rows above x's slab,
         `bottom` below and `cols` zero columns each side: the slab and the halo its layer takes from
         the neighbours while their slabs hold that many rows, else the window cut from the gathered map."""
+        from common.parallel.spatial_rows import GatherRows, RowHalo, RowWindow
         if max(top, bottom) <= x.shape[1]:
             return x, RowHalo(self.mesh, top, bottom, cols)
         if id(x) not in self._gathered:
@@ -271,7 +296,7 @@ class _Builder:
             return layers.ZeroPadding2D(pad, name=name)(x), None
         return self.rows_beyond(x, pad, pad - 1, pad, name=name)
 
-    def conv2d(self, filters: int, kernel: int, row_halo: RowHalo | None, dilation: int = 1, **kwargs):
+    def conv2d(self, filters: int, kernel: int, row_halo: "RowHalo | None", dilation: int = 1, **kwargs):
         """The Conv2D layer: Keras' (DilatedConv2D where dilated) unsplit; SlabConv2D split."""
         direct = dilation != 1 and self.direct_dilation
         if self.mesh is not None:
@@ -280,7 +305,7 @@ class _Builder:
             return DilatedConv2D(filters, kernel, dilation_rate=dilation, direct=direct, **kwargs)
         return layers.Conv2D(filters, kernel, **kwargs)
 
-    def depthwise(self, row_halo: RowHalo | None, **kwargs):
+    def depthwise(self, row_halo: "RowHalo | None", **kwargs):
         """The 3x3 DepthwiseConv2D layer (no bias): Keras' unsplit, SlabDepthwiseConv2D split."""
         if self.mesh is not None:
             return SlabDepthwiseConv2D(3, row_halo=row_halo, use_bias=False, **kwargs)
@@ -290,6 +315,7 @@ class _Builder:
         """The mean over every pixel of the sample, [B, 1, 1, C]."""
         if self.mesh is None:
             return layers.GlobalAveragePooling2D(keepdims=True, name=name)(x)
+        from common.parallel.spatial_rows import GroupMeanPool
         return GroupMeanPool(self.mesh, name=name)(x)
 
     def ch(self, channels: int) -> int:

@@ -10,7 +10,6 @@ from common.inputs.memory import fits_in_memory
 from common.base_config import check_global_batch
 from common.config_loading import peek
 from common.inputs.sharding import list_files, select_and_shard
-from common.parallel.spatial_rows import RowWindow, all_partial_scales
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
 from deepcam.config import N_CLASSES, DeepCAMConfig
@@ -227,6 +226,9 @@ class DeepCAMTask(Task):
 
     def gradient_scales(self, model) -> list:
         # Every layer computes its slab's rows: every gradient is a partial sum over the group.
+        if self._split is None:
+            return [1.0] * len(model.trainable_variables)
+        from common.parallel.spatial_rows import all_partial_scales   # split runs only
         return all_partial_scales(model, self._split)
 
     def describe_split(self, model) -> str:
@@ -336,6 +338,7 @@ def mean_iou(mesh=None) -> EvalMetric:
 
 def describe_height_split(net, k: int, height: int) -> str:
     """The [init] line of a height split: the rows per rank and which layers read a gathered map."""
+    from common.parallel.spatial_rows import RowWindow   # split runs only
     windows = [layer.name.removesuffix("_halo_window") for layer in net.layers if isinstance(layer, RowWindow)]
     halos = sum(getattr(layer, "row_halo", None) is not None for layer in net.layers)
     gathered = (f"; from the group's gathered map (halo taller than a slab): {', '.join(windows)}" if windows

@@ -22,8 +22,15 @@ import tensorflow as tf
 dense = tf.keras.layers.Dense.__module__
 assert dense.startswith("keras."), f"tf.keras is not Keras 3 in this process: {dense}"
 sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:   # the layers of the splits and the sharded optimizer, offline/ and bench/: not a data-parallel run's
+    print("SPLIT-MODULES", sorted(m for m in sys.modules if m.startswith(SPLIT_MODULES)), flush=True)
 """
+# What a data-parallel run must not import (issue: the split is a layer a run asks for).
+SPLIT_MODULES = ("common.parallel.spatial", "common.parallel.spatial_rows", "common.parallel.rebuilt_input",
+                 "common.parallel.sharded_optimizer", "offline", "bench")
+WRAPPER = f"SPLIT_MODULES = {SPLIT_MODULES!r}\n" + WRAPPER
 
 TEST_DATA_SHAPE = {
     "cosmoflow": ["--set", f"data.sample_shape={conftest.EASY['size']},{conftest.EASY['size']},"
@@ -48,6 +55,7 @@ def test_train_py_trains_after_tensorflow_was_imported_and_tf_keras_used(name, r
     # 3: trained, target not reached (a tiny run is a smoke run).
     assert proc.returncode in (0, 3), helpers.failure_output(proc)
     assert f"Keras {metadata.version('tf-keras')} (tf_keras)" in proc.stdout, proc.stdout[-3000:]
+    assert "SPLIT-MODULES []" in proc.stdout, proc.stdout[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert [h["epoch"] for h in summary["history"]] == [1]
     assert math.isfinite(summary["history"][0]["loss"])
@@ -65,3 +73,14 @@ def test_the_project_imported_first_keeps_keras_3_out_of_the_process():
     loaded = subprocess.run([helpers.PYTHON, "-c", probe], cwd=helpers.REPO, env=environ, capture_output=True,
                             text=True, timeout=120)
     assert loaded.stdout.split() == ["True"], loaded.stdout + loaded.stderr
+
+
+def test_control_the_split_modules_are_seen_when_imported():
+    # The wrapper's listing of split modules finds one that the process did import.
+    code = WRAPPER.replace("sys.argv = sys.argv[1:]", "import common.parallel.spatial\nsys.argv = sys.argv[1:]")
+    environ = helpers.env()
+    environ.pop("TF_USE_LEGACY_KERAS", None)
+    proc = subprocess.run([helpers.PYTHON, "-c", code, "-c"], cwd=helpers.REPO, env=environ,
+                          capture_output=True, text=True, timeout=120)
+    listed = [line for line in proc.stdout.splitlines() if line.startswith("SPLIT-MODULES")]
+    assert listed and "'common.parallel.spatial'" in listed[0], proc.stdout + proc.stderr

@@ -6,7 +6,7 @@ A convolution of the unsplit network stays the layer it was, with its variables 
 reads the rows beyond its slab as follows:
 - `RowHalo`: the neighbours' boundary rows, one alltoall in the group (zeros beyond the sample's
   top and bottom, as 'same' padding gives the whole sample), and the columns zero-padded; the
-  layer (`SlabConvolution`) convolves slab and halo 'valid', keeping for backward the slab and
+  layer (deepcam.model.SlabConvolution) convolves slab and halo 'valid', keeping for backward the slab and
   the halo's rows rather than their padded copy (common.parallel.rebuilt_input);
 - `GatherRows` then `RowWindow`: where the halo is taller than a slab (DeepCAM's dilated ASPP
   branches at small slabs), the group's slabs gathered once and each rank's window cut from
@@ -57,24 +57,6 @@ class RowHalo:
 
     def _assemble(self, above, slab, below):
         return _pad_cols(tf.concat([above, slab, below], axis=1), self.cols)
-
-
-class SlabConvolution:
-    """Mixin for a Keras convolution layer whose input may be a height slab: with `row_halo` (a
-    RowHalo) its op convolves the slab with that halo ('valid' padding), else the input as given.
-    The layer keeps its class's variables and names."""
-    row_halo: RowHalo | None = None
-
-    def convolve_slab(self, inputs, kernel, convolve):
-        """convolve(inputs, kernel), with the halo rows added first when the layer has them."""
-        if self.row_halo is None:
-            return convolve(inputs, kernel)
-        return self.row_halo.convolve(inputs, kernel, convolve, name=self.name)
-
-    def compute_output_shape(self, input_shape):
-        if self.row_halo is not None:
-            input_shape = self.row_halo.padded_shape(input_shape)
-        return super().compute_output_shape(input_shape)
 
 
 class GatherRows(layers.Layer):

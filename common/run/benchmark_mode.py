@@ -7,7 +7,6 @@ files, input pipeline, allreduce, events), timed after the warm-up steps.
 import time
 
 from common.reporting.events import StepInfo
-from common.run.characterization import pipeline_samples_per_s
 from common.run.result import RunResult
 
 
@@ -15,6 +14,7 @@ def run_benchmark(ctx, train_ds) -> RunResult:
     t, dist = ctx.cfg.train, ctx.dist
     accumulation = t.gradient_accumulation_frequency
     # As many batches as the timed steps read, after the warm-up steps' worth.
+    from common.run.characterization import pipeline_samples_per_s
     input_rate = pipeline_samples_per_s(iter(train_ds), ctx.shards.local_batch_size,
                                         t.benchmark_steps * accumulation,
                                         warmup_batches=t.benchmark_warmup_steps * accumulation)

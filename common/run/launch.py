@@ -25,7 +25,6 @@ from common.parallel.distribution import Distribution, launcher_env
 from common.errors import ConfigError, ExitCode, InputError
 from common.reporting.console import Console
 from common.reporting.events import Events
-from common.reporting.tensorboard import TensorBoardListener
 from common.reporting.mlperf_logger import MLPerfLogger
 from common.run import report as run_report, termination
 from common.run.result import write_summary
@@ -211,5 +210,6 @@ def _listeners(task, cfg, run_dir, console) -> list:
         listeners.insert(0, MLPerfLogger(run_dir, submission, metric_key=task.metric_name,
                                          instance=instance))
     if cfg.runtime.tensorboard:
+        from common.reporting.tensorboard import TensorBoardListener   # --tensorboard only
         listeners.append(TensorBoardListener(run_dir / "tensorboard", yaml_text(cfg)))
     return listeners

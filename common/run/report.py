@@ -9,7 +9,6 @@ from pathlib import Path
 
 from common.reporting.compliance import check_log
 from common.reporting.mlperf_logger import LOG_NAME
-from common.reporting.plots import plot_training_curve
 from common.run.result import RunResult
 
 
@@ -41,6 +40,7 @@ def finish(task, result: RunResult, run_dir, exit_preempted: int) -> Report:
     if result.failure:
         return Report(**facts, log_check="not checked (the run could not go on)")
     if result.history:
+        from common.reporting.plots import plot_training_curve   # matplotlib: after the run only
         plot_training_curve(result.history, task.metric_name, task.target,
                             f"{task.name}: {result.status} after {result.epochs} epoch(s), "
                             f"{result.time_to_train_s / 60:.2f} min", run_dir / "training_curve.png")

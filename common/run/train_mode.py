@@ -15,7 +15,6 @@ from common.run import termination
 from common.reporting.events import EpochTrain, StepInfo, TrainLog
 from common.run.evaluate_mode import evaluate
 from common.run.failures import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
-from common.run.characterization import characterize_run
 from common.run.result import RunResult, staging_dict
 from common.parallel.sync_batchnorm import average_batchnorm_statistics
 
@@ -241,6 +240,7 @@ class TrainingRun:
         if not (ctx.cfg.runtime.characterize and self.completed):
             return {}
         ctx.events.on_characterization_start()
+        from common.run.characterization import characterize_run   # runtime.characterize only
         return characterize_run(
             model=ctx.model, dist=ctx.dist, sample_shape=train_ds.element_spec[0].shape[1:], history=self.history,
             staging=staging_dict(staging), global_batch_size=ctx.info.global_batch_size,

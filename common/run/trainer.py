@@ -26,12 +26,10 @@ from common.checkpoints.save_policy import CheckpointSaver
 from common.run.data_preparation import prepare_data
 from common.errors import InputError
 from common.run.evaluate_mode import run_evaluation
-from common.run.instance_start import meet_the_other_instances
 from common.reporting.events import RunInfo
 from common.inputs.page_cache import drop_from_page_cache
 from common.run.context import RunContext, RunState
 from common.parallel.fingerprint import variables_in_sync
-from common.parallel.sharded_optimizer import ShardedUpdate
 from common.run.result import RunResult
 from common.run.steps import TrainStep, make_eval_step
 from common.parallel.sync_batchnorm import batchnorm_statistics
@@ -48,11 +46,13 @@ def batchnorm_group(dist, task):
                            f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})")
 
 
-def optimizer_shard(cfg, model, mesh) -> ShardedUpdate | None:
-    """With parallel.shard_optimizer, this rank's share of `model`'s variables for the optimizer, the
-    updated weights allgathered over the spatial group; else None (every rank updates all of them)."""
+def optimizer_shard(cfg, model, mesh):
+    """With parallel.shard_optimizer, this rank's share of `model`'s variables for the optimizer (a
+    common.parallel.sharded_optimizer.ShardedUpdate), the updated weights allgathered over the
+    spatial group; else None (every rank updates all of them)."""
     if not cfg.parallel.shard_optimizer:
         return None
+    from common.parallel.sharded_optimizer import ShardedUpdate   # sharded runs only
     return ShardedUpdate(model.trainable_variables, mesh.index, mesh.size,
                          lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"))
 
@@ -129,9 +129,9 @@ class Trainer:
             result = run_benchmark(ctx, train_ds)
         else:
             self._clear_page_cache(shards)
-            meeting = meet_the_other_instances(cfg.mlperf, dist)   # weak scaling: the set starts together
-            if meeting is not None:
-                events.on_instances_met(meeting)
+            if cfg.mlperf.start_barrier_dir:   # weak scaling: the set of instances starts together
+                from common.run.instance_start import meet_the_other_instances
+                events.on_instances_met(meet_the_other_instances(cfg.mlperf, dist))
             training = TrainingRun(ctx, start)
             result = training.run(train_ds, valid_ds)                    # metrics averaged; rank 0 writes
         # A collective, once on every rank whatever the mode and however it ended: after run_stop,
