@@ -21,21 +21,42 @@ install:
 wheelhouse:
 	@WHEELHOUSE=$(or $(WHEELHOUSE),$(CURDIR)/wheelhouse) VARIANT=$(VARIANT) bash tools/wheelhouse.sh
 
-# Per benchmark, from its entry in common/benchmarks.py (`python -m common.benchmarks make` prints
-# them): <PREFIX>_DATA, <PREFIX>_CONFIG and the run directory variable (COSMO_*, RUN_DIR; DEEPCAM_*,
-# DEEPCAM_RUN_DIR), and the targets data, run, bench-cosmoflow (CosmoFlow) and data-deepcam,
-# run-deepcam, bench-deepcam (DeepCAM). The table needs only the standard library: before `make install` has
-# made $(VENV), the system python3 reads it.
-TABLE_PY := $(if $(wildcard $(PY)),$(PY),python3)
-BENCHMARK_RULES := $(shell $(TABLE_PY) -m common.benchmarks make)
-ifeq ($(BENCHMARK_RULES),)
-$(error cannot read the benchmark table: $(TABLE_PY) -m common.benchmarks make failed)
-endif
-define newline
+# Per benchmark: its data, its config and its run directory (each overridable), and the targets
+# data, run, bench-cosmoflow (CosmoFlow) and data-deepcam, run-deepcam, bench-deepcam (DeepCAM).
+# DATA_<bench>, CONFIG_<bench> and DATA_TARGET_<bench> are what result-set and weak-scaling use for
+# BENCH=<bench>. A new benchmark adds its block here and its name to BENCHMARKS.
+BENCHMARKS := cosmoflow deepcam
 
+COSMO_DATA ?= data/cosmoflow_synth32
+COSMO_CONFIG ?= cosmoflow/configs/cosmoflow_synthetic_cpu.yaml
+RUN_DIR ?= runs/cosmoflow-$(shell date +%Y%m%d-%H%M%S)
+DATA_cosmoflow = $(COSMO_DATA)
+CONFIG_cosmoflow = $(COSMO_CONFIG)
+DATA_TARGET_cosmoflow = data
+.PHONY: data run bench-cosmoflow
+data: install
+	@$(PY) -m cosmoflow.synthetic --output-dir $(COSMO_DATA) --size 32 --n-train 4096 --n-valid 512
+run: data
+	@$(LAUNCH) $(PY) cosmoflow/train.py $(COSMO_CONFIG) --data-dir $(COSMO_DATA) --output-dir $(RUN_DIR)
+bench-cosmoflow: install
+	@$(PY) bench/cosmoflow_throughput.py
 
-endef
-$(eval $(subst $() ;; ,$(newline),$(BENCHMARK_RULES)))
+DEEPCAM_DATA ?= data/deepcam_synth
+DEEPCAM_CONFIG ?= deepcam/configs/deepcam_synthetic_cpu.yaml
+DEEPCAM_RUN_DIR ?= runs/deepcam-$(shell date +%Y%m%d-%H%M%S)
+DATA_deepcam = $(DEEPCAM_DATA)
+CONFIG_deepcam = $(DEEPCAM_CONFIG)
+DATA_TARGET_deepcam = data-deepcam
+.PHONY: data-deepcam run-deepcam bench-deepcam
+data-deepcam: install
+	@$(PY) -m deepcam.synthetic --output-dir $(DEEPCAM_DATA) --height 128 --width 192 --n-train 512 \
+	  --n-valid 64 --cyclone-fraction 0.003
+run-deepcam: data-deepcam
+	@$(LAUNCH) $(PY) deepcam/train.py $(DEEPCAM_CONFIG) --data_dir_prefix $(DEEPCAM_DATA) \
+	  --output_dir $(DEEPCAM_RUN_DIR)
+bench-deepcam: install
+	@$(PY) bench/deepcam_throughput.py
+
 check_bench = $(if $(filter $(BENCH),$(BENCHMARKS)),,$(error BENCH=$(BENCH) is not a benchmark; known: $(BENCHMARKS)))
 
 # N seeded runs of the synthetic CPU config into one submission-layout folder, then scored:

@@ -1,16 +1,16 @@
-"""The table of benchmarks: one entry per benchmark, read by Python, make and the sbatch scripts.
+"""The table of benchmarks: one entry per benchmark, read by Python and the sbatch scripts.
 
   python -m common.benchmarks names                        # cosmoflow deepcam
   python -m common.benchmarks get deepcam data_flag        # --data_dir_prefix
   python -m common.benchmarks get deepcam train_script data_flag   # one field a line
   python -m common.benchmarks closed-config deepcam 512    # deepcam/configs/deepcam_closed_gbs1024.yaml
-  python -m common.benchmarks make                         # the Makefile's per-benchmark variables and targets
 
 A benchmark is its folder (`<name>/train.py`, `<name>/configs/`, its task, config and synthetic
-data generator) plus one entry here; the Makefile, slurm/*.sbatch, offline/ and the tests take
-everything else they need from this table. This module imports neither TensorFlow nor the
-benchmark packages: classes are named by "module:Class" strings and imported only when asked
-for (`task_class`, `config_class`, `load`), so make and shell can read the table cheaply.
+data generator), one entry here and its block of Makefile rules (data, run, bench); slurm/*.sbatch,
+offline/, bench/ and the tests take everything else they need from this table. This module imports
+neither TensorFlow nor the benchmark packages: classes are named by "module:Class" strings and
+imported only when asked for (`task_class`, `config_class`, `load`), so shell can read the table
+cheaply.
 """
 
 import dataclasses
@@ -35,14 +35,11 @@ class Benchmark:
       output_flag: train.py's flag for the run directory.
       stage_flag: train.py's flag for the node-local staging directory.
       local_batch_key: the config key of the per-rank batch (ranks x it = train.global_batch_size).
-      synthetic_config: the config that `make run` trains (synthetic data, CPU).
+      synthetic_config: the config that the Makefile's run target trains (synthetic data, CPU).
       closed_configs: glob of the closed-division configs, one per RCP global batch.
       generator: module writing synthetic data (`python -m <generator> --output-dir DIR ...`).
-      generator_args: the generator's arguments for the data `make` writes.
-      synthetic_data: where `make` writes that data.
-      make_prefix: prefix of the Makefile's variables <prefix>_DATA and <prefix>_CONFIG.
-      make_suffix: suffix of the Makefile's targets data<suffix>, run<suffix> (and bench-<name>).
-      make_run_dir_var: the Makefile variable naming the run directory of run<suffix>.
+      generator_args: the generator's arguments for data of the synthetic config's sample shape (the
+        Makefile's data target passes the same).
       throughput_bench: the script `make bench-<name>` runs; '' when there is none.
       published_train_samples: training samples of the full data set as published (offline.projection's
         epoch); 0 when unknown.
@@ -79,10 +76,6 @@ class Benchmark:
     closed_configs: str
     generator: str
     generator_args: tuple[str, ...]
-    synthetic_data: str
-    make_prefix: str
-    make_suffix: str
-    make_run_dir_var: str
     throughput_bench: str = ""
     published_train_samples: int = 0
     published_eval_samples: int = 0
@@ -113,10 +106,6 @@ BENCHMARKS = (
         closed_configs="cosmoflow/configs/cosmoflow_closed_gbs*.yaml",
         generator="cosmoflow.synthetic",
         generator_args=("--size", "32", "--n-train", "4096", "--n-valid", "512"),
-        synthetic_data="data/cosmoflow_synth32",
-        make_prefix="COSMO",
-        make_suffix="",
-        make_run_dir_var="RUN_DIR",
         throughput_bench="bench/cosmoflow_throughput.py",
         # Sample counts: train_samples / eval_samples of every published v3.0 log read. 1.7 TB: the gzip
         # TFRecord tarball cosmoUniverse_2019_05_4parE_tf_v2.tar with its train, validation and test
@@ -149,10 +138,6 @@ BENCHMARKS = (
         generator="deepcam.synthetic",
         generator_args=("--height", "128", "--width", "192", "--n-train", "512", "--n-valid", "64",
                         "--cyclone-fraction", "0.003"),
-        synthetic_data="data/deepcam_synth",
-        make_prefix="DEEPCAM",
-        make_suffix="-deepcam",
-        make_run_dir_var="DEEPCAM_RUN_DIR",
         throughput_bench="bench/deepcam_throughput.py",
         # Sample counts: as cosmoflow's. 8.8 TB: MLCommons' MLPerf HPC v0.7 announcement
         # (mlcommons.org/en/news/mlperf-hpc-v07), a test split included.
@@ -255,35 +240,6 @@ def closed_config_batches(name: str) -> list[tuple[Path, int | None, int | None,
     return out
 
 
-def make_fragment() -> str:
-    """Makefile text defining each benchmark's variables and its data, run and bench targets.
-
-    Variables keep their command-line and environment overrides (`?=`). Lines are separated by
-    ' ;; ' because make's $(shell) turns newlines into spaces; the Makefile puts them back.
-    """
-    lines = [f"BENCHMARKS := {' '.join(names())}"]
-    for b in BENCHMARKS:
-        p, s = b.make_prefix, b.make_suffix
-        lines += [
-            f"{p}_DATA ?= {b.synthetic_data}",
-            f"{p}_CONFIG ?= {b.synthetic_config}",
-            f"{b.make_run_dir_var} ?= runs/{b.name}-$(shell date +%Y%m%d-%H%M%S)",
-            # make result-set / weak-scaling BENCH=<name> find a benchmark's data, config and data target here.
-            f"DATA_{b.name} = $({p}_DATA)",
-            f"CONFIG_{b.name} = $({p}_CONFIG)",
-            f"DATA_TARGET_{b.name} = data{s}",
-            f".PHONY: data{s} run{s}" + (f" bench-{b.name}" if b.throughput_bench else ""),
-            f"data{s}: install",
-            f"\t@$(PY) -m {b.generator} --output-dir $({p}_DATA) {' '.join(b.generator_args)}",
-            f"run{s}: data{s}",
-            f"\t@$(LAUNCH) $(PY) {b.train_script} $({p}_CONFIG) {b.data_flag} $({p}_DATA)"
-            f" {b.output_flag} $({b.make_run_dir_var})",
-        ]
-        if b.throughput_bench:
-            lines += [f"bench-{b.name}: install", f"\t@$(PY) {b.throughput_bench}"]
-    return " ;; ".join(lines)
-
-
 def _value(b: Benchmark, field: str) -> str:
     value = getattr(b, field)
     return " ".join(value) if isinstance(value, tuple) else str(value)
@@ -300,7 +256,6 @@ def main(argv=None) -> int:
     closed = commands.add_parser("closed-config", help="the closed config that RANKS ranks run (ranks x local batch)")
     closed.add_argument("name", choices=names())
     closed.add_argument("ranks", type=int)
-    commands.add_parser("make", help="the Makefile's per-benchmark variables and targets (' ;; ' between lines)")
     args = parser.parse_args(argv)
     if args.command == "names":
         print("\n".join(names()))
@@ -313,8 +268,6 @@ def main(argv=None) -> int:
                   f"global batch; see {Path(get(args.name).closed_configs).parent}/): set CONFIG", file=sys.stderr)
             return 1
         print(path.relative_to(REPO))
-    else:
-        print(make_fragment())
     return 0
 
 

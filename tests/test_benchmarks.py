@@ -1,10 +1,12 @@
-"""The benchmark table (common/benchmarks.py): its files exist, its CLI prints it, and make and
-the sbatch scripts resolve each benchmark's script and flags from it.
+"""The benchmark table (common/benchmarks.py): its files exist, its CLI prints it, the Makefile's
+rules of each benchmark name what its entry names, and the sbatch scripts resolve each benchmark's
+script and flags from it.
 """
 
 import ast
 import dataclasses
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -43,8 +45,8 @@ def test_the_table_is_importable_without_tensorflow():
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
 
 
-def test_names_and_make_names_are_unique():
-    for field in ("name", "make_prefix", "make_suffix", "make_run_dir_var", "train_script"):
+def test_names_are_unique():
+    for field in ("name", "train_script"):
         values = [getattr(b, field) for b in benchmarks.BENCHMARKS]
         assert len(set(values)) == len(values), f"two benchmarks share {field}: {values}"
     with pytest.raises(KeyError, match="unknown benchmark 'nope'.*cosmoflow"):
@@ -113,23 +115,34 @@ def make_n(*args) -> str:
     return " ".join(proc.stdout.replace("\\\n", " ").split())   # one line, single spaces
 
 
+# Each benchmark's run target and the prefix of its Makefile variables (<prefix>_DATA, <prefix>_CONFIG),
+# as the Makefile writes them by hand.
+MAKE_RUN = {"cosmoflow": ("run", "COSMO"), "deepcam": ("run-deepcam", "DEEPCAM")}
+
+
+def test_every_benchmark_has_makefile_rules():
+    assert sorted(MAKE_RUN) == sorted(NAMES), "a benchmark of the table without its block in the Makefile"
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 @pytest.mark.parametrize("name", NAMES)
-def test_make_targets_take_script_config_and_flags_from_the_table(name):
+def test_the_makefiles_rules_name_what_the_table_names(name):
     b = benchmarks.get(name)
-    generate = f"-m {b.generator} --output-dir {b.synthetic_data} {' '.join(b.generator_args)}"
-    run = make_n(f"run{b.make_suffix}", f"{b.make_run_dir_var}=/tmp/run-x")
-    assert generate in run
-    assert f"{b.train_script} {b.synthetic_config} {b.data_flag} {b.synthetic_data} {b.output_flag} /tmp/run-x" in run
+    target, prefix = MAKE_RUN[name]
+    run = make_n(target)
+    generate = re.search(rf"-m {re.escape(b.generator)} --output-dir (\S+) (.*?)(?= \S*python|$)", run)
+    assert generate and generate.group(2).split() == list(b.generator_args), run
+    data = generate.group(1)
+    assert f"{b.train_script} {b.synthetic_config} {b.data_flag} {data} {b.output_flag} runs/{name}-" in run
     # The documented variables still override.
-    run = make_n(f"run{b.make_suffix}", f"{b.make_prefix}_DATA=/d", f"{b.make_prefix}_CONFIG=/c.yaml")
+    run = make_n(target, f"{prefix}_DATA=/d", f"{prefix}_CONFIG=/c.yaml")
     assert f"{b.train_script} /c.yaml {b.data_flag} /d " in run
-    for target in ("result-set", "weak-scaling"):
-        text = make_n(target, f"BENCH={name}")
-        assert generate in text
-        module = "offline.result_set" if target == "result-set" else "offline.weak_scaling"
+    for command in ("result-set", "weak-scaling"):
+        text = make_n(command, f"BENCH={name}")
+        assert generate.group(0) in text
+        module = "offline.result_set" if command == "result-set" else "offline.weak_scaling"
         assert f"-m {module} --bench {name} " in text
-        assert f"--config {b.synthetic_config} --data-dir {b.synthetic_data}" in text
+        assert f"--config {b.synthetic_config} --data-dir {data}" in text
     if b.throughput_bench:
         assert b.throughput_bench in make_n(f"bench-{b.name}")
 
@@ -139,6 +152,7 @@ def test_make_refuses_an_unknown_bench():
     proc = subprocess.run(["make", "-n", "-C", str(REPO), "result-set", "BENCH=nope"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode != 0 and "BENCH=nope is not a benchmark" in proc.stderr
+    assert f"known: {' '.join(NAMES)}." in proc.stderr   # the Makefile's BENCHMARKS is the table's names
 
 
 @pytest.fixture
