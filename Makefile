@@ -10,7 +10,7 @@ NP ?= 1
 # needed), as common/launchers.py builds it. Expanded when a recipe runs, after `install` made $(PY).
 LAUNCH = $(if $(filter 1,$(NP)),,$(or $(shell $(PY) -m common.launchers horovodrun $(NP)),$(error cannot build the launch command: $(PY) -m common.launchers horovodrun $(NP) failed)))
 
-.PHONY: install wheelhouse result-set weak-scaling preflight test test-all bench clean
+.PHONY: lint install wheelhouse result-set weak-scaling preflight test test-all bench clean
 
 # WHEELHOUSE=DIR make install: from the files of DIR only, no network (tools/install.sh).
 install:
@@ -94,6 +94,10 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: install
 	@$(PY) -m pytest tests -m "not slow" $(XDIST) $(PYTEST_ARGS)
+
+# Lint and format check (ruff, configured in pyproject.toml); `ruff format .` lays the code out.
+lint: install
+	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 test-all: install
 	@$(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS)

@@ -25,8 +25,15 @@ from bench import precision_modes  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = precision_modes.parser(__doc__, config="deepcam/configs/deepcam_closed_gbs1024.yaml",
-                               data_dir="data/bench_deepcam", n_samples=16, batch_size=1, warmup_steps=2, steps=4)
+    p = precision_modes.parser(
+        __doc__,
+        config="deepcam/configs/deepcam_closed_gbs1024.yaml",
+        data_dir="data/bench_deepcam",
+        n_samples=16,
+        batch_size=1,
+        warmup_steps=2,
+        steps=4,
+    )
     p.add_argument("--height", type=int, default=768)
     p.add_argument("--width", type=int, default=1152)
     p.add_argument("--readers", type=int, default=4, help="files in flight per rank (data.readers)")
@@ -40,22 +47,42 @@ def main(argv=None) -> int:
     from deepcam import synthetic
 
     data_dir = Path(args.data_dir) / f"{args.height}x{args.width}"
-    synthetic.generate(data_dir, args.height, args.width, args.n_samples, args.n_samples // 4, seed=0)
-    overrides = {"data.data_dir": data_dir, "data.height": args.height, "data.width": args.width,
-                 "data.local_batch_size": args.batch_size, "data.readers": args.readers,
-                 "data.n_train": n_train, "data.n_valid": 0,
-                 # A closed config accepts its RCP global batch only; this one is not a result.
-                 "mlperf.division": "open"}
+    synthetic.generate(
+        data_dir, args.height, args.width, args.n_samples, args.n_samples // 4, seed=0
+    )
+    overrides = {
+        "data.data_dir": data_dir,
+        "data.height": args.height,
+        "data.width": args.width,
+        "data.local_batch_size": args.batch_size,
+        "data.readers": args.readers,
+        "data.n_train": n_train,
+        "data.n_valid": 0,
+        # A closed config accepts its RCP global batch only; this one is not a result.
+        "mlperf.division": "open",
+    }
     overrides |= precision_modes.extra_overrides(p, args)
-    runs = precision_modes.run_modes("deepcam", args.config, overrides, modes, args.steps, args.warmup_steps,
-                                    args.np, args.output_dir)
+    runs = precision_modes.run_modes(
+        "deepcam",
+        args.config,
+        overrides,
+        modes,
+        args.steps,
+        args.warmup_steps,
+        args.np,
+        args.output_dir,
+    )
     mb = os.path.getsize(next((data_dir / "train").glob("*.h5"))) / 1e6
     reader_rate = runs[0][1]["throughput"]["input_samples_per_s_per_rank"]
-    print(f"[bench] reader alone ({args.readers} files in flight, {mb:.1f} MB/sample): {reader_rate:.2f} samples/s, "
-          f"{reader_rate * mb:.0f} MB/s per rank ({modes[0]} run)")
-    rows = precision_modes.rows(runs, f"HDF5 reader alone, {args.readers} readers, {mb:.1f} MB/sample",
-                               f"training (reader{', allreduce' if args.np > 1 else ''}), "
-                               f"batch {args.batch_size}/rank")
+    print(
+        f"[bench] reader alone ({args.readers} files in flight, {mb:.1f} MB/sample): {reader_rate:.2f} samples/s, "
+        f"{reader_rate * mb:.0f} MB/s per rank ({modes[0]} run)"
+    )
+    rows = precision_modes.rows(
+        runs,
+        f"HDF5 reader alone, {args.readers} readers, {mb:.1f} MB/sample",
+        f"training (reader{', allreduce' if args.np > 1 else ''}), batch {args.batch_size}/rank",
+    )
     precision_modes.report("DeepCAM", f"{args.height}x{args.width}", args, runs, rows)
     return 0
 

@@ -55,8 +55,11 @@ def _size(text: str) -> tuple[int, int]:
 # ------------------------------------------------------------------ the two sides (run in subprocesses)
 def _random_batch(height, width, seed=0):
     import numpy as np
+
     rng = np.random.default_rng(seed)
-    x = rng.random((1, height, width, IN_CHANNELS), dtype=np.float32)   # normalized fields lie in [0, 1]
+    x = rng.random(
+        (1, height, width, IN_CHANNELS), dtype=np.float32
+    )  # normalized fields lie in [0, 1]
     y = rng.integers(0, N_CLASSES, (1, height, width), dtype=np.int32)
     return x, y
 
@@ -64,6 +67,7 @@ def _random_batch(height, width, seed=0):
 def _ours(args) -> dict:
     """Builds the training step as deepcam/train.py does, runs it; returns the step times (s)."""
     import tensorflow as tf
+
     from common.config_loading import load_config
     from common.run.steps import TrainStep
     from deepcam.config import DeepCAMConfig
@@ -71,6 +75,7 @@ def _ours(args) -> dict:
 
     class _OneProcess:
         """The Distribution of one process (tests/helpers.SingleProcess): nothing to average."""
+
         size = 1
 
         @staticmethod
@@ -79,9 +84,18 @@ def _ours(args) -> dict:
             return grads
 
     # data.data_dir is required by validation but never read: the step takes the batch directly.
-    cfg = load_config(DeepCAMConfig, args.config, {
-        "data.data_dir": "unused", "data.height": args.height, "data.width": args.width, "data.local_batch_size": 1,
-        "runtime.amp": False, "mlperf.division": "open"})
+    cfg = load_config(
+        DeepCAMConfig,
+        args.config,
+        {
+            "data.data_dir": "unused",
+            "data.height": args.height,
+            "data.width": args.width,
+            "data.local_batch_size": 1,
+            "runtime.amp": False,
+            "mlperf.division": "open",
+        },
+    )
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(cfg.runtime.inter_op_threads)
     task = DeepCAMTask(cfg)
@@ -101,30 +115,36 @@ def _ours(args) -> dict:
         times.append(time.perf_counter() - start)
     if args.profile_dir:
         tf.profiler.experimental.stop()
-    return {"times": times, "parameters": int(sum(v.shape.num_elements() for v in net.trainable_variables)),
-            "tensors": len(net.trainable_variables)}
+    return {
+        "times": times,
+        "parameters": int(sum(v.shape.num_elements() for v in net.trainable_variables)),
+        "tensors": len(net.trainable_variables),
+    }
 
 
 def _torch_lamb_step(params, state, lr, betas, eps, weight_decay, max_grad_norm, step):
     """One apex FusedLAMB step (bias correction, grad averaging, global norm clipping, trust ratio
     when weight decay is on), with torch._foreach ops over all tensors at once."""
     import torch
+
     grads = [p.grad for p in params]
     b1, b2 = betas
     global_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     clip = max(float(global_norm) / max_grad_norm, 1.0) if max_grad_norm else 1.0
     grads = torch._foreach_div(grads, clip)
-    m, v = state.setdefault("m", [torch.zeros_like(p) for p in params]), state.setdefault(
-        "v", [torch.zeros_like(p) for p in params])
+    m, v = (
+        state.setdefault("m", [torch.zeros_like(p) for p in params]),
+        state.setdefault("v", [torch.zeros_like(p) for p in params]),
+    )
     torch._foreach_mul_(m, b1)
     torch._foreach_add_(m, grads, alpha=1 - b1)
     torch._foreach_mul_(v, b2)
     torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
     denom = torch._foreach_sqrt(v)
-    torch._foreach_div_(denom, (1 - b2 ** step) ** 0.5)
+    torch._foreach_div_(denom, (1 - b2**step) ** 0.5)
     torch._foreach_add_(denom, eps)
     update = torch._foreach_div(m, denom)
-    torch._foreach_div_(update, 1 - b1 ** step)
+    torch._foreach_div_(update, 1 - b1**step)
     if weight_decay:
         torch._foreach_add_(update, params, alpha=weight_decay)
         w_norm = torch.stack(torch._foreach_norm(params))
@@ -148,7 +168,9 @@ def _reference(args) -> dict:
     spec.loader.exec_module(ref)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    net = ref.DeepLabv3_plus(n_input=IN_CHANNELS, n_classes=N_CLASSES, os=OUTPUT_STRIDE, _print=False).train()
+    net = ref.DeepLabv3_plus(
+        n_input=IN_CHANNELS, n_classes=N_CLASSES, os=OUTPUT_STRIDE, _print=False
+    ).train()
     # The reference tiles the pooled ASPP branch to its 768x1152 feature map (48x72);
     # at another size the tile is that size's feature map (the same computation).
     net.bottleneck.tiles = (1, 1, args.height // OUTPUT_STRIDE, args.width // OUTPUT_STRIDE)
@@ -160,10 +182,14 @@ def _reference(args) -> dict:
         x = x.contiguous(memory_format=torch.channels_last)
     # The reference's loss: class weights f_c^-0.125 (deepcam.task.CLASS_FREQUENCIES), mean over pixels.
     frequencies = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
-    weight = torch.tensor([f ** -0.125 for f in frequencies])
+    weight = torch.tensor([f**-0.125 for f in frequencies])
     params = [p for p in net.parameters() if p.requires_grad]
     hyper = dict(lr=0.004, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
-    adamw = torch.optim.AdamW(params, foreach=True, **hyper) if args.reference_optimizer == "adamw" else None
+    adamw = (
+        torch.optim.AdamW(params, foreach=True, **hyper)
+        if args.reference_optimizer == "adamw"
+        else None
+    )
     state, n = {}, [0]
 
     def one_step():
@@ -193,8 +219,10 @@ def _reference(args) -> dict:
     out = {"times": times, "parameters": sum(p.numel() for p in params), "tensors": len(params)}
     if profiler is not None:
         profiler.__exit__(None, None, None)
-        out["top_ops"] = [(e.key, e.self_cpu_time_total / 1e6 / args.steps, e.count // args.steps)
-                          for e in sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:TOP_OPS]]
+        out["top_ops"] = [
+            (e.key, e.self_cpu_time_total / 1e6 / args.steps, e.count // args.steps)
+            for e in sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:TOP_OPS]
+        ]
     return out
 
 
@@ -209,6 +237,7 @@ def tf_top_ops(profile_dir: str, steps: int) -> list:
     call holds its ops), summed by op type (the part after ':' in 'name:type').
     """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
     totals, counts = collections.Counter(), collections.Counter()
     for path in Path(profile_dir).rglob("*.xplane.pb"):
         space = xplane_pb2.XSpace()
@@ -220,9 +249,15 @@ def tf_top_ops(profile_dir: str, steps: int) -> list:
             for line in plane.lines:
                 # Ops are traced as 'name:type'; the executor's own events ('FunctionRun::Run',
                 # 'ExecutorState::Process') are not ops.
-                events = sorted(((e.offset_ps, e.duration_ps, names[e.metadata_id]) for e in line.events
-                                 if _is_op(names.get(e.metadata_id, ""))), key=lambda e: (e[0], -e[1]))
-                stack = []   # [end, name, self time]
+                events = sorted(
+                    (
+                        (e.offset_ps, e.duration_ps, names[e.metadata_id])
+                        for e in line.events
+                        if _is_op(names.get(e.metadata_id, ""))
+                    ),
+                    key=lambda e: (e[0], -e[1]),
+                )
+                stack = []  # [end, name, self time]
                 for start, duration, name in events:
                     while stack and stack[-1][0] <= start:
                         _close(stack.pop(), totals, counts)
@@ -249,14 +284,18 @@ def onednn_primitives(text: str, steps: int) -> list:
     totals, counts = collections.Counter(), collections.Counter()
     for line in text.splitlines():
         fields = line.split(",")
-        if len(fields) < 6 or not fields[0].startswith("onednn_verbose") or "exec" not in fields[1:3]:
+        if (
+            len(fields) < 6
+            or not fields[0].startswith("onednn_verbose")
+            or "exec" not in fields[1:3]
+        ):
             continue
         at = fields.index("exec")
         try:
             ms = float(fields[-1])
         except ValueError:
             continue
-        key = (fields[at + 2], fields[at + 3], fields[at + 4])   # kind, implementation, propagation
+        key = (fields[at + 2], fields[at + 3], fields[at + 4])  # kind, implementation, propagation
         totals[key] += ms
         counts[key] += 1
     return [(*key, ms / steps, counts[key] // steps) for key, ms in totals.most_common(TOP_OPS)]
@@ -265,12 +304,30 @@ def onednn_primitives(text: str, steps: int) -> list:
 # ------------------------------------------------------------------ the parent: A/B runs and the table
 def _child_command(args, side: str, size, profile_dir: str = "") -> list:
     python = args.torch_python if side == "reference" else sys.executable
-    script = Path(args.baseline_repo, "bench", Path(__file__).name) if side == "baseline" else __file__
+    script = (
+        Path(args.baseline_repo, "bench", Path(__file__).name) if side == "baseline" else __file__
+    )
     child = "ours" if side == "baseline" else side
-    cmd = [python, script, "--child", child, "--sizes", f"{size[0]}x{size[1]}", "--threads", str(args.threads),
-           "--config", str(args.config), "--reference-model", str(args.reference_model),
-           "--reference-optimizer", args.reference_optimizer, "--warmup", str(args.warmup),
-           "--steps", str(args.steps_for(size))]
+    cmd = [
+        python,
+        script,
+        "--child",
+        child,
+        "--sizes",
+        f"{size[0]}x{size[1]}",
+        "--threads",
+        str(args.threads),
+        "--config",
+        str(args.config),
+        "--reference-model",
+        str(args.reference_model),
+        "--reference-optimizer",
+        args.reference_optimizer,
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps_for(size)),
+    ]
     if args.channels_last:
         cmd.append("--channels-last")
     if profile_dir:
@@ -281,7 +338,9 @@ def _child_command(args, side: str, size, profile_dir: str = "") -> list:
 def _busy_cpu_seconds() -> float:
     """CPU seconds spent busy by the whole machine since boot (/proc/stat), all processes."""
     with open("/proc/stat") as f:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (
+            int(v) for v in f.readline().split()[1:9]
+        )
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
@@ -310,18 +369,28 @@ def _run_child(args, side, size, profile_dir="", extra_env=None) -> tuple[dict, 
     """Runs one side in a subprocess; its result carries `others`: the share of the CPUs that
     processes other than the child used while it ran (0: the machine was the child's alone)."""
     repo = args.baseline_repo if side == "baseline" else REPO
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(repo),
-               OMP_NUM_THREADS=str(args.threads), **(extra_env or {}))
+    env = dict(
+        os.environ,
+        TF_ENABLE_ONEDNN_OPTS="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=str(repo),
+        OMP_NUM_THREADS=str(args.threads),
+        **(extra_env or {}),
+    )
     if args.wait_quiet:
         _wait_until_quiet(args.wait_quiet)
     busy, own, start = _busy_cpu_seconds(), _children_cpu_seconds(), time.monotonic()
-    proc = subprocess.run(_child_command(args, side, size, profile_dir), env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        _child_command(args, side, size, profile_dir), env=env, capture_output=True, text=True
+    )
     others = (_busy_cpu_seconds() - busy) - (_children_cpu_seconds() - own)
     marker = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not marker:
-        sys.exit(f"{side} at {size[0]}x{size[1]} failed (exit {proc.returncode}):\n"
-                 f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result = json.loads(marker[-1][len("RESULT "):])
+        sys.exit(
+            f"{side} at {size[0]}x{size[1]} failed (exit {proc.returncode}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    result = json.loads(marker[-1][len("RESULT ") :])
     result["others"] = max(0.0, others) / ((time.monotonic() - start) * os.cpu_count())
     return result, proc.stdout
 
@@ -346,20 +415,27 @@ def _compare(args) -> None:
                 result, _ = _run_child(args, side, size)
                 times[side] += result["times"]
                 others = max(others, result["others"])
-                print(f"[bench] {size[0]}x{size[1]} round {round_ + 1} {side}: "
-                      f"{' '.join(f'{t:.2f}' for t in result['times'])} s/step "
-                      f"({result['parameters']:,} parameters in {result['tensors']} tensors; other processes "
-                      f"used {100 * result['others']:.0f}% of the CPUs meanwhile)", flush=True)
+                print(
+                    f"[bench] {size[0]}x{size[1]} round {round_ + 1} {side}: "
+                    f"{' '.join(f'{t:.2f}' for t in result['times'])} s/step "
+                    f"({result['parameters']:,} parameters in {result['tensors']} tensors; other processes "
+                    f"used {100 * result['others']:.0f}% of the CPUs meanwhile)",
+                    flush=True,
+                )
         rates = {side: 1.0 / statistics.median(t) for side, t in times.items()}
         rows.append((size, rates, {side: len(t) for side, t in times.items()}, others))
-    print(f"\nDeepCAM train step, fp32, batch 1, {args.threads} threads per side, median of "
-          f"{args.rounds} interleaved run(s) per side; CPU {cpu_model()}; reference optimizer: "
-          f"{'LAMB (apex FusedLAMB math, torch._foreach)' if args.reference_optimizer == 'lamb' else 'torch AdamW'}"
-          f"{', channels_last' if args.channels_last else ''}")
+    print(
+        f"\nDeepCAM train step, fp32, batch 1, {args.threads} threads per side, median of "
+        f"{args.rounds} interleaved run(s) per side; CPU {cpu_model()}; reference optimizer: "
+        f"{'LAMB (apex FusedLAMB math, torch._foreach)' if args.reference_optimizer == 'lamb' else 'torch AdamW'}"
+        f"{', channels_last' if args.channels_last else ''}"
+    )
     baseline = "baseline" in sides
-    print(f"{'size':>10} {'ours samples/s':>15} {'reference samples/s':>20} {'ours / reference':>17} "
-          + (f"{'baseline samples/s':>19} {'baseline / ref.':>16} " if baseline else "")
-          + f"{'steps timed':>12} {'others, max':>12}")
+    print(
+        f"{'size':>10} {'ours samples/s':>15} {'reference samples/s':>20} {'ours / reference':>17} "
+        + (f"{'baseline samples/s':>19} {'baseline / ref.':>16} " if baseline else "")
+        + f"{'steps timed':>12} {'others, max':>12}"
+    )
     for size, rates, n, others in rows:
         ours, reference = rates.get("ours"), rates.get("reference")
         ratio = f"{ours / reference:.2f}x" if ours and reference else "-"
@@ -373,12 +449,15 @@ def _compare(args) -> None:
 
 def _profile(args) -> None:
     import tempfile
+
     size = args.sizes[0]
     steps = args.steps_for(size)
     if args.profile == "onednn":
         result, stdout = _run_child(args, "ours", size, extra_env={"ONEDNN_VERBOSE": "1"})
         # Warm-up steps execute the same primitives: count every step.
-        print(f"oneDNN primitives, ours at {size[0]}x{size[1]}, ms per step (of {args.warmup + steps} steps):")
+        print(
+            f"oneDNN primitives, ours at {size[0]}x{size[1]}, ms per step (of {args.warmup + steps} steps):"
+        )
         for kind, impl, prop, ms, calls in onednn_primitives(stdout, args.warmup + steps):
             print(f"  {ms:9.1f} ms  {calls:5d}x  {kind:<14} {prop:<18} {impl}")
         return
@@ -387,33 +466,65 @@ def _profile(args) -> None:
         result, _ = _run_child(args, side, size, profile_dir)
         top = tf_top_ops(profile_dir, steps) if side == "ours" else result["top_ops"]
     step_s = statistics.median(result["times"])
-    print(f"Top ops by self time, {side} at {size[0]}x{size[1]}, per step (median step {step_s:.2f} s "
-          f"under the profiler), CPU {cpu_model()}:")
+    print(
+        f"Top ops by self time, {side} at {size[0]}x{size[1]}, per step (median step {step_s:.2f} s "
+        f"under the profiler), CPU {cpu_model()}:"
+    )
     for op, seconds, calls in top:
         print(f"  {seconds * 1e3:9.1f} ms  {100 * seconds / step_s:5.1f}%  {calls:5d}x  {op}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=lambda v: [_size(s) for s in v.split(",")], default="192x288,768x1152")
-    p.add_argument("--steps", default="5,2", help="timed steps per run, one per size (or one for all)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per run (the first one traces)")
-    p.add_argument("--rounds", type=int, default=3, help="A/B rounds: each side runs this many times per size")
+    p.add_argument(
+        "--sizes", type=lambda v: [_size(s) for s in v.split(",")], default="192x288,768x1152"
+    )
+    p.add_argument(
+        "--steps", default="5,2", help="timed steps per run, one per size (or one for all)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps per run (the first one traces)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="A/B rounds: each side runs this many times per size"
+    )
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of each side")
-    p.add_argument("--sides", default="ours,reference",
-                   help="comma-separated, in the order run: ours, reference, baseline (ours from --baseline-repo)")
-    p.add_argument("--baseline-repo", default="", help="a copy of this repository (e.g. before a change) whose "
-                   "model and optimizer run as the side 'baseline'")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="our side's DeepCAM config (optimizer, model)")
+    p.add_argument(
+        "--sides",
+        default="ours,reference",
+        help="comma-separated, in the order run: ours, reference, baseline (ours from --baseline-repo)",
+    )
+    p.add_argument(
+        "--baseline-repo",
+        default="",
+        help="a copy of this repository (e.g. before a change) whose "
+        "model and optimizer run as the side 'baseline'",
+    )
+    p.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="our side's DeepCAM config (optimizer, model)"
+    )
     p.add_argument("--torch-python", default="", help="a Python with torch, for the reference side")
-    p.add_argument("--reference-model", default="/tmp/refcheck/deeplab_xception.py",
-                   help="the MLCommons deeplab_xception.py")
+    p.add_argument(
+        "--reference-model",
+        default="/tmp/refcheck/deeplab_xception.py",
+        help="the MLCommons deeplab_xception.py",
+    )
     p.add_argument("--reference-optimizer", choices=("lamb", "adamw"), default="lamb")
-    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                   help="before each run, wait up to this long for other processes to leave the CPUs idle")
-    p.add_argument("--channels-last", action="store_true", help="reference in torch.channels_last (NHWC)")
-    p.add_argument("--profile", choices=("ours", "onednn", "reference"),
-                   help="profile one run at the first size instead of comparing")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each run, wait up to this long for other processes to leave the CPUs idle",
+    )
+    p.add_argument(
+        "--channels-last", action="store_true", help="reference in torch.channels_last (NHWC)"
+    )
+    p.add_argument(
+        "--profile",
+        choices=("ours", "onednn", "reference"),
+        help="profile one run at the first size instead of comparing",
+    )
     p.add_argument("--child", choices=("ours", "reference"), help=argparse.SUPPRESS)
     p.add_argument("--profile-dir", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -430,7 +541,9 @@ def main(argv=None) -> int:
         return 0
     if "baseline" in args.sides.split(",") and not args.baseline_repo:
         p.error("the side 'baseline' needs --baseline-repo")
-    needs_torch = "reference" in args.sides.split(",") if not args.profile else args.profile == "reference"
+    needs_torch = (
+        "reference" in args.sides.split(",") if not args.profile else args.profile == "reference"
+    )
     if needs_torch and not args.torch_python:
         p.error("the reference side needs --torch-python (a Python with torch)")
     if args.profile:

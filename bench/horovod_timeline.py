@@ -11,8 +11,14 @@ def activities(path) -> dict:
     and ends when every rank has; its collective's activity follows. An activity the timeline saw
     begin but not end (it stopped first) has its begin alone; one it saw end alone is left out."""
     text = Path(path).read_text().rstrip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")   # a stopped timeline may lack its "]"
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]}
+    events = json.loads(
+        text if text.endswith("]") else text + "]"
+    )  # a stopped timeline may lack its "]"
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("name") == "process_name" and "name" in e["args"]
+    }
     tensors = {}
     open_activity = {}
     for e in sorted((e for e in events if e.get("ph") in ("B", "E")), key=lambda e: e["ts"]):

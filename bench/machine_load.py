@@ -22,8 +22,10 @@ def refusal(allow: bool = False) -> str | None:
     load = per_core()
     if load <= QUIET_PER_CORE or allow:
         return None
-    return (f"error: load average {load:.2f} per core (above {QUIET_PER_CORE}): other work on the cores would "
-            f"make the figures meaningless; run on a quiet machine")
+    return (
+        f"error: load average {load:.2f} per core (above {QUIET_PER_CORE}): other work on the cores would "
+        f"make the figures meaningless; run on a quiet machine"
+    )
 
 
 def settle(max_wait_s: float = 180.0, poll_s: float = 5.0, sleep=time.sleep) -> float:

@@ -41,9 +41,18 @@ RESULTS = REPO / "bench" / "results"
 def compute_runs(quick: bool) -> list[tuple[str, list[str]]]:
     """(benchmark, throughput script command) of the compute measurements: each table entry's
     throughput_bench with its throughput_args."""
-    steps = ["--steps", "2", "--warmup-steps", "1"] if quick else ["--steps", "4", "--warmup-steps", "2"]
-    return [(name, [benchmarks.get(name).throughput_bench, *benchmarks.get(name).throughput_args, *steps])
-            for name in benchmarks.names_with("throughput_bench")]
+    steps = (
+        ["--steps", "2", "--warmup-steps", "1"]
+        if quick
+        else ["--steps", "4", "--warmup-steps", "2"]
+    )
+    return [
+        (
+            name,
+            [benchmarks.get(name).throughput_bench, *benchmarks.get(name).throughput_args, *steps],
+        )
+        for name in benchmarks.names_with("throughput_bench")
+    ]
 
 
 def run_json(cmd: list[str], env: dict) -> dict:
@@ -51,7 +60,9 @@ def run_json(cmd: list[str], env: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_report.") as tmp:
         out = Path(tmp) / "out.json"
         full = [sys.executable, *cmd, "--json", str(out)]
-        print(f"[bench] {' '.join(k + '=' + v for k, v in env.items())} {' '.join(full)}", flush=True)
+        print(
+            f"[bench] {' '.join(k + '=' + v for k, v in env.items())} {' '.join(full)}", flush=True
+        )
         code = subprocess.run(full, cwd=REPO, env=os.environ | env).returncode
         if code != 0:
             raise RuntimeError(f"{cmd[0]} exited with status {code} (its output is above)")
@@ -66,20 +77,38 @@ def compute_rows(quick: bool, bf16: bool) -> list[dict]:
             record = run_json([*cmd, "--modes", modes], {cpu.ONEDNN_ENV: onednn})
             for r in record["rows"]:
                 if r["measurement"].startswith("training"):
-                    rows.append({"benchmark": benchmark, "kind": "compute", "measurement": r["measurement"],
-                                 "onednn": "on" if onednn == "1" else "off", "precision": r["precision"],
-                                 "samples_per_s": r["samples_per_s_per_rank"],
-                                 "per_core": r["samples_per_s_per_rank"] / record["machine"]["threads_per_rank"],
-                                 "source": record["title"]})
+                    rows.append(
+                        {
+                            "benchmark": benchmark,
+                            "kind": "compute",
+                            "measurement": r["measurement"],
+                            "onednn": "on" if onednn == "1" else "off",
+                            "precision": r["precision"],
+                            "samples_per_s": r["samples_per_s_per_rank"],
+                            "per_core": r["samples_per_s_per_rank"]
+                            / record["machine"]["threads_per_rank"],
+                            "source": record["title"],
+                        }
+                    )
     return rows
 
 
 def input_rows(quick: bool) -> list[dict]:
     cmd = ["bench/input_pipeline.py"] + (["--n-samples", "8", "--repeats", "1"] if quick else [])
     record = run_json(cmd, {})
-    return [{"benchmark": r["benchmark"], "kind": "input", "measurement": f"{r['variant']}, {r['sample']}",
-             "onednn": "-", "precision": "-", "samples_per_s": r["samples_per_s"],
-             "per_core": r["samples_per_s_per_core"], "source": "bench/input_pipeline.py"} for r in record["rows"]]
+    return [
+        {
+            "benchmark": r["benchmark"],
+            "kind": "input",
+            "measurement": f"{r['variant']}, {r['sample']}",
+            "onednn": "-",
+            "precision": "-",
+            "samples_per_s": r["samples_per_s"],
+            "per_core": r["samples_per_s_per_core"],
+            "source": "bench/input_pipeline.py",
+        }
+        for r in record["rows"]
+    ]
 
 
 def spatial_rows(quick: bool) -> list[dict]:
@@ -92,42 +121,68 @@ def spatial_rows(quick: bool) -> list[dict]:
         memory = f"peak RSS {r['peak_rss_gib_per_rank']:.2f} GiB/rank"
         if r["spatial_ranks"] > 1 and r["above_import_vs_unsplit"]:
             memory += f" ({r['above_import_vs_unsplit']:.2f}x K=1 above import)"
-        halo = "" if r["halo_in_flight_share"] is None else (
-            f", halo {r['halo']}, {r['halo_mib_forward_per_rank']:.1f} MiB forward, "
-            f"in flight {100 * r['halo_in_flight_share']:.0f}% of step")
-        rows.append({"benchmark": r["benchmark"], "kind": "spatial",
-                     "measurement": f"{r['sample_name']}, K={r['spatial_ranks']} "
-                                    f"({r['threads_per_rank']} thread(s)/rank): {memory}{halo}",
-                     "onednn": "on", "precision": "fp32", "samples_per_s": r["samples_per_s"],
-                     "per_core": r["samples_per_s"] / cpu.cores(), "source": "bench/spatial.py"})
+        halo = (
+            ""
+            if r["halo_in_flight_share"] is None
+            else (
+                f", halo {r['halo']}, {r['halo_mib_forward_per_rank']:.1f} MiB forward, "
+                f"in flight {100 * r['halo_in_flight_share']:.0f}% of step"
+            )
+        )
+        rows.append(
+            {
+                "benchmark": r["benchmark"],
+                "kind": "spatial",
+                "measurement": f"{r['sample_name']}, K={r['spatial_ranks']} "
+                f"({r['threads_per_rank']} thread(s)/rank): {memory}{halo}",
+                "onednn": "on",
+                "precision": "fp32",
+                "samples_per_s": r["samples_per_s"],
+                "per_core": r["samples_per_s"] / cpu.cores(),
+                "source": "bench/spatial.py",
+            }
+        )
     return rows
 
 
 def markdown(machine: dict, rows: list[dict], seconds: float) -> str:
-    lines = [f"# Bench figures: {machine['isa']}",
-             "",
-             f"CPU {machine['cpu']} ({machine['isa']}, bf16 {machine['bf16']}), {machine['cores']} core(s), "
-             f"TensorFlow {machine['tensorflow']}; measured {machine['date']} by `make bench` "
-             f"(`python bench/report.py{' --quick' if machine['quick'] else ''}`, {seconds / 60:.1f} min). "
-             "Compute: training samples/s of train.py --benchmark, one rank using every core. "
-             "Input: the input pipeline alone, files in page cache."
-             + ("" if machine["bf16_measured"] else
-                " bf16 not measured: emulated on this CPU (7-9x slower than fp32; `--bf16` measures it)."),
-             "",
-             "| benchmark | kind | measurement | oneDNN | precision | samples/s | per core |",
-             "|---|---|---|---|---|---:|---:|"]
+    lines = [
+        f"# Bench figures: {machine['isa']}",
+        "",
+        f"CPU {machine['cpu']} ({machine['isa']}, bf16 {machine['bf16']}), {machine['cores']} core(s), "
+        f"TensorFlow {machine['tensorflow']}; measured {machine['date']} by `make bench` "
+        f"(`python bench/report.py{' --quick' if machine['quick'] else ''}`, {seconds / 60:.1f} min). "
+        "Compute: training samples/s of train.py --benchmark, one rank using every core. "
+        "Input: the input pipeline alone, files in page cache."
+        + (
+            ""
+            if machine["bf16_measured"]
+            else " bf16 not measured: emulated on this CPU (7-9x slower than fp32; `--bf16` measures it)."
+        ),
+        "",
+        "| benchmark | kind | measurement | oneDNN | precision | samples/s | per core |",
+        "|---|---|---|---|---|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['benchmark']} | {r['kind']} | {r['measurement']} | {r['onednn']} | {r['precision']} | "
-                     f"{r['samples_per_s']:.2f} | {r['per_core']:.2f} |")
+        lines.append(
+            f"| {r['benchmark']} | {r['kind']} | {r['measurement']} | {r['onednn']} | {r['precision']} | "
+            f"{r['samples_per_s']:.2f} | {r['per_core']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fewer steps and samples (a smoke run of the table)")
+    p.add_argument(
+        "--quick", action="store_true", help="fewer steps and samples (a smoke run of the table)"
+    )
     p.add_argument("--only", choices=("compute", "input", "spatial"), help="one part of the table")
-    p.add_argument("--bf16", action="store_true", default=cpu.has_native_bf16(),
-                   help="also mixed bf16 (the default where the CPU has native bf16)")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        default=cpu.has_native_bf16(),
+        help="also mixed bf16 (the default where the CPU has native bf16)",
+    )
     p.add_argument("--out-dir", default=str(RESULTS), help="where <ISA>.json and <ISA>.md go")
     args = p.parse_args(argv)
     start = time.perf_counter()
@@ -139,13 +194,21 @@ def main(argv=None) -> int:
     if args.only in (None, "spatial"):
         rows += spatial_rows(args.quick)
     import tensorflow as tf
-    machine = cpu.describe() | {"cores": cpu.cores(), "tensorflow": tf.__version__,
-                                "date": time.strftime("%Y-%m-%d"), "quick": args.quick, "bf16_measured": args.bf16}
+
+    machine = cpu.describe() | {
+        "cores": cpu.cores(),
+        "tensorflow": tf.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "quick": args.quick,
+        "bf16_measured": args.bf16,
+    }
     seconds = time.perf_counter() - start
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = machine["isa"].replace(" ", "_")
-    write_text_atomic(out / f"{name}.json", json.dumps({"machine": machine, "rows": rows}, indent=2))
+    write_text_atomic(
+        out / f"{name}.json", json.dumps({"machine": machine, "rows": rows}, indent=2)
+    )
     table = markdown(machine, rows, seconds)
     write_text_atomic(out / f"{name}.md", table)
     print("\n" + table)

@@ -61,7 +61,7 @@ from bench import horovod_timeline, machine_load  # noqa: E402
 from common import benchmarks, launchers  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def _rss_gib() -> float:
@@ -74,33 +74,59 @@ def _current_rss_gib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GIB
 
 
-def plan(configs: list[str] | None, ks: list[int], overlaps: list[bool], slab_control: bool = False,
-         shard_optimizer: bool = False) -> list[dict]:
+def plan(
+    configs: list[str] | None,
+    ks: list[int],
+    overlaps: list[bool],
+    slab_control: bool = False,
+    shard_optimizer: bool = False,
+) -> list[dict]:
     """The rows, in order: per config of the table (or of `configs`, each one of the table's), each K
     and, for K > 1, each halo_overlap (with `shard_optimizer`, the optimizer sharded over the group), then
     the slab control (`slab_control`: K ranks, unsplit, on a slab each)."""
     owners = {c: b.name for b in benchmarks.BENCHMARKS for c in b.spatial_bench}
     for c in configs or ():
         if c not in owners:
-            raise SystemExit(f"error: --configs {c}: not a spatial_bench config of common/benchmarks.py "
-                             f"(those are: {', '.join(owners)})")
+            raise SystemExit(
+                f"error: --configs {c}: not a spatial_bench config of common/benchmarks.py "
+                f"(those are: {', '.join(owners)})"
+            )
     rows = []
     for c in configs or owners:
         for k in ks:
-            rows += [{"benchmark": owners[c], "config": c, "spatial_ranks": k, "ranks": k, "halo_overlap": overlap}
-                     | ({"shard_optimizer": True} if k > 1 and shard_optimizer else {})
-                     for overlap in (overlaps if k > 1 else [None])]
+            rows += [
+                {
+                    "benchmark": owners[c],
+                    "config": c,
+                    "spatial_ranks": k,
+                    "ranks": k,
+                    "halo_overlap": overlap,
+                }
+                | ({"shard_optimizer": True} if k > 1 and shard_optimizer else {})
+                for overlap in (overlaps if k > 1 else [None])
+            ]
             if k > 1 and slab_control:
-                rows.append({"benchmark": owners[c], "config": c, "spatial_ranks": 1, "ranks": k,
-                             "halo_overlap": None, "slab_control": k})
+                rows.append(
+                    {
+                        "benchmark": owners[c],
+                        "config": c,
+                        "spatial_ranks": 1,
+                        "ranks": k,
+                        "halo_overlap": None,
+                        "slab_control": k,
+                    }
+                )
     return rows
 
 
 def slab_overrides(row: dict, overrides: dict) -> dict:
     """A slab control row's config overrides: the sample cut to 1/K along the benchmark's split axis."""
     from common.config_loading import load_model_config
+
     k, b = row["slab_control"], benchmarks.get(row["benchmark"])
-    whole = load_model_config(benchmarks.config_class(row["benchmark"]), REPO / row["config"], overrides).data
+    whole = load_model_config(
+        benchmarks.config_class(row["benchmark"]), REPO / row["config"], overrides
+    ).data
     if b.spatial_split == "depth":
         shape = list(whole.sample_shape)
         shape[0] //= k
@@ -110,6 +136,7 @@ def slab_overrides(row: dict, overrides: dict) -> dict:
 
 def row_config(row: dict, sets: list[str]):
     from common.config_loading import load_model_config
+
     b = benchmarks.get(row["benchmark"])
     overrides = dict(s.split("=", 1) for s in sets)
     if row.get("slab_control"):
@@ -119,7 +146,9 @@ def row_config(row: dict, sets: list[str]):
         overrides["parallel.halo_overlap"] = row["halo_overlap"]
     if row.get("shard_optimizer"):
         overrides["parallel.shard_optimizer"] = True
-    return load_model_config(benchmarks.config_class(row["benchmark"]), REPO / row["config"], overrides)
+    return load_model_config(
+        benchmarks.config_class(row["benchmark"]), REPO / row["config"], overrides
+    )
 
 
 def build_recording_sends(task, bn_group, mesh) -> tuple:
@@ -131,8 +160,11 @@ def build_recording_sends(task, bn_group, mesh) -> tuple:
 
     def recording(x, halo, name):
         planes = exchange(x, halo, name)
-        sends.append(4 * math.prod(d for d in planes.sent.shape if d is not None))   # per sample: batch 1
+        sends.append(
+            4 * math.prod(d for d in planes.sent.shape if d is not None)
+        )  # per sample: batch 1
         return planes
+
     mesh.neighbour_planes = recording
     try:
         net = task.build_model(bn_group)
@@ -148,38 +180,58 @@ def replicated_bytes(net, optimizer) -> dict:
     from common.parallel.spatial import GatherSlabs
     from common.parallel.spatial_rows import GatherRows
 
-    def size(tensors) -> int:   # per sample: a layer's output has no batch size
-        return int(sum(t.shape[int(t.shape[0] is None):].num_elements() * t.dtype.size for t in tensors))
-    first = next((i for i, layer in enumerate(net.layers) if isinstance(layer, GatherSlabs)), len(net.layers))
-    gathered = [layer for i, layer in enumerate(net.layers) if i >= first or isinstance(layer, GatherRows)]
-    slots = [v for v in optimizer.variables if v.shape.rank]   # the step counter aside
-    return {"weights": size(net.weights), "optimizer_slots": size(slots), "gradients": size(net.trainable_weights),
-            "gathered_activations": size([layer.output for layer in gathered])}
+    def size(tensors) -> int:  # per sample: a layer's output has no batch size
+        return int(
+            sum(t.shape[int(t.shape[0] is None) :].num_elements() * t.dtype.size for t in tensors)
+        )
+
+    first = next(
+        (i for i, layer in enumerate(net.layers) if isinstance(layer, GatherSlabs)), len(net.layers)
+    )
+    gathered = [
+        layer for i, layer in enumerate(net.layers) if i >= first or isinstance(layer, GatherRows)
+    ]
+    slots = [v for v in optimizer.variables if v.shape.rank]  # the step counter aside
+    return {
+        "weights": size(net.weights),
+        "optimizer_slots": size(slots),
+        "gradients": size(net.trainable_weights),
+        "gathered_activations": size([layer.output for layer in gathered]),
+    }
 
 
 def halo_shares(timeline: Path, step_seconds: float) -> dict:
     """The alltoalls' share of the step under the timeline: in flight (rank 0 submitted it, to done)
     and transferring (the collective's own activity), each the union over the step's alltoalls."""
+
     def union(spans) -> float:
         total, end = 0.0, float("-inf")
         for b, e in sorted(spans):
             total += max(0.0, e - max(b, end))
             end = max(end, e)
         return total
+
     halos = [t for t in horovod_timeline.activities(timeline).values() if "ALLTOALL_end" in t]
     in_flight = union((t["NEGOTIATE_ALLTOALL_begin"], t["ALLTOALL_end"]) for t in halos)
     transfer = union((t["ALLTOALL_begin"], t["ALLTOALL_end"]) for t in halos)
-    return {"alltoalls": len(halos), "halo_in_flight_share": in_flight / 1e6 / step_seconds,
-            "halo_transfer_share": transfer / 1e6 / step_seconds}
+    return {
+        "alltoalls": len(halos),
+        "halo_in_flight_share": in_flight / 1e6 / step_seconds,
+        "halo_transfer_share": transfer / 1e6 / step_seconds,
+    }
 
 
 def worker(args) -> int:
-    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"   # read at hvd.init: a timeline started and stopped at will
+    os.environ["HOROVOD_TIMELINE"] = (
+        "DYNAMIC"  # read at hvd.init: a timeline started and stopped at will
+    )
     import numpy as np
     import tensorflow as tf
+
     from common.parallel.distribution import Distribution
     from common.run.steps import TrainStep
     from common.run.trainer import batchnorm_group, optimizer_shard
+
     row = json.loads(args.row)
     dist = Distribution()
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))
@@ -190,13 +242,29 @@ def worker(args) -> int:
     # The trainer's batch-norm group (a split sample's statistics over its K slabs) and optimizer shard.
     net, sends = build_recording_sends(task, batchnorm_group(dist, task), mesh)
     optimizer, _ = task.build_optimizer(1, steps_per_epoch=100)
-    shard = optimizer_shard(cfg, net, mesh)   # TrainStep builds the optimizer for the shard's variables
-    step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,
-                     gradient_scales=task.gradient_scales(net), shard=shard)
+    shard = optimizer_shard(
+        cfg, net, mesh
+    )  # TrainStep builds the optimizer for the shard's variables
+    step = TrainStep(
+        net,
+        optimizer,
+        task.build_losses(),
+        dist,
+        preprocess=task.preprocess_batch,
+        gradient_scales=task.gradient_scales(net),
+        shard=shard,
+    )
     specs = task.input_specs()
-    rng = np.random.default_rng(0)   # small non-negative integers (counts, classes), floats in [-1, 1)
-    batch = tuple(tf.constant(rng.integers(0, 3, s.shape) if s.dtype.is_integer else rng.uniform(-1, 1, s.shape),
-                              dtype=s.dtype) for s in specs)
+    rng = np.random.default_rng(
+        0
+    )  # small non-negative integers (counts, classes), floats in [-1, 1)
+    batch = tuple(
+        tf.constant(
+            rng.integers(0, 3, s.shape) if s.dtype.is_integer else rng.uniform(-1, 1, s.shape),
+            dtype=s.dtype,
+        )
+        for s in specs
+    )
 
     def seconds(steps: int) -> float:
         dist.barrier()
@@ -206,25 +274,31 @@ def worker(args) -> int:
         float(loss)
         return time.perf_counter() - start
 
-    seconds(1)   # warm-up: traces the step
+    seconds(1)  # warm-up: traces the step
     timed = float(dist.allreduce_max([seconds(args.steps)])[0]) / args.steps
     record = {}
     if mesh.is_split:
         with tempfile.TemporaryDirectory(prefix="bench_spatial_timeline.") as tmp:
-            path = Path(tmp) / "timeline.json"   # rank 0's; every rank enters the block
+            path = Path(tmp) / "timeline.json"  # rank 0's; every rank enters the block
             with dist.timeline(path):
                 under_timeline = seconds(1)
             if dist.rank == 0:
                 record = halo_shares(path, under_timeline)
-    slab = specs[0].shape   # [B, Zs, ...spatial, C]: split along its first spatial axis
-    slabs = row.get("slab_control") or mesh.size   # a control rank holds a slab too, unsplit
-    record |= {"rank": dist.rank, "seconds_per_step": timed, "peak_rss_gib": _rss_gib(), "import_rss_gib": base_rss,
-               "sample": [slab[1] * slabs, *slab[2:-1]],
-               "halo_bytes_forward": sum(sends), "halo_exchanges_forward": len(sends),
-               "overlapping_layers": sum(bool(getattr(layer, "overlaps", False)) for layer in net.layers),
-               "parameters": int(sum(np.prod(v.shape) for v in net.trainable_variables)),
-               "replicated_bytes": replicated_bytes(net, optimizer),
-               "threads": tf.config.threading.get_intra_op_parallelism_threads()}
+    slab = specs[0].shape  # [B, Zs, ...spatial, C]: split along its first spatial axis
+    slabs = row.get("slab_control") or mesh.size  # a control rank holds a slab too, unsplit
+    record |= {
+        "rank": dist.rank,
+        "seconds_per_step": timed,
+        "peak_rss_gib": _rss_gib(),
+        "import_rss_gib": base_rss,
+        "sample": [slab[1] * slabs, *slab[2:-1]],
+        "halo_bytes_forward": sum(sends),
+        "halo_exchanges_forward": len(sends),
+        "overlapping_layers": sum(bool(getattr(layer, "overlaps", False)) for layer in net.layers),
+        "parameters": int(sum(np.prod(v.shape) for v in net.trainable_variables)),
+        "replicated_bytes": replicated_bytes(net, optimizer),
+        "threads": tf.config.threading.get_intra_op_parallelism_threads(),
+    }
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"rank-{dist.rank:05d}.json").write_text(json.dumps(record))
     dist.barrier()
@@ -236,8 +310,18 @@ def synthetic_data(benchmark: str, folder: Path, env: dict) -> Path:
     steps train on random tensors, but a task's preprocessing may read the set's statistics (DeepCAM's
     normalization reads stats.h5)."""
     b = benchmarks.get(benchmark)
-    cmd = [sys.executable, "-m", b.generator, "--output-dir", str(folder), *b.generator_args,
-           "--n-train", "1", "--n-valid", "1"]   # the last flags win
+    cmd = [
+        sys.executable,
+        "-m",
+        b.generator,
+        "--output-dir",
+        str(folder),
+        *b.generator_args,
+        "--n-train",
+        "1",
+        "--n-valid",
+        "1",
+    ]  # the last flags win
     subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
     return folder
 
@@ -247,8 +331,18 @@ def launch(row: dict, steps: int, sets: list[str], settle: bool) -> tuple[float,
     env = os.environ | {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     with tempfile.TemporaryDirectory(prefix="bench_spatial.") as tmp:
         data = synthetic_data(row["benchmark"], Path(tmp) / "data", env)
-        cmd = [sys.executable, __file__, "--worker", json.dumps(row), "--steps", str(steps), "--out", tmp,
-               f"--set=data.data_dir={data}", *[f"--set={s}" for s in sets]]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            json.dumps(row),
+            "--steps",
+            str(steps),
+            "--out",
+            tmp,
+            f"--set=data.data_dir={data}",
+            *[f"--set={s}" for s in sets],
+        ]
         cmd = launchers.on_this_host(cmd, row["ranks"])
         # The previous row's own load out of the 1-minute average first (not for a smoke run: --allow-load).
         load = machine_load.settle() if settle else machine_load.per_core()
@@ -264,11 +358,16 @@ def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict
     r = ranks[0]
     dims = r["sample"]
     return row | {
-        "sample": dims, "sample_name": f"{dims[0]}^{len(dims)}" if len(set(dims)) == 1 else "x".join(map(str, dims)),
+        "sample": dims,
+        "sample_name": f"{dims[0]}^{len(dims)}"
+        if len(set(dims)) == 1
+        else "x".join(map(str, dims)),
         "halo": halo_label(row, r["overlapping_layers"]),
         "overlapping_layers": r["overlapping_layers"],
-        "parameters": r["parameters"], "threads_per_rank": r["threads"],
-        "samples_per_s": 1.0 / r["seconds_per_step"], "seconds_per_step": r["seconds_per_step"],
+        "parameters": r["parameters"],
+        "threads_per_rank": r["threads"],
+        "samples_per_s": 1.0 / r["seconds_per_step"],
+        "seconds_per_step": r["seconds_per_step"],
         "load_per_core_before": load,
         "peak_rss_gib_per_rank": max(x["peak_rss_gib"] for x in ranks),
         "peak_rss_above_import_gib": max(x["peak_rss_gib"] - x["import_rss_gib"] for x in ranks),
@@ -277,7 +376,9 @@ def measure(row: dict, steps: int, sets: list[str], settle: bool = True) -> dict
         "halo_mib_forward_per_rank": r["halo_bytes_forward"] / 2**20,
         "halo_exchanges_forward": r["halo_exchanges_forward"],
         "alltoalls_per_step": r.get("alltoalls"),
-        "halo_in_flight_share": r.get("halo_in_flight_share"), "halo_transfer_share": r.get("halo_transfer_share")}
+        "halo_in_flight_share": r.get("halo_in_flight_share"),
+        "halo_transfer_share": r.get("halo_transfer_share"),
+    }
 
 
 def halo_label(row: dict, overlapping_layers: int) -> str:
@@ -293,8 +394,11 @@ def halo_label(row: dict, overlapping_layers: int) -> str:
 
 
 def same_split(a: dict, b: dict) -> bool:
-    return (a["config"], a["spatial_ranks"], a.get("slab_control")) == (b["config"], b["spatial_ranks"],
-                                                                        b.get("slab_control"))
+    return (a["config"], a["spatial_ranks"], a.get("slab_control")) == (
+        b["config"],
+        b["spatial_ranks"],
+        b.get("slab_control"),
+    )
 
 
 def with_unsplit_ratios(rows: list[dict]) -> list[dict]:
@@ -304,8 +408,14 @@ def with_unsplit_ratios(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         base = unsplit.get((r["config"], r["sample_name"]))
-        out.append(r | {"above_import_vs_unsplit": base and r["peak_rss_above_import_gib"] / base["peak_rss_above_import_gib"],
-                        "speed_vs_unsplit": base and r["samples_per_s"] / base["samples_per_s"]})
+        out.append(
+            r
+            | {
+                "above_import_vs_unsplit": base
+                and r["peak_rss_above_import_gib"] / base["peak_rss_above_import_gib"],
+                "speed_vs_unsplit": base and r["samples_per_s"] / base["samples_per_s"],
+            }
+        )
     return out
 
 
@@ -327,57 +437,97 @@ def fusion_buffer(environ) -> str:
 def markdown(machine: dict, rows: list[dict], command: str) -> str:
     loads = [r["load_per_core_before"] for r in rows]
     quiet = max(loads) <= machine_load.QUIET_PER_CORE
-    lines = [f"# Spatial parallelism: {machine['isa']}", "",
-             f"CPU {machine['cpu']} ({machine['isa']}), {machine['cores']} core(s), "
-             f"TensorFlow {machine['tensorflow']}, Horovod over Gloo on one machine, its fusion buffer "
-             f"{machine['fusion_buffer']}; measured {machine['date']} "
-             f"by `{command}`. One sample per step (local batch 1), fp32; K ranks share the cores. "
-             f"Load average per core before the rows: "
-             f"{min(loads):.2f}-{max(loads):.2f}" + ("." if quiet else
-             f" (NOT QUIET, above {machine_load.QUIET_PER_CORE}: a smoke run, its timings are not figures)."), "",
-             "| benchmark | sample | K | halo | params | threads/rank | samples/s | speed vs K=1 | peak RSS/rank GiB "
-             "| above import GiB | vs K=1 | halo MiB/rank forward | exchanges forward | alltoalls/step "
-             "| halo in flight | halo transfer |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Spatial parallelism: {machine['isa']}",
+        "",
+        f"CPU {machine['cpu']} ({machine['isa']}), {machine['cores']} core(s), "
+        f"TensorFlow {machine['tensorflow']}, Horovod over Gloo on one machine, its fusion buffer "
+        f"{machine['fusion_buffer']}; measured {machine['date']} "
+        f"by `{command}`. One sample per step (local batch 1), fp32; K ranks share the cores. "
+        f"Load average per core before the rows: "
+        f"{min(loads):.2f}-{max(loads):.2f}"
+        + (
+            "."
+            if quiet
+            else f" (NOT QUIET, above {machine_load.QUIET_PER_CORE}: a smoke run, its timings are not figures)."
+        ),
+        "",
+        "| benchmark | sample | K | halo | params | threads/rank | samples/s | speed vs K=1 | peak RSS/rank GiB "
+        "| above import GiB | vs K=1 | halo MiB/rank forward | exchanges forward | alltoalls/step "
+        "| halo in flight | halo transfer |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         ratio, speed = _ratio(r["above_import_vs_unsplit"]), _ratio(r["speed_vs_unsplit"])
-        lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['ranks']} | {r['halo']} | "
-                     f"{r['parameters']:,} | {r['threads_per_rank']} | {r['samples_per_s']:.3f} | {speed} | "
-                     f"{r['peak_rss_gib_per_rank']:.2f} | {r['peak_rss_above_import_gib']:.2f} | {ratio} | "
-                     f"{r['halo_mib_forward_per_rank']:.1f} | {r['halo_exchanges_forward'] or '-'} | "
-                     f"{r['alltoalls_per_step'] or '-'} | "
-                     f"{_share(r['halo_in_flight_share'])} | {_share(r['halo_transfer_share'])} |")
-    lines += ["", "Held whole by every rank, whatever K (GiB; gradients: one set, during the step; gathered: the "
-              "gathers' outputs and the layers after a gathered head, per sample, saved for backward):", "",
-              "| benchmark | sample | K | TF + Horovod at import | weights | optimizer slots | gradients | gathered |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {r['benchmark']} | {r['sample_name']} | {r['ranks']} | {r['halo']} | "
+            f"{r['parameters']:,} | {r['threads_per_rank']} | {r['samples_per_s']:.3f} | {speed} | "
+            f"{r['peak_rss_gib_per_rank']:.2f} | {r['peak_rss_above_import_gib']:.2f} | {ratio} | "
+            f"{r['halo_mib_forward_per_rank']:.1f} | {r['halo_exchanges_forward'] or '-'} | "
+            f"{r['alltoalls_per_step'] or '-'} | "
+            f"{_share(r['halo_in_flight_share'])} | {_share(r['halo_transfer_share'])} |"
+        )
+    lines += [
+        "",
+        "Held whole by every rank, whatever K (GiB; gradients: one set, during the step; gathered: the "
+        "gathers' outputs and the layers after a gathered head, per sample, saved for backward):",
+        "",
+        "| benchmark | sample | K | TF + Horovod at import | weights | optimizer slots | gradients | gathered |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         g = r["replicated_gib"]
-        if r["halo_overlap"] is not False and not r.get("slab_control"):   # one line per sample and K
-            lines.append(f"| {r['benchmark']} | {r['sample_name']} | {r['spatial_ranks']} | "
-                         f"{r['import_rss_gib']:.2f} | {g['weights']:.3f} | {g['optimizer_slots']:.3f} | "
-                         f"{g['gradients']:.3f} | {g['gathered_activations']:.3f} |")
+        if r["halo_overlap"] is not False and not r.get(
+            "slab_control"
+        ):  # one line per sample and K
+            lines.append(
+                f"| {r['benchmark']} | {r['sample_name']} | {r['spatial_ranks']} | "
+                f"{r['import_rss_gib']:.2f} | {g['weights']:.3f} | {g['optimizer_slots']:.3f} | "
+                f"{g['gradients']:.3f} | {g['gathered_activations']:.3f} |"
+            )
     unsplit = [name for name in benchmarks.names() if not benchmarks.get(name).spatial_bench]
     if unsplit:
-        lines += ["", f"Not measured: {', '.join(unsplit)} (samples not split; its entry in common/benchmarks.py "
-                  "names the configs once they are)."]
+        lines += [
+            "",
+            f"Not measured: {', '.join(unsplit)} (samples not split; its entry in common/benchmarks.py "
+            "names the configs once they are).",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--configs", help="comma-separated: some of the table's spatial_bench configs (default: all)")
+    p.add_argument(
+        "--configs",
+        help="comma-separated: some of the table's spatial_bench configs (default: all)",
+    )
     p.add_argument("--ks", default="1,2", help="spatial ranks, comma-separated (default 1,2)")
-    p.add_argument("--halo-overlap", default="on,off", help="for K > 1: on, off or both (default on,off)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config override for every row (e.g. data.sample_shape=32,32,32,4 for a smoke run)")
-    p.add_argument("--slab-control", action="store_true",
-                   help="for each K > 1, also K unsplit ranks on a slab each: the split without its collectives")
-    p.add_argument("--shard-optimizer", action="store_true",
-                   help="for K > 1, the optimizer's state sharded over the group (parallel.shard_optimizer)")
+    p.add_argument(
+        "--halo-overlap", default="on,off", help="for K > 1: on, off or both (default on,off)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every row (e.g. data.sample_shape=32,32,32,4 for a smoke run)",
+    )
+    p.add_argument(
+        "--slab-control",
+        action="store_true",
+        help="for each K > 1, also K unsplit ranks on a slab each: the split without its collectives",
+    )
+    p.add_argument(
+        "--shard-optimizer",
+        action="store_true",
+        help="for K > 1, the optimizer's state sharded over the group (parallel.shard_optimizer)",
+    )
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
-    p.add_argument("--allow-load", action="store_true",
-                   help="measure above 0.5 load per core (a smoke run: the table says the load)")
+    p.add_argument(
+        "--allow-load",
+        action="store_true",
+        help="measure above 0.5 load per core (a smoke run: the table says the load)",
+    )
     p.add_argument("--json", help="also write the rows here (bench/report.py)")
     p.add_argument("--out-dir", default=str(RESULTS))
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -391,21 +541,33 @@ def main(argv=None) -> int:
         print(refusal, file=sys.stderr)
         return 2
     overlaps = [{"on": True, "off": False}[v] for v in args.halo_overlap.split(",")]
+    import tensorflow as tf
+
     from common import cpu
     from common.files import write_text_atomic
-    import tensorflow as tf
-    machine = cpu.describe() | {"cores": cpu.cores(), "tensorflow": tf.__version__, "date": time.strftime("%Y-%m-%d"),
-                                "fusion_buffer": fusion_buffer(os.environ)}
+
+    machine = cpu.describe() | {
+        "cores": cpu.cores(),
+        "tensorflow": tf.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "fusion_buffer": fusion_buffer(os.environ),
+    }
     command = "python bench/spatial.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = "spatial_" + machine["isa"].replace(" ", "_")
     rows = []
-    for row in plan(args.configs.split(",") if args.configs else None, [int(k) for k in args.ks.split(",")], overlaps,
-                    args.slab_control, args.shard_optimizer):
-        if not row["halo_overlap"] and any(same_split(r, row) and r["halo_overlap"] and not r["overlapping_layers"]
-                                           for r in rows):
-            continue   # its overlapped row overlapped nothing (DeepCAM's rows exchange first): the same run
+    for row in plan(
+        args.configs.split(",") if args.configs else None,
+        [int(k) for k in args.ks.split(",")],
+        overlaps,
+        args.slab_control,
+        args.shard_optimizer,
+    ):
+        if not row["halo_overlap"] and any(
+            same_split(r, row) and r["halo_overlap"] and not r["overlapping_layers"] for r in rows
+        ):
+            continue  # its overlapped row overlapped nothing (DeepCAM's rows exchange first): the same run
         rows.append(measure(row, args.steps, args.set, settle=not args.allow_load))
         print(f"[bench] {json.dumps(rows[-1])}", flush=True)
         # Written after every row, so that a row that fails (out of memory) leaves those before it.

@@ -63,6 +63,7 @@ class Benchmark:
       spatial_bench: the configs bench/spatial.py builds its models from (a benchmark with a spatial_split),
         each measured unsplit and split 2 ways: the sizes its rows show; () leaves the benchmark out.
     """
+
     name: str
     submission_name: str
     train_script: str
@@ -89,7 +90,7 @@ class Benchmark:
     spatial_bench: tuple[str, ...] = ()
 
 
-SPLIT_AXES = ("depth", "height")   # the values spatial_split may take besides ''
+SPLIT_AXES = ("depth", "height")  # the values spatial_split may take besides ''
 
 BENCHMARKS = (
     Benchmark(
@@ -113,15 +114,17 @@ BENCHMARKS = (
         published_train_samples=524_288,
         published_eval_samples=65_536,
         published_dataset_bytes=1.7e12,
-        throughput_args=("--batch-size", "2", "--n-samples", "16"),   # the closed model, 128^3 x 4
+        throughput_args=("--batch-size", "2", "--n-samples", "16"),  # the closed model, 128^3 x 4
         full_model_config="cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
         one_core_reader="cosmoflow.input_bench:one_core_reader",
         one_core_reader_samples=8,
         input_bench="cosmoflow.input_bench",
         spatial_split="depth",
         # The reference's model at 128^3 (the closed configs') and the 256^3 config's.
-        spatial_bench=("cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
-                       "cosmoflow/configs/cosmoflow_spatial_256.yaml"),
+        spatial_bench=(
+            "cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
+            "cosmoflow/configs/cosmoflow_spatial_256.yaml",
+        ),
     ),
     Benchmark(
         name="deepcam",
@@ -136,8 +139,18 @@ BENCHMARKS = (
         synthetic_config="deepcam/configs/deepcam_synthetic_cpu.yaml",
         closed_configs="deepcam/configs/deepcam_closed_gbs*.yaml",
         generator="deepcam.synthetic",
-        generator_args=("--height", "128", "--width", "192", "--n-train", "512", "--n-valid", "64",
-                        "--cyclone-fraction", "0.003"),
+        generator_args=(
+            "--height",
+            "128",
+            "--width",
+            "192",
+            "--n-train",
+            "512",
+            "--n-valid",
+            "64",
+            "--cyclone-fraction",
+            "0.003",
+        ),
         throughput_bench="bench/deepcam_throughput.py",
         # Sample counts: as cosmoflow's. 8.8 TB: MLCommons' MLPerf HPC v0.7 announcement
         # (mlcommons.org/en/news/mlperf-hpc-v07), a test split included.
@@ -188,7 +201,9 @@ def split_along(axis: str) -> str:
     """
     found = [b.name for b in BENCHMARKS if b.spatial_split == axis]
     if len(found) != 1:
-        raise KeyError(f"{len(found)} benchmarks split along {axis!r} ({', '.join(found) or 'none'}); one expected")
+        raise KeyError(
+            f"{len(found)} benchmarks split along {axis!r} ({', '.join(found) or 'none'}); one expected"
+        )
     return found[0]
 
 
@@ -213,8 +228,9 @@ def config_class(name: str):
     return load(get(name).config_class)
 
 
-def closed_config_for_ranks(name: str, ranks: int, local_batch: int | None = None,
-                            accumulation: int | None = None) -> Path | None:
+def closed_config_for_ranks(
+    name: str, ranks: int, local_batch: int | None = None, accumulation: int | None = None
+) -> Path | None:
     """The closed config whose RCP global batch `ranks` ranks run: ranks x local batch x accumulation
     == train.global_batch_size, with the config's local batch and accumulation unless given.
 
@@ -229,14 +245,21 @@ def closed_config_for_ranks(name: str, ranks: int, local_batch: int | None = Non
 
 def closed_config_batches(name: str) -> list[tuple[Path, int | None, int | None, int]]:
     """(path, train.global_batch_size, local batch, gradient accumulation) of each closed config."""
-    import yaml   # here, not at the top: the rest of the table needs nothing outside the standard library
+    import yaml  # here, not at the top: the rest of the table needs nothing outside the standard library
+
     section, _, key = get(name).local_batch_key.partition(".")
     out = []
     for path in closed_configs(name):
         cfg = yaml.safe_load(path.read_text()) or {}
         train = cfg.get("train") or {}
-        out.append((path, train.get("global_batch_size"), (cfg.get(section) or {}).get(key),
-                    int(train.get("gradient_accumulation_frequency") or 1)))
+        out.append(
+            (
+                path,
+                train.get("global_batch_size"),
+                (cfg.get(section) or {}).get(key),
+                int(train.get("gradient_accumulation_frequency") or 1),
+            )
+        )
     return out
 
 
@@ -247,13 +270,16 @@ def _value(b: Benchmark, field: str) -> str:
 
 def main(argv=None) -> int:
     import argparse
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("names", help="every benchmark's name, one a line")
     get_parser = commands.add_parser("get", help="fields of a benchmark's entry, one a line")
     get_parser.add_argument("name", choices=names())
     get_parser.add_argument("fields", nargs="+", choices=FIELDS, metavar="field")
-    closed = commands.add_parser("closed-config", help="the closed config that RANKS ranks run (ranks x local batch)")
+    closed = commands.add_parser(
+        "closed-config", help="the closed config that RANKS ranks run (ranks x local batch)"
+    )
     closed.add_argument("name", choices=names())
     closed.add_argument("ranks", type=int)
     args = parser.parse_args(argv)
@@ -264,8 +290,11 @@ def main(argv=None) -> int:
     elif args.command == "closed-config":
         path = closed_config_for_ranks(args.name, args.ranks)
         if path is None:
-            print(f"no closed {args.name} config runs on {args.ranks} ranks (ranks x local batch must be an RCP "
-                  f"global batch; see {Path(get(args.name).closed_configs).parent}/): set CONFIG", file=sys.stderr)
+            print(
+                f"no closed {args.name} config runs on {args.ranks} ranks (ranks x local batch must be an RCP "
+                f"global batch; see {Path(get(args.name).closed_configs).parent}/): set CONFIG",
+                file=sys.stderr,
+            )
             return 1
         print(path.relative_to(REPO))
     return 0

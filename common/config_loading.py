@@ -10,7 +10,8 @@ import collections.abc
 import dataclasses
 import types
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
@@ -44,8 +45,10 @@ def load_config(cls, path=None, overrides: Mapping[str, Any] | None = None):
             raise ConfigError(f"config file not found: {path}") from None
         except UnicodeDecodeError as e:
             raise ConfigError(f"config file {path} is not UTF-8 text: {_one_line(e)}") from None
-        except OSError as e:   # a directory, no permission
-            raise ConfigError(f"cannot read config file {path}: {e.strerror or _one_line(e)}") from None
+        except OSError as e:  # a directory, no permission
+            raise ConfigError(
+                f"cannot read config file {path}: {e.strerror or _one_line(e)}"
+            ) from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {_one_line(e)}") from None
         if not isinstance(raw, dict):
@@ -91,7 +94,7 @@ def peek(cls, path, overrides: Mapping[str, Any], dotted: str):
             value = _build(cls, {}, prefix="", source="defaults")
             for part in parts:
                 value = getattr(value, part)
-        except ConfigError:   # a key without a default: only a file or an override can give it
+        except ConfigError:  # a key without a default: only a file or an override can give it
             value = None
         if path is not None:
             try:
@@ -100,7 +103,11 @@ def peek(cls, path, overrides: Mapping[str, Any], dotted: str):
             except (OSError, UnicodeDecodeError, yaml.YAMLError):
                 return None
             for part in parts:
-                node = node.get(part, dataclasses.MISSING) if isinstance(node, Mapping) else dataclasses.MISSING
+                node = (
+                    node.get(part, dataclasses.MISSING)
+                    if isinstance(node, Mapping)
+                    else dataclasses.MISSING
+                )
             if node is not dataclasses.MISSING:
                 value = node
     try:
@@ -111,6 +118,7 @@ def peek(cls, path, overrides: Mapping[str, Any], dotted: str):
 
 def to_dict(cfg) -> dict:
     """The config as plain YAML-friendly Python values."""
+
     def plain(v):
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
@@ -119,6 +127,7 @@ def to_dict(cfg) -> dict:
         if isinstance(v, Mapping):
             return {k: plain(x) for k, x in v.items()}
         return v
+
     return plain(cfg)
 
 
@@ -171,8 +180,10 @@ def _hints(cls) -> dict:
 
 def _build(cls, raw, prefix: str, source: str):
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"config key '{prefix.rstrip('.') or '<root>'}' in {source} "
-                          f"must be a mapping, got {raw!r}")
+        raise ConfigError(
+            f"config key '{prefix.rstrip('.') or '<root>'}' in {source} "
+            f"must be a mapping, got {raw!r}"
+        )
     hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
@@ -193,9 +204,11 @@ def _build(cls, raw, prefix: str, source: str):
 
 def _convert(value, tp, key: str, source: str):
     """Converts `value` to type `tp`, accepting command-line strings."""
+
     def bad(why=""):
-        return ConfigError(f"config key '{key}' in {source}: cannot use {value!r} "
-                           f"as {_type_name(tp)}{why}")
+        return ConfigError(
+            f"config key '{key}' in {source}: cannot use {value!r} as {_type_name(tp)}{why}"
+        )
 
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -218,7 +231,16 @@ def _convert(value, tp, key: str, source: str):
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+        if isinstance(value, str) and value.lower() in (
+            "true",
+            "yes",
+            "1",
+            "on",
+            "false",
+            "no",
+            "0",
+            "off",
+        ):
             return value.lower() in ("true", "yes", "1", "on")
         raise bad()
     if tp is int:
@@ -260,8 +282,10 @@ def _convert(value, tp, key: str, source: str):
         if not isinstance(value, (list, tuple)):
             raise bad()
         item = args[0] if args else Any
-        return tuple(_convert(v, item, f"{key}[{i}]", source) if item is not Any else v
-                     for i, v in enumerate(value))
+        return tuple(
+            _convert(v, item, f"{key}[{i}]", source) if item is not Any else v
+            for i, v in enumerate(value)
+        )
     if origin in (dict, collections.abc.Mapping):
         if isinstance(value, str):
             pairs = [p for p in value.split(",") if p.strip()]
@@ -275,7 +299,8 @@ def _convert(value, tp, key: str, source: str):
         out = {}
         for k, v in value.items():
             out[_convert(k, kt, f"{key}.{k}", source) if kt is not Any else k] = (
-                _convert(v, vt, f"{key}.{k}", source) if vt is not Any else v)
+                _convert(v, vt, f"{key}.{k}", source) if vt is not Any else v
+            )
         # A read-only view keeps the frozen config frozen all the way down.
         return types.MappingProxyType(out)
     if tp is Any:

@@ -40,14 +40,14 @@ _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 _set_here = False
 # Whether prefer_onednn() left TensorFlow's default because a GPU is visible.
 _gpu_seen = False
-NVIDIA_GPUS = "/proc/driver/nvidia/gpus"   # a folder per GPU, where the NVIDIA driver is loaded
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # a folder per GPU, where the NVIDIA driver is loaded
 # Whether TensorFlow was imported before prefer_onednn() could choose.
 _tensorflow_first = False
 # Training samples/s on the 2-core AVX2 EPYC, oneDNN on vs off (bench/results/AVX2.md).
 _ONEDNN_SPEEDUP = "3.7x (DeepCAM) to 4.4x (CosmoFlow)"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpuinfo() -> tuple[str, frozenset]:
     """(model name, flags) of the first processor in /proc/cpuinfo; ('', {}) where there is none."""
     model, flags = "", frozenset()
@@ -60,7 +60,7 @@ def _cpuinfo() -> tuple[str, frozenset]:
                     model = " ".join(value.split())
                 elif key == "flags":
                     flags = frozenset(value.split())
-                    break   # the first processor's flags: all cores of a node share them
+                    break  # the first processor's flags: all cores of a node share them
     except OSError:
         pass
     return model, flags
@@ -125,10 +125,14 @@ def prefer_onednn(environ=None, machine=None, gpus_dir: str = NVIDIA_GPUS) -> bo
     if environ is os.environ and "tensorflow" in sys.modules:
         _tensorflow_first = True
         if not onednn_enabled():
-            print(f"warning: TensorFlow was imported before this project could set {ONEDNN_ENV}=1, so its "
-                  f"oneDNN kernels stay off on this {isa()} CPU and training runs {_ONEDNN_SPEEDUP} slower "
-                  f"(bench/results/AVX2.md); import common, cosmoflow or deepcam before tensorflow, or start "
-                  f"Python with {ONEDNN_ENV}=1 set", file=sys.stderr, flush=True)
+            print(
+                f"warning: TensorFlow was imported before this project could set {ONEDNN_ENV}=1, so its "
+                f"oneDNN kernels stay off on this {isa()} CPU and training runs {_ONEDNN_SPEEDUP} slower "
+                f"(bench/results/AVX2.md); import common, cosmoflow or deepcam before tensorflow, or start "
+                f"Python with {ONEDNN_ENV}=1 set",
+                file=sys.stderr,
+                flush=True,
+            )
         return False
     environ[ONEDNN_ENV] = "1"
     if environ is os.environ:
@@ -142,6 +146,7 @@ def onednn_enabled():
         return None
     try:
         from tensorflow.python.util import _pywrap_util_port  # TF's own answer, private API
+
         return bool(_pywrap_util_port.IsMklEnabled())
     except (ImportError, AttributeError):
         return None
@@ -173,5 +178,9 @@ def describe() -> dict:
         else:
             who = "TensorFlow's default"
         state = f"{'on' if onednn else 'off'} ({who})"
-    return {"cpu": model or platform.processor() or platform.machine(), "isa": isa(flags),
-            "bf16": "native" if has_native_bf16(flags) else "emulated", "onednn": state}
+    return {
+        "cpu": model or platform.processor() or platform.machine(),
+        "isa": isa(flags),
+        "bf16": "native" if has_native_bf16(flags) else "emulated",
+        "onednn": state,
+    }

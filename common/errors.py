@@ -15,16 +15,19 @@ import sys
 class ExitCode(enum.IntEnum):
     """Every exit code of train.py and the tools (docs/running.md#exit-codes; slurm/env.sh repeats
     PREEMPTED, since the sbatch scripts requeue on it without Python)."""
-    OK = 0                 # the target reached, or --evaluate / --benchmark / a tool done
-    CRASH = 1              # an unexpected exception (traceback above); a tool's own failure verdict
-    INPUT_ERROR = 2        # an InputError, or a sample holding NaN or Inf: one `error:` line names it
-    NOT_CONVERGED = 3      # every epoch ran without reaching the target
-    NON_FINITE_LOSS = 4    # the loss became NaN or Inf with every input finite (diverged); checkpoint kept
+
+    OK = 0  # the target reached, or --evaluate / --benchmark / a tool done
+    CRASH = 1  # an unexpected exception (traceback above); a tool's own failure verdict
+    INPUT_ERROR = 2  # an InputError, or a sample holding NaN or Inf: one `error:` line names it
+    NOT_CONVERGED = 3  # every epoch ran without reaching the target
+    NON_FINITE_LOSS = (
+        4  # the loss became NaN or Inf with every input finite (diverged); checkpoint kept
+    )
     # sysexits.h EX_TEMPFAIL: stopped on SIGUSR1/SIGTERM after writing a checkpoint; run again with
     # --resume (the sbatch scripts requeue the job on this code)
     PREEMPTED = 75
-    INTERRUPTED = 128 + int(signal.SIGINT)    # Ctrl-C
-    TERMINATED = 128 + int(signal.SIGTERM)    # SIGTERM and no checkpoint in time
+    INTERRUPTED = 128 + int(signal.SIGINT)  # Ctrl-C
+    TERMINATED = 128 + int(signal.SIGTERM)  # SIGTERM and no checkpoint in time
 
 
 class InputError(Exception):
@@ -53,5 +56,7 @@ def tool_main(*also: type):
             except caught as e:
                 print(error_line(e), file=sys.stderr)
                 return ExitCode.INPUT_ERROR
+
         return wrapped
+
     return decorate

@@ -19,16 +19,24 @@ HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 
 def horovodrun(ranks: int, hosts: str | None = None) -> list[str]:
     """horovodrun over Gloo (no MPI needed), all `ranks` on this host unless `hosts` says otherwise."""
-    return [HOROVODRUN, "-np", str(ranks),
-            "-H", hosts or f"localhost:{ranks}", "--gloo"]
+    return [HOROVODRUN, "-np", str(ranks), "-H", hosts or f"localhost:{ranks}", "--gloo"]
 
 
 def mpirun(ranks: int) -> list[str]:
     """Open MPI's mpirun, wiring Horovod through MPI; the ranks see this shell's PYTHONPATH."""
     # CI runs as root, which Open MPI refuses unless told it is deliberate; more ranks than
     # cores is what a 2-core machine needs for 4-rank tests.
-    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
-            "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
+    return [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(ranks),
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "TF_CPP_MIN_LOG_LEVEL",
+    ]
 
 
 def srun(ranks: int) -> list[str]:
@@ -59,6 +67,7 @@ def on_this_host(cmd: list, ranks: int) -> list[str]:
 
 def main(argv=None) -> int:
     import argparse
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("launcher", choices=LAUNCHERS)
     parser.add_argument("ranks", type=int)

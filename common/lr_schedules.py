@@ -10,7 +10,7 @@ it. A new schedule is its class here, its entry in SCHEDULES and its test.
 """
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 import tf_keras
@@ -39,8 +39,15 @@ class EpochWarmupStepDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     cumulative: boundaries [32, 64] with factors [0.25, 0.125] mean peak/4, then peak/8.
     """
 
-    def __init__(self, peak_lr: float, init_lr: float, warmup_epochs: int,
-                 boundaries: Sequence[int], factors: Sequence[float], steps_per_epoch: int):
+    def __init__(
+        self,
+        peak_lr: float,
+        init_lr: float,
+        warmup_epochs: int,
+        boundaries: Sequence[int],
+        factors: Sequence[float],
+        steps_per_epoch: int,
+    ):
         super().__init__()
         if len(boundaries) != len(factors):
             raise ValueError(f"{len(boundaries)} decay boundaries but {len(factors)} factors")
@@ -74,9 +81,14 @@ class EpochWarmupStepDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
         return tf.where(epoch < self.warmup_epochs, warm, decayed)
 
     def get_config(self):
-        return dict(peak_lr=self.peak_lr, init_lr=self.init_lr, warmup_epochs=self.warmup_epochs,
-                    boundaries=[b for b, _ in self.decay], factors=[f for _, f in self.decay],
-                    steps_per_epoch=self.steps_per_epoch)
+        return dict(
+            peak_lr=self.peak_lr,
+            init_lr=self.init_lr,
+            warmup_epochs=self.warmup_epochs,
+            boundaries=[b for b, _ in self.decay],
+            factors=[f for _, f in self.decay],
+            steps_per_epoch=self.steps_per_epoch,
+        )
 
 
 class StepWarmupSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
@@ -102,8 +114,17 @@ class StepWarmupSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
     ramp the reference intended.)
     """
 
-    def __init__(self, kind: str, start_lr: float, warmup_steps: int = 0, warmup_factor: float = 1.0,
-                 milestones=(), decay_rate: float = 0.1, t_max: int = 1, eta_min: float = 0.0):
+    def __init__(
+        self,
+        kind: str,
+        start_lr: float,
+        warmup_steps: int = 0,
+        warmup_factor: float = 1.0,
+        milestones=(),
+        decay_rate: float = 0.1,
+        t_max: int = 1,
+        eta_min: float = 0.0,
+    ):
         super().__init__()
         if kind not in ("multistep", "cosine_annealing"):
             raise ValueError(f"unknown LR schedule type '{kind}' (multistep, cosine_annealing)")
@@ -133,9 +154,12 @@ class StepWarmupSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
             return self._warmup(k)
         if self.kind == "multistep":
             passed = sum(1 for m in self.milestones if k >= m + self.milestone_shift)
-            return self.peak_lr * self.decay_rate ** passed
+            return self.peak_lr * self.decay_rate**passed
         t = k - self.warmup_steps
-        return self.eta_min + (self.peak_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.t_max)) / 2
+        return (
+            self.eta_min
+            + (self.peak_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.t_max)) / 2
+        )
 
     def __call__(self, step):
         k = tf.cast(step, tf.float32) + self.offset
@@ -146,20 +170,30 @@ class StepWarmupSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
             after = self.peak_lr * tf.pow(self.decay_rate, passed)
         else:
             t = k - self.warmup_steps
-            after = self.eta_min + (self.peak_lr - self.eta_min) * (1 + tf.cos(math.pi * t / self.t_max)) / 2
+            after = (
+                self.eta_min
+                + (self.peak_lr - self.eta_min) * (1 + tf.cos(math.pi * t / self.t_max)) / 2
+            )
         if not self.warmup_steps:
             return after
         return tf.where(k <= self.warmup_steps, self._warmup(k), after)
 
     def get_config(self):
-        return dict(kind=self.kind, start_lr=self.start_lr, warmup_steps=self.warmup_steps,
-                    warmup_factor=self.warmup_factor, milestones=self.milestones,
-                    decay_rate=self.decay_rate, t_max=self.t_max, eta_min=self.eta_min)
+        return dict(
+            kind=self.kind,
+            start_lr=self.start_lr,
+            warmup_steps=self.warmup_steps,
+            warmup_factor=self.warmup_factor,
+            milestones=self.milestones,
+            decay_rate=self.decay_rate,
+            t_max=self.t_max,
+            eta_min=self.eta_min,
+        )
 
 
 SCHEDULES = {
-    "epoch_warmup_step_decay": EpochWarmupStepDecay,   # CosmoFlow's
-    "step_warmup": StepWarmupSchedule,                 # DeepCAM's multistep and cosine annealing
+    "epoch_warmup_step_decay": EpochWarmupStepDecay,  # CosmoFlow's
+    "step_warmup": StepWarmupSchedule,  # DeepCAM's multistep and cosine annealing
 }
 
 

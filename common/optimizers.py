@@ -48,11 +48,22 @@ class LAMB(tf_keras.optimizers.Optimizer):
       max_grad_norm: gradients are scaled so their global norm is at most this.
     """
 
-    def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
-                 weight_decay_rate=0.0, max_grad_norm=1.0, name="LAMB", **kwargs):
+    def __init__(
+        self,
+        learning_rate=1e-3,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-6,
+        weight_decay_rate=0.0,
+        max_grad_norm=1.0,
+        name="LAMB",
+        **kwargs,
+    ):
         # weight_decay=None: Keras' own decoupled decay (its default here is 0) would multiply every
         # variable by 0 each step, as the step starts (it waits for no gradient).
-        super().__init__(name=name, global_clipnorm=max_grad_norm or None, weight_decay=None, **kwargs)
+        super().__init__(
+            name=name, global_clipnorm=max_grad_norm or None, weight_decay=None, **kwargs
+        )
         self._learning_rate = self._build_learning_rate(learning_rate)
         self.beta_1 = beta_1
         self.beta_2 = beta_2
@@ -79,8 +90,8 @@ class LAMB(tf_keras.optimizers.Optimizer):
         # once its inputs are ready, and one of the slots or weights alone (b1 * m, decay * w) would
         # run as the step starts and be held through forward and backward (1.2 GiB more at the peak
         # of DeepCAM's step at 768 x 1152 fp32 on a 2-core AVX2 EPYC: docs/figures.md).
-        m.assign_add((gradient - m) * (1.0 - b1))                 # b1 m + (1 - b1) g
-        v.assign_add((tf.square(gradient) - v) * (1.0 - b2))      # b2 v + (1 - b2) g^2
+        m.assign_add((gradient - m) * (1.0 - b1))  # b1 m + (1 - b1) g
+        v.assign_add((tf.square(gradient) - v) * (1.0 - b2))  # b2 v + (1 - b2) g^2
         m_hat = m / (1.0 - tf.pow(b1, step))
         v_hat = v / (1.0 - tf.pow(b2, step))
         update = m_hat / (tf.sqrt(v_hat) + tf.cast(self.epsilon, dtype))
@@ -97,9 +108,14 @@ class LAMB(tf_keras.optimizers.Optimizer):
     def get_config(self):
         config = super().get_config()
         config.pop("global_clipnorm", None)
-        return config | {"learning_rate": self._serialize_hyperparameter(self._learning_rate),
-                         "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
-                         "weight_decay_rate": self.weight_decay_rate, "max_grad_norm": self.max_grad_norm}
+        return config | {
+            "learning_rate": self._serialize_hyperparameter(self._learning_rate),
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+            "weight_decay_rate": self.weight_decay_rate,
+            "max_grad_norm": self.max_grad_norm,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,14 +130,20 @@ class OptimizerEntry:
       takes: the hyperparameters it uses; others given to `build` are not passed to it.
       renamed: (hyperparameter, the class's keyword for it) pairs, where the two differ.
     """
+
     cls: type
     takes: tuple[str, ...]
     renamed: tuple[tuple[str, str], ...] = ()
 
     def build(self, **hyperparameters) -> tf_keras.optimizers.Optimizer:
         keywords = dict(self.renamed)
-        return self.cls(**{keywords.get(key, key): value for key, value in hyperparameters.items()
-                           if key in self.takes})
+        return self.cls(
+            **{
+                keywords.get(key, key): value
+                for key, value in hyperparameters.items()
+                if key in self.takes
+            }
+        )
 
 
 _ADAM = ("learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay")
@@ -131,13 +153,17 @@ OPTIMIZERS = {
     # PyTorch's Adam: weight decay as an L2 term of the gradient.
     "Adam": OptimizerEntry(AdamL2, takes=_ADAM, renamed=(("weight_decay", "l2"),)),
     "AdamW": OptimizerEntry(tf_keras.optimizers.AdamW, takes=_ADAM),
-    "LAMB": OptimizerEntry(LAMB, takes=(*_ADAM, "max_grad_norm"), renamed=(("weight_decay", "weight_decay_rate"),)),
+    "LAMB": OptimizerEntry(
+        LAMB, takes=(*_ADAM, "max_grad_norm"), renamed=(("weight_decay", "weight_decay_rate"),)
+    ),
 }
 
 
 def names_taking(*hyperparameters: str) -> tuple[str, ...]:
     """The optimizers of OPTIMIZERS that take every one of these hyperparameters."""
-    return tuple(name for name, entry in OPTIMIZERS.items() if set(hyperparameters) <= set(entry.takes))
+    return tuple(
+        name for name, entry in OPTIMIZERS.items() if set(hyperparameters) <= set(entry.takes)
+    )
 
 
 def check_name(name: str, hyperparameters) -> None:
@@ -149,8 +175,10 @@ def check_name(name: str, hyperparameters) -> None:
     """
     usable = names_taking(*hyperparameters)
     if name not in usable:
-        raise ConfigError(f"config key 'optimizer.name'={name!r}: choose one of {', '.join(usable)} (the "
-                          f"optimizers of common/optimizers.py taking {', '.join(hyperparameters)})")
+        raise ConfigError(
+            f"config key 'optimizer.name'={name!r}: choose one of {', '.join(usable)} (the "
+            f"optimizers of common/optimizers.py taking {', '.join(hyperparameters)})"
+        )
 
 
 def build_optimizer(name: str, **hyperparameters) -> tf_keras.optimizers.Optimizer:

@@ -25,9 +25,15 @@ def configure(runtime, dist) -> dict:
     """
     device = dist.device
     threads = binding.intra_op_threads(os.environ, cpu.affinity(), dist.local_size)
-    intra, inter, kept = _size_thread_pools(runtime.intra_op_threads or threads.threads, runtime.inter_op_threads)
-    rule = (f"runtime.intra_op_threads={runtime.intra_op_threads} (the default would be {threads.threads}: "
-            f"{threads.rule})" if runtime.intra_op_threads else threads.rule)
+    intra, inter, kept = _size_thread_pools(
+        runtime.intra_op_threads or threads.threads, runtime.inter_op_threads
+    )
+    rule = (
+        f"runtime.intra_op_threads={runtime.intra_op_threads} (the default would be {threads.threads}: "
+        f"{threads.rule})"
+        if runtime.intra_op_threads
+        else threads.rule
+    )
     threads_note = "; ".join(filter(None, [kept, f"intra-op threads {intra}: {rule}"]))
     dist.check_one_rank_per_gpu()
     precision, why = choose_precision(runtime, device)
@@ -37,13 +43,22 @@ def configure(runtime, dist) -> dict:
     tf_keras.backend.experimental.enable_tf_random_generator()
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
-    return {"device": device, "cpu": cpu.describe(), "intra_op_threads": intra, "deterministic": runtime.deterministic,
-            "inter_op_threads": inter, "threads_note": threads_note, "precision": precision, "precision_note": why,
-            "xla": runtime.xla, "gradient_compression": runtime.gradient_compression,
-            "gradient_allreduce": runtime.gradient_allreduce,
-            # Where the input pipeline's last stage puts the batches ('off': each step copies its own).
-            "prefetch_to_device": device_prefetch.target_device(runtime.prefetch_to_device, device),
-            "stack": software_stack()}
+    return {
+        "device": device,
+        "cpu": cpu.describe(),
+        "intra_op_threads": intra,
+        "deterministic": runtime.deterministic,
+        "inter_op_threads": inter,
+        "threads_note": threads_note,
+        "precision": precision,
+        "precision_note": why,
+        "xla": runtime.xla,
+        "gradient_compression": runtime.gradient_compression,
+        "gradient_allreduce": runtime.gradient_allreduce,
+        # Where the input pipeline's last stage puts the batches ('off': each step copies its own).
+        "prefetch_to_device": device_prefetch.target_device(runtime.prefetch_to_device, device),
+        "stack": software_stack(),
+    }
 
 
 def software_stack() -> str:
@@ -63,10 +78,15 @@ def _size_thread_pools(intra: int, inter: int) -> tuple[int, int, str]:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)
     except RuntimeError:
-        kept = (tf.config.threading.get_intra_op_parallelism_threads(),
-                tf.config.threading.get_inter_op_parallelism_threads())
-        return (*kept, f"TensorFlow was running before the runtime was configured: its thread pools stay "
-                       f"{kept[0]} intra-op / {kept[1]} inter-op (0: its default), not {intra} / {inter}")
+        kept = (
+            tf.config.threading.get_intra_op_parallelism_threads(),
+            tf.config.threading.get_inter_op_parallelism_threads(),
+        )
+        return (
+            *kept,
+            f"TensorFlow was running before the runtime was configured: its thread pools stay "
+            f"{kept[0]} intra-op / {kept[1]} inter-op (0: its default), not {intra} / {inter}",
+        )
     return intra, inter, ""
 
 
@@ -94,8 +114,10 @@ def choose_precision(runtime, device: str, native_bf16=None) -> tuple[str, str]:
         native_bf16 = cpu.has_native_bf16()
     if native_bf16:
         return "mixed_bfloat16", ""
-    return "float32", (f"--amp: this {cpu.isa()} CPU has no native bf16 (no avx512_bf16 or amx_bf16), "
-                       "so training stays float32; --set runtime.amp_dtype=bfloat16 forces emulated bf16")
+    return "float32", (
+        f"--amp: this {cpu.isa()} CPU has no native bf16 (no avx512_bf16 or amx_bf16), "
+        "so training stays float32; --set runtime.amp_dtype=bfloat16 forces emulated bf16"
+    )
 
 
 @contextlib.contextmanager
@@ -115,7 +137,12 @@ def dtype_policy(policy: str):
 
 def wrap_optimizer(optimizer, policy):
     """Adds dynamic loss scaling when `policy` (a name or Policy) computes in float16 (bf16 needs none)."""
-    if tf_keras.mixed_precision.Policy(policy if isinstance(policy, str) else policy.name).compute_dtype == "float16":
+    if (
+        tf_keras.mixed_precision.Policy(
+            policy if isinstance(policy, str) else policy.name
+        ).compute_dtype
+        == "float16"
+    ):
         return tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer
 

@@ -1,7 +1,8 @@
 """What a benchmark hands the generic trainer: the single-replica view of training."""
 
 import dataclasses
-from typing import Callable, ClassVar, Optional
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
@@ -9,18 +10,20 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class Flag:
     """A command-line flag that overrides one config key (`--batch-size` -> data.batch_size)."""
+
     names: tuple[str, ...]
     key: str
     help: str = ""
-    is_switch: bool = False   # a flag without value that sets True
+    is_switch: bool = False  # a flag without value that sets True
     # Turns the flag's value into {config key: value}, for flags that set
     # several keys at once (DeepCAM's --lr_schedule type=multistep,milestones=...).
-    parse: Optional[Callable[[str], dict]] = None
+    parse: Callable[[str], dict] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Shards:
     """The files this rank reads, and the global sample counts."""
+
     train_files: list
     valid_files: list
     n_train: int
@@ -28,7 +31,7 @@ class Shards:
     local_batch_size: int
     # The training set's size, logged as train_samples, when each epoch uses a
     # subset (DeepCAM drops the remainder of files / ranks, as the reference).
-    train_set_size: Optional[int] = None
+    train_set_size: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,19 +42,26 @@ class EvalMetric:
     tf.function); `finalize(sums)` turns the sums of all batches of all ranks
     into the metric value.
     """
-    name: str                     # the MLPerf key: eval_error, eval_accuracy
+
+    name: str  # the MLPerf key: eval_error, eval_accuracy
     update: Callable
     finalize: Callable[[np.ndarray], float]
     lower_is_better: bool
-    n_sums: int = 2               # length of update()'s vector (a rank without data adds zeros)
+    n_sums: int = 2  # length of update()'s vector (a rank without data adds zeros)
 
 
 # runtime.tiny, the part every benchmark shares: one epoch, no checkpoints, figures every 2
 # steps, no stop at the target, no compliance check (a smoke run is no result). Each
 # Task.tiny_overrides adds the samples, batch and model width.
-TINY_LOOP = {"train.n_epochs": 1, "train.global_batch_size": None, "train.checkpoint_every": 0,
-             "train.checkpoint_steps": 0, "train.log_every_steps": 2, "train.stop_at_target": False,
-             "runtime.check_log": False}
+TINY_LOOP = {
+    "train.n_epochs": 1,
+    "train.global_batch_size": None,
+    "train.checkpoint_every": 0,
+    "train.checkpoint_steps": 0,
+    "train.log_every_steps": 2,
+    "train.stop_at_target": False,
+    "runtime.check_log": False,
+}
 
 
 class Task:
@@ -65,11 +75,14 @@ class Task:
 
     A subclass sets the class attributes and implements the `build_*` methods.
     """
-    name: ClassVar[str]                   # MLPerf benchmark name ('cosmoflow')
-    metric_name: ClassVar[str]            # the MLPerf key of its quality metric ('eval_error'): build_metrics().name
+
+    name: ClassVar[str]  # MLPerf benchmark name ('cosmoflow')
+    metric_name: ClassVar[
+        str
+    ]  # the MLPerf key of its quality metric ('eval_error'): build_metrics().name
     # Root config dataclass (a common.base_config.BaseConfig with a `data` section).
     config_class: ClassVar[type]
-    flags: ClassVar[tuple[Flag, ...]] = ()   # command-line flags mapped onto config keys
+    flags: ClassVar[tuple[Flag, ...]] = ()  # command-line flags mapped onto config keys
 
     def __init__(self, cfg, mesh=None):
         self.cfg = cfg
@@ -126,7 +139,7 @@ class Task:
         """The common.inputs.staging_layouts.Conversion staged files are written in (staging.convert); None copies."""
         return None
 
-    def find_bad_file(self, files) -> Optional[str]:
+    def find_bad_file(self, files) -> str | None:
         """A message naming the first unreadable file of `files`, or None."""
         del files
         return None
@@ -156,17 +169,23 @@ class Task:
         the spatial group's size K where a rank's gradient is only its slab's part (the update needs the
         group's sum), 1 elsewhere. The default reads the split layers (common.parallel.spatial: CosmoFlow's
         depth split, whose gathered head is replicated); a network split end to end gives K to all."""
-        if self.mesh is None:   # data-parallel: nothing to scale, and no import of the split's layers
+        if (
+            self.mesh is None
+        ):  # data-parallel: nothing to scale, and no import of the split's layers
             return [1.0] * len(model.trainable_variables)
         from common.parallel.spatial import gradient_scales
+
         return gradient_scales(model)
 
     def describe_split(self, model) -> str:
         """What rank 0's [init] line says of a split run: how a sample is cut and where it is gathered."""
         from common.parallel.spatial import GatherSlabs
+
         gathered = ", ".join(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
-        return (f"each rank holds 1/{self.mesh.size} of every sample's depth; slabs gathered at {gathered}, "
-                f"the layers after it run whole on every rank of a group")
+        return (
+            f"each rank holds 1/{self.mesh.size} of every sample's depth; slabs gathered at {gathered}, "
+            f"the layers after it run whole on every rank of a group"
+        )
 
     def build_losses(self) -> Callable:
         """(y, pred) -> scalar training loss of one local batch."""

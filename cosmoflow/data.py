@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from common.inputs import epochs
 from common.errors import InputError
+from common.inputs import epochs
 from common.inputs.staging_layouts import Conversion, sha256_of
 from cosmoflow.records import encode_example
 
@@ -37,10 +37,13 @@ def resolve_compression(setting: str, files) -> str:
 
 def parse_example(serialized, sample_shape):
     """One serialized Example -> (int16 volume of `sample_shape`, float32 targets [4])."""
-    features = tf.io.parse_single_example(serialized, {
-        "x": tf.io.FixedLenFeature([], tf.string),
-        "y": tf.io.FixedLenFeature([4], tf.float32),
-    })
+    features = tf.io.parse_single_example(
+        serialized,
+        {
+            "x": tf.io.FixedLenFeature([], tf.string),
+            "y": tf.io.FixedLenFeature([4], tf.float32),
+        },
+    )
     x = tf.reshape(tf.io.decode_raw(features["x"], tf.int16), sample_shape)
     return x, features["y"]
 
@@ -51,7 +54,7 @@ def slab_of(x, slab):
         return x
     index, count = slab
     planes = x.shape[0] // count
-    return x[index * planes:(index + 1) * planes]
+    return x[index * planes : (index + 1) * planes]
 
 
 def slab_conversion(index: int, count: int, sample_shape) -> Conversion:
@@ -64,7 +67,9 @@ def slab_conversion(index: int, count: int, sample_shape) -> Conversion:
 
     def write(src: Path, tmp: Path, verify: bool):
         try:
-            records = list(tf.data.TFRecordDataset(str(src), compression_type=detect_compression(src)))
+            records = list(
+                tf.data.TFRecordDataset(str(src), compression_type=detect_compression(src))
+            )
         except tf.errors.OpError as e:
             raise InputError(f"{src}: unreadable TFRecord ({_tf_reason(e)})") from None
         if len(records) != 1:
@@ -78,8 +83,12 @@ def slab_conversion(index: int, count: int, sample_shape) -> Conversion:
         del src, size
         return int(np.prod(sample_shape)) * 2 // count + 1024
 
-    return Conversion(f"cosmoflow-slab-{index}-of-{count}-{'x'.join(map(str, sample_shape))}", write=write,
-                      size_hint=size_hint, staged_name=lambda name: f"{name}.slab{index}of{count}")
+    return Conversion(
+        f"cosmoflow-slab-{index}-of-{count}-{'x'.join(map(str, sample_shape))}",
+        write=write,
+        size_hint=size_hint,
+        staged_name=lambda name: f"{name}.slab{index}of{count}",
+    )
 
 
 def log_transform(x):
@@ -96,11 +105,21 @@ def mean_normalize(x):
 TRANSFORMS = {"log": log_transform, "mean": mean_normalize}
 
 
-def make_dataset(files, sample_shape, batch_size: int, compression: str = "",
-                 training: bool = True, seed: int = 0, cache: bool = False,
-                 parallelism: int = 4, prefetch: int = 4, batches_per_epoch: int | None = None,
-                 start: epochs.Position = epochs.Position(), deterministic: bool = False,
-                 slab=None) -> tf.data.Dataset:
+def make_dataset(
+    files,
+    sample_shape,
+    batch_size: int,
+    compression: str = "",
+    training: bool = True,
+    seed: int = 0,
+    cache: bool = False,
+    parallelism: int = 4,
+    prefetch: int = 4,
+    batches_per_epoch: int | None = None,
+    start: epochs.Position = epochs.Position(),
+    deterministic: bool = False,
+    slab=None,
+) -> tf.data.Dataset:
     """The input pipeline of one rank.
 
     Args:
@@ -122,10 +141,15 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "",
     def read(paths: tf.data.Dataset) -> tf.data.Dataset:
         # One sample per file: an empty (or multi-record) file fails the read, so that
         # the trainer names it (find_bad_file), instead of a short epoch passing silently.
-        ds = paths.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression)
-                              .apply(tf.data.experimental.assert_cardinality(1)),
-                              cycle_length=max(1, parallelism), num_parallel_calls=tf.data.AUTOTUNE,
-                              deterministic=deterministic or not training)
+        ds = paths.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression).apply(
+                tf.data.experimental.assert_cardinality(1)
+            ),
+            cycle_length=max(1, parallelism),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic or not training,
+        )
+
         def parse(serialized):
             x, y = parse_example(serialized, sample_shape)
             return slab_of(x, slab), y
@@ -134,8 +158,16 @@ def make_dataset(files, sample_shape, batch_size: int, compression: str = "",
 
     if training:
         n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
-        ds = epochs.training_dataset(files, read, batch_size=batch_size, n_batches=n_batches, seed=seed,
-                                     cache=cache, start=start, deterministic=deterministic)
+        ds = epochs.training_dataset(
+            files,
+            read,
+            batch_size=batch_size,
+            n_batches=n_batches,
+            seed=seed,
+            cache=cache,
+            start=start,
+            deterministic=deterministic,
+        )
     else:
         ds = read(tf.data.Dataset.from_tensor_slices(tf.constant(files, dtype=tf.string)))
         if cache:
@@ -159,21 +191,29 @@ def find_bad_file(files, sample_shape, transform: str = "log"):
             n = 0
             for record in tf.data.TFRecordDataset(path, compression_type=compression):
                 n += 1
-                features = tf.io.parse_single_example(record, {
-                    "x": tf.io.FixedLenFeature([], tf.string),
-                    "y": tf.io.FixedLenFeature([4], tf.float32)})
+                features = tf.io.parse_single_example(
+                    record,
+                    {
+                        "x": tf.io.FixedLenFeature([], tf.string),
+                        "y": tf.io.FixedLenFeature([4], tf.float32),
+                    },
+                )
                 got = len(features["x"].numpy())
                 if got != expected:
-                    return (f"{path}: sample 'x' holds {got // 2} int16 values, expected "
-                            f"{expected // 2} for shape {list(sample_shape)}")
+                    return (
+                        f"{path}: sample 'x' holds {got // 2} int16 values, expected "
+                        f"{expected // 2} for shape {list(sample_shape)}"
+                    )
                 y = features["y"].numpy()
                 if not np.isfinite(y).all():
                     return f"{path}: target 'y' holds NaN or Inf ({y.tolist()})"
                 x = tf.io.decode_raw(features["x"], tf.int16)
                 if not bool(tf.reduce_all(tf.math.is_finite(TRANSFORMS[transform](x[None])))):
-                    return (f"{path}: sample 'x' gives NaN or Inf under the '{transform}' transform "
-                            f"({int(tf.reduce_sum(tf.cast(x < 0, tf.int32)))} negative counts, "
-                            f"{int(tf.reduce_sum(tf.cast(x != 0, tf.int32)))} non-zero)")
+                    return (
+                        f"{path}: sample 'x' gives NaN or Inf under the '{transform}' transform "
+                        f"({int(tf.reduce_sum(tf.cast(x < 0, tf.int32)))} negative counts, "
+                        f"{int(tf.reduce_sum(tf.cast(x != 0, tf.int32)))} non-zero)"
+                    )
             if n != 1:
                 return f"{path}: {n or 'no'} records, expected one sample per file"
         except tf.errors.NotFoundError:

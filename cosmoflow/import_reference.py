@@ -46,9 +46,10 @@ _KIND_BY_KERNEL_RANK = {5: CONV, 2: DENSE}
 @dataclasses.dataclass(frozen=True)
 class ReferenceLayer:
     """A layer of the file that holds tensors."""
-    name: str         # as in the file: conv3d_1, dense
-    kind: str         # CONV or DENSE
-    tensors: dict     # "kernel" / "bias" -> (path in the file, array)
+
+    name: str  # as in the file: conv3d_1, dense
+    kind: str  # CONV or DENSE
+    tensors: dict  # "kernel" / "bias" -> (path in the file, array)
 
 
 def default_config() -> Path:
@@ -69,8 +70,10 @@ def read_reference_layers(path) -> tuple[str, list[ReferenceLayer]]:
         full = "model_weights" in f
         root = f["model_weights"] if full else f
         if "layer_names" not in root.attrs:
-            raise InputError(f"{path}: not a Keras weights file (no 'layer_names' attribute in "
-                             f"{root.name}; expected a model.save or save_weights .h5)")
+            raise InputError(
+                f"{path}: not a Keras weights file (no 'layer_names' attribute in "
+                f"{root.name}; expected a model.save or save_weights .h5)"
+            )
         layers = []
         for name in _strings(root.attrs["layer_names"]):
             if name not in root:
@@ -90,8 +93,10 @@ def _read_layer(path, name, group, weight_names) -> ReferenceLayer:
             raise InputError(f"{path}: tensor '{where}' is listed in weight_names but missing")
         role = weight.rsplit("/", 1)[-1].split(":")[0]
         if role not in ("kernel", "bias") or role in tensors:
-            raise InputError(f"{path}: layer '{name}': unexpected tensor '{where}' (the reference model "
-                             f"has Conv3D and Dense layers with one kernel and one bias each)")
+            raise InputError(
+                f"{path}: layer '{name}': unexpected tensor '{where}' (the reference model "
+                f"has Conv3D and Dense layers with one kernel and one bias each)"
+            )
         tensors[role] = (where, np.asarray(group[weight]))
     for role in ("kernel", "bias"):
         if role not in tensors:
@@ -99,8 +104,10 @@ def _read_layer(path, name, group, weight_names) -> ReferenceLayer:
     kernel_where, kernel = tensors["kernel"]
     kind = _KIND_BY_KERNEL_RANK.get(kernel.ndim)
     if kind is None:
-        raise InputError(f"{path}: layer '{name}': tensor '{kernel_where}' of shape {kernel.shape} is "
-                         f"neither a Conv3D nor a Dense kernel")
+        raise InputError(
+            f"{path}: layer '{name}': tensor '{kernel_where}' of shape {kernel.shape} is "
+            f"neither a Conv3D nor a Dense kernel"
+        )
     return ReferenceLayer(name, kind, tensors)
 
 
@@ -110,8 +117,14 @@ def _strings(values) -> list[str]:
 
 def our_layers(model) -> dict:
     """Our layers that take the reference's tensors, by kind, in order."""
-    convs = sorted((layer.name for layer in model.layers if layer.name.startswith("conv") and
-                    layer.name[4:].isdigit()), key=lambda n: int(n[4:]))
+    convs = sorted(
+        (
+            layer.name
+            for layer in model.layers
+            if layer.name.startswith("conv") and layer.name[4:].isdigit()
+        ),
+        key=lambda n: int(n[4:]),
+    )
     return {CONV: convs, DENSE: ["fc1", "fc2", "head"]}
 
 
@@ -125,12 +138,16 @@ def import_weights(model, layers: list[ReferenceLayer], source) -> dict:
     for kind, ours in our_layers(model).items():
         theirs = [layer for layer in layers if layer.kind == kind]
         if len(theirs) > len(ours):
-            raise InputError(f"{source}: extra {kind} layer '{theirs[len(ours)].name}': the config's "
-                             f"model has {len(ours)} ({', '.join(ours)})")
+            raise InputError(
+                f"{source}: extra {kind} layer '{theirs[len(ours)].name}': the config's "
+                f"model has {len(ours)} ({', '.join(ours)})"
+            )
         if len(theirs) < len(ours):
-            raise InputError(f"{source}: no {kind} layer for {ours[len(theirs)]}: the file has "
-                             f"{len(theirs)} ({', '.join(t.name for t in theirs) or 'none'}), the config's "
-                             f"model {len(ours)}")
+            raise InputError(
+                f"{source}: no {kind} layer for {ours[len(theirs)]}: the file has "
+                f"{len(theirs)} ({', '.join(t.name for t in theirs) or 'none'}), the config's "
+                f"model {len(ours)}"
+            )
         pairs += zip(ours, theirs)
     # Every shape first: a file that does not fit changes nothing.
     assignments = []
@@ -139,9 +156,11 @@ def import_weights(model, layers: list[ReferenceLayer], source) -> dict:
         for role, variable in (("kernel", layer.kernel), ("bias", layer.bias)):
             where, array = ref.tensors[role]
             if tuple(array.shape) != tuple(variable.shape):
-                raise InputError(f"{source}: tensor '{where}' has shape {tuple(array.shape)}, but {our_name} "
-                                 f"{role} of the config's model is {tuple(variable.shape)} (check --config: "
-                                 f"data.sample_shape, model.conv_size, n_conv_layers, kernel_size, fc1/fc2_size)")
+                raise InputError(
+                    f"{source}: tensor '{where}' has shape {tuple(array.shape)}, but {our_name} "
+                    f"{role} of the config's model is {tuple(variable.shape)} (check --config: "
+                    f"data.sample_shape, model.conv_size, n_conv_layers, kernel_size, fc1/fc2_size)"
+                )
             assignments.append((variable, array))
     for variable, array in assignments:
         variable.assign(array.astype(variable.dtype.as_numpy_dtype))
@@ -157,24 +176,42 @@ def import_reference(weights, out, config_path=None) -> dict:
     mapping = import_weights(model, layers, weights)
     out = save_model_weights(model, out)
     # The data directory is the run's business, not the model's.
-    dump_config(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, data_dir=None)), out / CONFIG_NAME)
-    record = {"source": str(Path(weights).resolve()), "format": file_format, "config": str(config_path),
-              "tensors": 2 * len(mapping), "layers": mapping}
+    dump_config(
+        dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, data_dir=None)),
+        out / CONFIG_NAME,
+    )
+    record = {
+        "source": str(Path(weights).resolve()),
+        "format": file_format,
+        "config": str(config_path),
+        "tensors": 2 * len(mapping),
+        "layers": mapping,
+    }
     write_text_atomic(out / "import.json", json.dumps(record, indent=2))
     return record
 
 
 @tool_main()
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cosmoflow.import_reference",
-                                     description="Import a CosmoFlow model trained by the MLCommons reference.")
-    parser.add_argument("weights", help="the reference's .h5 (ModelCheckpoint full model, or save_weights)")
-    parser.add_argument("out", help="folder to write (model-only checkpoint, config.yaml, import.json)")
-    parser.add_argument("--config", help="YAML config with the model's sizes (default: a closed-division config)")
+    parser = argparse.ArgumentParser(
+        prog="python -m cosmoflow.import_reference",
+        description="Import a CosmoFlow model trained by the MLCommons reference.",
+    )
+    parser.add_argument(
+        "weights", help="the reference's .h5 (ModelCheckpoint full model, or save_weights)"
+    )
+    parser.add_argument(
+        "out", help="folder to write (model-only checkpoint, config.yaml, import.json)"
+    )
+    parser.add_argument(
+        "--config", help="YAML config with the model's sizes (default: a closed-division config)"
+    )
     args = parser.parse_args(argv)
     record = import_reference(args.weights, args.out, args.config)
-    print(f"[import] {record['tensors']} tensors from {args.weights} ({record['format']}, "
-          f"sizes of {record['config']}) -> {args.out}")
+    print(
+        f"[import] {record['tensors']} tensors from {args.weights} ({record['format']}, "
+        f"sizes of {record['config']}) -> {args.out}"
+    )
     return 0
 
 

@@ -20,13 +20,17 @@ from common.inputs.bench_timing import Row, Run
 @dataclasses.dataclass(frozen=True)
 class Options:
     """This benchmark's own flags of bench/input_pipeline.py (--cosmoflow-size, --cosmoflow-batch)."""
-    size: int = dataclasses.field(default=128, metadata={"help": "sample edge (size^3 x 4 volumes)"})
+
+    size: int = dataclasses.field(
+        default=128, metadata={"help": "sample edge (size^3 x 4 volumes)"}
+    )
     batch: int = dataclasses.field(default=4, metadata={"help": "batch of every variant"})
 
 
 def variants(run: Run, options: Options) -> list[Row]:
     """The figures of every variant, then of the train step's NaN/Inf check on one batch."""
     import tensorflow as tf
+
     from common.inputs import epochs
     from common.inputs.staging import stage_files
     from common.inputs.staging_layouts import GUNZIP
@@ -42,28 +46,47 @@ def variants(run: Run, options: Options) -> list[Row]:
 
     def pipeline(paths, compression, float_in_pipeline):
         if not float_in_pipeline:
-            return data.make_dataset(paths, shape, batch, compression, training=True, seed=0,
-                                     parallelism=run.readers)
+            return data.make_dataset(
+                paths, shape, batch, compression, training=True, seed=0, parallelism=run.readers
+            )
 
         # The former pipeline: the same reader, then cast + log1p per sample inside tf.data.
         def read(ds):
-            ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-                               cycle_length=run.readers, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-            return ds.map(lambda s: data.parse_example(s, shape), num_parallel_calls=tf.data.AUTOTUNE)
-        return epochs.training_dataset(paths, read, batch_size=batch, n_batches=len(paths) // batch, seed=0,
-                                       transform=lambda x, y: (data.log_transform(x), y),
-                                       deterministic=False).prefetch(4)
+            ds = ds.interleave(
+                lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+                cycle_length=run.readers,
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=False,
+            )
+            return ds.map(
+                lambda s: data.parse_example(s, shape), num_parallel_calls=tf.data.AUTOTUNE
+            )
+
+        return epochs.training_dataset(
+            paths,
+            read,
+            batch_size=batch,
+            n_batches=len(paths) // batch,
+            seed=0,
+            transform=lambda x, y: (data.log_transform(x), y),
+            deterministic=False,
+        ).prefetch(4)
 
     mb = os.path.getsize(files[0]) / 1e6
     mb_staged = os.path.getsize(staged[0]) / 1e6
     out = []
     for label, paths, compression, float_in_pipeline, file_mb in (
-            ("gzip in place, float32 log1p in tf.data (before)", files, "GZIP", True, mb),
-            ("gzip in place, int16 out", files, "GZIP", False, mb),
-            ("staged, inflated (staging.convert), int16 out", staged, "", False, mb_staged)):
+        ("gzip in place, float32 log1p in tf.data (before)", files, "GZIP", True, mb),
+        ("gzip in place, int16 out", files, "GZIP", False, mb),
+        ("staged, inflated (staging.convert), int16 out", staged, "", False, mb_staged),
+    ):
         bench_timing.warm_page_cache(paths)
-        rates = bench_timing.timings(pipeline(paths, compression, float_in_pipeline), batch,
-                                     run.n_batches(batch), run.repeats)
+        rates = bench_timing.timings(
+            pipeline(paths, compression, float_in_pipeline),
+            batch,
+            run.n_batches(batch),
+            run.repeats,
+        )
         out.append(Row.of(label, sample, rates, file_mb))
     out.append(bench_timing.finite_check_row(shape, (4,), batch, run.repeats, sample))
     return out
@@ -72,7 +95,17 @@ def variants(run: Run, options: Options) -> list[Row]:
 def one_core_reader(cfg, workdir: Path, n: int):
     """CosmoFlow's reader, batch 1, one reader, on n synthetic gzip TFRecords of the config's size."""
     from cosmoflow import data, synthetic
-    synthetic.generate(workdir, cfg.data.sample_shape[0], n, 1, workers=1, progress=lambda line: None)
+
+    synthetic.generate(
+        workdir, cfg.data.sample_shape[0], n, 1, workers=1, progress=lambda line: None
+    )
     files = sorted(str(p) for p in (workdir / "train").glob("*.tfrecord"))
-    return data.make_dataset(files, cfg.data.sample_shape, 1, compression="GZIP", training=False, parallelism=1,
-                             prefetch=1)
+    return data.make_dataset(
+        files,
+        cfg.data.sample_shape,
+        1,
+        compression="GZIP",
+        training=False,
+        parallelism=1,
+        prefetch=1,
+    )

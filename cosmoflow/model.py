@@ -27,16 +27,26 @@ from tf_keras import layers
 OUTPUT_SCALE = 1.2
 
 
-def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_size: int = 3,
-                n_conv_layers: int = 5, fc1_size: int = 128, fc2_size: int = 64, dropout: float = 0.5,
-                l2: float = 0.0, max_channels: int | None = None, mesh=None,
-                halo_overlap: bool = True) -> tf_keras.Model:
+def build_model(
+    input_shape,
+    target_size: int = 4,
+    conv_size: int = 32,
+    kernel_size: int = 3,
+    n_conv_layers: int = 5,
+    fc1_size: int = 128,
+    fc2_size: int = 64,
+    dropout: float = 0.5,
+    l2: float = 0.0,
+    max_channels: int | None = None,
+    mesh=None,
+    halo_overlap: bool = True,
+) -> tf_keras.Model:
     """The model; with a split `mesh`, `input_shape` is the whole sample's and the input a z-slab of it
     (`halo_overlap`: parallel.halo_overlap, how its convolutions wait for their halos)."""
     # Keras' l2(l) adds l * sum(w^2) to the loss, as the reference's regularizers.l2.
     regularizer = tf_keras.regularizers.l2(l2) if l2 > 0 else None
     split = mesh is not None and mesh.is_split
-    if split:   # the split's layers, imported by split runs only
+    if split:  # the split's layers, imported by split runs only
         from common.parallel.spatial import GatherSlabs, SpatialConv3D, pool_stays_local
     shape = tuple(input_shape)
     if split:
@@ -44,11 +54,13 @@ def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_s
     inputs = layers.Input(shape=shape, name="volume")
     x = inputs
     for i in range(n_conv_layers):
-        filters = conv_size * 2 ** i if max_channels is None else min(conv_size * 2 ** i, max_channels)
-        if split and x.shape[1] < kernel_size // 2:   # a neighbour's slab cannot fill the halo
+        filters = conv_size * 2**i if max_channels is None else min(conv_size * 2**i, max_channels)
+        if split and x.shape[1] < kernel_size // 2:  # a neighbour's slab cannot fill the halo
             x, split = GatherSlabs(mesh, name=f"gather_before_conv{i + 1}")(x), False
         if split:
-            x = SpatialConv3D(filters, kernel_size, mesh, overlap=halo_overlap, name=f"conv{i + 1}")(x)
+            x = SpatialConv3D(
+                filters, kernel_size, mesh, overlap=halo_overlap, name=f"conv{i + 1}"
+            )(x)
         else:
             x = layers.Conv3D(filters, kernel_size, padding="same", name=f"conv{i + 1}")(x)
         x = layers.LeakyReLU(name=f"conv{i + 1}_act")(x)
@@ -70,7 +82,17 @@ def build_model(input_shape, target_size: int = 4, conv_size: int = 32, kernel_s
 
 def from_config(cfg, mesh=None) -> tf_keras.Model:
     m = cfg.model
-    return build_model(cfg.data.sample_shape, 4, m.conv_size, m.kernel_size, m.n_conv_layers,
-                       m.fc1_size, m.fc2_size, m.dropout, cfg.optimizer.weight_decay, m.max_channels, mesh,
-                       cfg.parallel.halo_overlap)
-
+    return build_model(
+        cfg.data.sample_shape,
+        4,
+        m.conv_size,
+        m.kernel_size,
+        m.n_conv_layers,
+        m.fc1_size,
+        m.fc2_size,
+        m.dropout,
+        cfg.optimizer.weight_decay,
+        m.max_channels,
+        mesh,
+        cfg.parallel.halo_overlap,
+    )

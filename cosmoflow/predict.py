@@ -20,14 +20,13 @@ from pathlib import Path
 import numpy as np
 import tf_keras
 
-from common.checkpoints.model_weights import find_run_config, restore_model_weights
 from common import config_loading as config_lib
+from common.checkpoints.model_weights import find_run_config, restore_model_weights
 from common.errors import InputError, tool_main
 from common.files import write_text_atomic
 from cosmoflow import data
 from cosmoflow import model as model_lib
 from cosmoflow.config import CosmoFlowConfig
-
 
 
 def load_model_config(path) -> CosmoFlowConfig:
@@ -42,7 +41,9 @@ def load_model(checkpoint, config_path=None) -> tuple[tf_keras.Model, CosmoFlowC
         raise InputError(f"checkpoint folder not found: {checkpoint}")
     config_path = config_path or find_run_config(checkpoint)
     if config_path is None:
-        raise InputError(f"{checkpoint}: no config.yaml in it or in its run directory; pass --config")
+        raise InputError(
+            f"{checkpoint}: no config.yaml in it or in its run directory; pass --config"
+        )
     cfg = load_model_config(config_path)
     model = model_lib.from_config(cfg)
     restore_model_weights(model, checkpoint)
@@ -57,8 +58,15 @@ def read_samples(path, cfg: CosmoFlowConfig) -> tuple[np.ndarray, np.ndarray]:
     problem = data.find_bad_file([str(path)], cfg.data.sample_shape)
     if problem:
         raise InputError(problem)
-    ds = data.make_dataset([str(path)], cfg.data.sample_shape, batch_size=1, training=False,
-                           compression=data.detect_compression(str(path)), parallelism=1, prefetch=1)
+    ds = data.make_dataset(
+        [str(path)],
+        cfg.data.sample_shape,
+        batch_size=1,
+        training=False,
+        compression=data.detect_compression(str(path)),
+        parallelism=1,
+        prefetch=1,
+    )
     transform = data.TRANSFORMS[cfg.data.transform]
     xs, ys = zip(*((transform(x).numpy()[0], y.numpy()[0]) for x, y in ds))
     return np.stack(xs), np.stack(ys)
@@ -66,8 +74,9 @@ def read_samples(path, cfg: CosmoFlowConfig) -> tuple[np.ndarray, np.ndarray]:
 
 def predict(model, x: np.ndarray, batch_size: int = 4) -> np.ndarray:
     """Inference mode: dropout off."""
-    return np.concatenate([model(x[i:i + batch_size], training=False).numpy()
-                           for i in range(0, len(x), batch_size)])
+    return np.concatenate(
+        [model(x[i : i + batch_size], training=False).numpy() for i in range(0, len(x), batch_size)]
+    )
 
 
 def file_stem(path) -> str:
@@ -75,7 +84,7 @@ def file_stem(path) -> str:
     name = Path(path).name
     for suffix in sorted(data.SUFFIXES, key=len, reverse=True):
         if name.endswith(suffix):
-            return name[:-len(suffix)]
+            return name[: -len(suffix)]
     return Path(path).stem
 
 
@@ -86,9 +95,12 @@ def run(checkpoint, sample_file, out_dir=".", config_path=None) -> dict:
     predictions = predict(model, x)
     errors = np.abs(predictions - targets)
     report = {
-        "checkpoint": str(Path(checkpoint).resolve()), "file": str(Path(sample_file).resolve()),
-        "samples": [{"prediction": p.tolist(), "target": t.tolist(), "mae": float(e.mean())}
-                    for p, t, e in zip(predictions, targets, errors)],
+        "checkpoint": str(Path(checkpoint).resolve()),
+        "file": str(Path(sample_file).resolve()),
+        "samples": [
+            {"prediction": p.tolist(), "target": t.tolist(), "mae": float(e.mean())}
+            for p, t, e in zip(predictions, targets, errors)
+        ],
         "mae": float(errors.mean()),
     }
     out_dir = Path(out_dir)
@@ -103,18 +115,31 @@ def _print_report(report: dict) -> None:
         return " ".join(f"{v:+.4f}" for v in values)
 
     for i, s in enumerate(report["samples"]):
-        print(f"sample {i}: predicted {fmt(s['prediction'])}   target {fmt(s['target'])}   MAE {s['mae']:.4f}")
-    print(f"MAE over {len(report['samples'])} sample(s): {report['mae']:.4f}; written to {report['output']}")
+        print(
+            f"sample {i}: predicted {fmt(s['prediction'])}   target {fmt(s['target'])}   MAE {s['mae']:.4f}"
+        )
+    print(
+        f"MAE over {len(report['samples'])} sample(s): {report['mae']:.4f}; written to {report['output']}"
+    )
 
 
 @tool_main()
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cosmoflow.predict",
-                                     description="Predict the cosmological parameters of a TFRecord file's samples.")
-    parser.add_argument("checkpoint", help="training checkpoint folder (run/checkpoints/step-NNNNNNNNNN) or import folder")
+    parser = argparse.ArgumentParser(
+        prog="python -m cosmoflow.predict",
+        description="Predict the cosmological parameters of a TFRecord file's samples.",
+    )
+    parser.add_argument(
+        "checkpoint",
+        help="training checkpoint folder (run/checkpoints/step-NNNNNNNNNN) or import folder",
+    )
     parser.add_argument("sample", help="TFRecord file in the public CosmoFlow layout (gzip or not)")
-    parser.add_argument("--out", default=".", help="folder for <file stem>.prediction.json (default: .)")
-    parser.add_argument("--config", help="config of the model (default: the checkpoint's run config.yaml)")
+    parser.add_argument(
+        "--out", default=".", help="folder for <file stem>.prediction.json (default: .)"
+    )
+    parser.add_argument(
+        "--config", help="config of the model (default: the checkpoint's run config.yaml)"
+    )
     args = parser.parse_args(argv)
     report = run(args.checkpoint, args.sample, args.out, args.config)
     _print_report(report)

@@ -27,12 +27,16 @@ def split_universe(full: np.ndarray, sub: int):
     """Yields the sub-volumes of a (N, N, N, C) array, in C order of their corners."""
     n = full.shape[0]
     if full.ndim != 4 or full.shape[:3] != (n, n, n) or n % sub:
-        raise ValueError(f"'full' has shape {full.shape}: expected (N, N, N, C) with N divisible by {sub}")
+        raise ValueError(
+            f"'full' has shape {full.shape}: expected (N, N, N, C) with N divisible by {sub}"
+        )
     k = n // sub
     for i in range(k):
         for j in range(k):
             for m in range(k):
-                yield full[i * sub:(i + 1) * sub, j * sub:(j + 1) * sub, m * sub:(m + 1) * sub]
+                yield full[
+                    i * sub : (i + 1) * sub, j * sub : (j + 1) * sub, m * sub : (m + 1) * sub
+                ]
 
 
 def assign_split(name: str, valid_fraction: float) -> str:
@@ -44,6 +48,7 @@ def _prepare_one(job):
     import h5py
 
     from cosmoflow.records import encode_example, write_record_file
+
     path, out_dir, sub, gzip = job
     try:
         with h5py.File(path, "r") as f:
@@ -66,8 +71,15 @@ def _prepare_one(job):
     return path, count, None
 
 
-def prepare(input_dir, output_dir, sub: int = 128, valid_fraction: float = 0.1, gzip: bool = True,
-            workers: int = 0, progress=None) -> dict:
+def prepare(
+    input_dir,
+    output_dir,
+    sub: int = 128,
+    valid_fraction: float = 0.1,
+    gzip: bool = True,
+    workers: int = 0,
+    progress=None,
+) -> dict:
     """Converts every *.h5/*.hdf5 in input_dir; returns {'train': n, 'validation': n}.
 
     `progress`: None prints on stdout (a bar on a terminal, else a line every
@@ -87,8 +99,10 @@ def prepare(input_dir, output_dir, sub: int = 128, valid_fraction: float = 0.1, 
         jobs.append((path, str(split_dir), sub, gzip))
     counts = {"train": 0, "validation": 0}
     workers = workers or min(len(os.sched_getaffinity(0)), len(jobs))
-    with multiprocessing.get_context("spawn").Pool(workers) as pool, \
-            Progress("prepare", len(jobs), unit="universes", stream=progress_stream(progress)) as bar:
+    with (
+        multiprocessing.get_context("spawn").Pool(workers) as pool,
+        Progress("prepare", len(jobs), unit="universes", stream=progress_stream(progress)) as bar,
+    ):
         for done, (path, n, error) in enumerate(pool.imap_unordered(_prepare_one, jobs), start=1):
             if error:
                 pool.terminate()
@@ -108,10 +122,18 @@ def main(argv=None) -> int:
     parser.add_argument("--no-gzip", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args(argv)
-    counts = prepare(args.input_dir, args.output_dir, args.sub_size, args.valid_fraction,
-                     not args.no_gzip, args.workers)
-    print(f"[prepare] wrote {counts['train']} train and {counts['validation']} validation samples "
-          f"to {args.output_dir}")
+    counts = prepare(
+        args.input_dir,
+        args.output_dir,
+        args.sub_size,
+        args.valid_fraction,
+        not args.no_gzip,
+        args.workers,
+    )
+    print(
+        f"[prepare] wrote {counts['train']} train and {counts['validation']} validation samples "
+        f"to {args.output_dir}"
+    )
     return 0
 
 

@@ -17,7 +17,9 @@ def encode_example(x: np.ndarray, y: np.ndarray) -> bytes:
     x = np.ascontiguousarray(x, dtype=np.int16)
     feature = {
         "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.tobytes()])),
-        "y": tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(y, np.float32).ravel())),
+        "y": tf.train.Feature(
+            float_list=tf.train.FloatList(value=np.asarray(y, np.float32).ravel())
+        ),
     }
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
@@ -30,8 +32,9 @@ def write_record_file(path, examples, gzip: bool, gzip_level: int = -1) -> None:
         the same, only the size and the time to write differ.
     """
     tmp = f"{path}.tmp.{os.getpid()}"
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "",
-                                    compression_level=gzip_level if gzip else None)
+    options = tf.io.TFRecordOptions(
+        compression_type="GZIP" if gzip else "", compression_level=gzip_level if gzip else None
+    )
     with tf.io.TFRecordWriter(tmp, options) as writer:
         for example in examples:
             writer.write(example)

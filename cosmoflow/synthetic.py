@@ -57,7 +57,7 @@ def make_sample(y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarra
     kk = np.sqrt(k[:, None, None] ** 2 + k[None, :, None] ** 2 + kz[None, None, :] ** 2)
     kk[0, 0, 0] = 1.0
     # Power spectrum k^slope with a soft cutoff near the grid scale.
-    amp = kk ** (p["slope"] / 2.0) * np.exp(-(kk / 0.35) ** 2)
+    amp = kk ** (p["slope"] / 2.0) * np.exp(-((kk / 0.35) ** 2))
     amp[0, 0, 0] = 0.0
     noise = rng.standard_normal((size, size, size))
     g = np.fft.irfftn(np.fft.rfftn(noise) * amp, s=(size, size, size), axes=(0, 1, 2))
@@ -67,13 +67,14 @@ def make_sample(y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarra
     out = np.empty((size, size, size, 4), np.int16)
     for c, growth in enumerate(GROWTH):
         sigma = p["amplitude"] * growth
-        density = p["mean_density"] * np.exp(sigma * g - 0.5 * sigma ** 2)
+        density = p["mean_density"] * np.exp(sigma * g - 0.5 * sigma**2)
         out[..., c] = np.minimum(rng.poisson(density), np.iinfo(np.int16).max)
     return out
 
 
 def _write_one(job) -> int:
     from cosmoflow.records import encode_example, write_record_file
+
     path, y, size, seed, gzip = job
     rng = np.random.default_rng(seed)
     x = make_sample(y, size, rng)
@@ -81,8 +82,17 @@ def _write_one(job) -> int:
     return os.path.getsize(path)
 
 
-def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, gzip: bool = True,
-             workers: int = 0, progress=None, target_spread: float = 1.0) -> None:
+def generate(
+    output_dir,
+    size: int,
+    n_train: int,
+    n_valid: int,
+    seed: int = 0,
+    gzip: bool = True,
+    workers: int = 0,
+    progress=None,
+    target_spread: float = 1.0,
+) -> None:
     """Writes DATA/train/*.tfrecord and DATA/validation/*.tfrecord, one sample per file.
 
     Returns at once if `output_dir` already holds a complete data set made with
@@ -91,8 +101,10 @@ def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, g
     """
     if not 0.0 < target_spread <= 1.0:
         raise ValueError(f"target_spread must be in (0, 1], got {target_spread}")
-    spec = dict(size=size, n_train=n_train, n_valid=n_valid, seed=seed, gzip=gzip, version=FORMAT_VERSION)
-    if target_spread != 1.0:   # the sets written before the option keep their marker
+    spec = dict(
+        size=size, n_train=n_train, n_valid=n_valid, seed=seed, gzip=gzip, version=FORMAT_VERSION
+    )
+    if target_spread != 1.0:  # the sets written before the option keep their marker
         spec["target_spread"] = target_spread
     if already_written(output_dir, spec):
         (progress or print)(f"[synthetic] {output_dir} already holds this data set; nothing to do")
@@ -104,28 +116,49 @@ def generate(output_dir, size: int, n_train: int, n_valid: int, seed: int = 0, g
         split_dir.mkdir(parents=True, exist_ok=True)
         ys = rng.uniform(-target_spread, target_spread, size=(count, 4)).astype(np.float32)
         seeds = rng.integers(0, 2**63 - 1, size=count)
-        jobs += [(str(split_dir / f"synth_{split}_{i:07d}.tfrecord"), ys[i], size, int(seeds[i]), gzip)
-                 for i in range(count)]
+        jobs += [
+            (str(split_dir / f"synth_{split}_{i:07d}.tfrecord"), ys[i], size, int(seeds[i]), gzip)
+            for i in range(count)
+        ]
     write_files(output_dir, spec, jobs, _write_one, workers, progress)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--size", type=int, default=128, help="edge of the cubic sub-volume (128 for the real model; 256, 512 for the spatial configs)")
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=128,
+        help="edge of the cubic sub-volume (128 for the real model; 256, 512 for the spatial configs)",
+    )
     parser.add_argument("--n-train", type=int, default=1024)
     parser.add_argument("--n-valid", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-gzip", action="store_true", help="uncompressed records, as the v0.7 data")
+    parser.add_argument(
+        "--no-gzip", action="store_true", help="uncompressed records, as the v0.7 data"
+    )
     parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--target-spread", type=float, default=1.0,
-                        help="parameters drawn from [-S, S] (default 1): 0.1 makes a set whose runs meet the "
-                             "target in their first epoch, for tests that are not about learning")
+    parser.add_argument(
+        "--target-spread",
+        type=float,
+        default=1.0,
+        help="parameters drawn from [-S, S] (default 1): 0.1 makes a set whose runs meet the "
+        "target in their first epoch, for tests that are not about learning",
+    )
     args = parser.parse_args(argv)
     if not 0.0 < args.target_spread <= 1.0:
         parser.error(f"--target-spread must be in (0, 1], got {args.target_spread}")
-    generate(args.output_dir, args.size, args.n_train, args.n_valid, args.seed, not args.no_gzip, args.workers,
-             target_spread=args.target_spread)
+    generate(
+        args.output_dir,
+        args.size,
+        args.n_train,
+        args.n_valid,
+        args.seed,
+        not args.no_gzip,
+        args.workers,
+        target_spread=args.target_spread,
+    )
     return 0
 
 

@@ -1,7 +1,7 @@
 """Train CosmoFlow.
 
-  python cosmoflow/train.py cosmoflow/configs/cosmoflow_synthetic_cpu.yaml --data-dir data/cosmo
-  horovodrun -np 4 python cosmoflow/train.py [CONFIG] ...      # or mpirun / srun
+python cosmoflow/train.py cosmoflow/configs/cosmoflow_synthetic_cpu.yaml --data-dir data/cosmo
+horovodrun -np 4 python cosmoflow/train.py [CONFIG] ...      # or mpirun / srun
 """
 
 import os

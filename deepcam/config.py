@@ -1,13 +1,13 @@
 """DeepCAM configuration: typed sections loaded from configs/*.yaml."""
 
 import dataclasses
-from typing import Literal, Optional
+from typing import Literal
 
-from common.errors import ConfigError
 from common.base_config import BaseConfig, TrainLoopConfig
+from common.errors import ConfigError
 
-N_CHANNELS = 16          # fields per sample in the public data set
-N_CLASSES = 3            # background, tropical cyclone, atmospheric river
+N_CHANNELS = 16  # fields per sample in the public data set
+N_CLASSES = 3  # background, tropical cyclone, atmospheric river
 # What the optimizer section sets for every run (deepcam/task.py passes them): optimizer.name may
 # be any optimizer of common/optimizers.py taking them all. max_grad_norm is LAMB's alone.
 OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay")
@@ -15,7 +15,7 @@ OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "beta_1", "beta_2", "epsilon", "we
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    data_dir: Optional[str] = None        # holds train/, validation/ and stats.h5
+    data_dir: str | None = None  # holds train/, validation/ and stats.h5
     # Samples used; 0 = every file. Training uses a multiple of the ranks (the
     # reference's sampler drops the remainder); validation reads every file once.
     n_train: int = 0
@@ -23,8 +23,8 @@ class DataConfig:
     local_batch_size: int = 2
     height: int = 768
     width: int = 1152
-    channels: tuple[int, ...] = tuple(range(N_CHANNELS))   # which of the 16 fields feed the model
-    readers: int = 4                      # files read concurrently per rank (rounded up to whole batches)
+    channels: tuple[int, ...] = tuple(range(N_CHANNELS))  # which of the 16 fields feed the model
+    readers: int = 4  # files read concurrently per rank (rounded up to whole batches)
     prefetch: int = 2
 
 
@@ -36,26 +36,26 @@ class ModelConfig:
     # Scales every channel count (1.0: the reference, 56,454,720 parameters
     # at 16 inputs); smaller for CPU runs. The architecture stays the same.
     width: float = 1.0
-    middle_blocks: int = 16               # Xception middle-flow blocks (16 in the reference)
+    middle_blocks: int = 16  # Xception middle-flow blocks (16 in the reference)
 
 
 @dataclasses.dataclass(frozen=True)
 class LRScheduleConfig:
     type: Literal["multistep", "cosine_annealing"] = "multistep"
-    milestones: tuple[int, ...] = ()      # in optimizer steps after warmup
+    milestones: tuple[int, ...] = ()  # in optimizer steps after warmup
     decay_rate: float = 0.1
-    t_max: int = 1000                     # cosine period in steps
+    t_max: int = 1000  # cosine period in steps
     eta_min: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    name: str = "LAMB"                    # any optimizer taking OPTIMIZER_HYPERPARAMETERS
+    name: str = "LAMB"  # any optimizer taking OPTIMIZER_HYPERPARAMETERS
     start_lr: float = 0.0055
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
     weight_decay: float = 0.01
-    max_grad_norm: float = 1.0            # LAMB's global gradient-norm clip
+    max_grad_norm: float = 1.0  # LAMB's global gradient-norm clip
     lr_warmup_steps: int = 400
     lr_warmup_factor: float = 1.0
     lr_schedule: LRScheduleConfig = LRScheduleConfig(milestones=(800,))
@@ -73,45 +73,65 @@ class DeepCAMConfig(BaseConfig):
     def validate(self) -> None:
         super().validate()
         d, m, o = self.data, self.model, self.optimizer
-        from common import optimizers   # here, not at the top: the optimizer table imports TensorFlow
+        from common import (
+            optimizers,  # here, not at the top: the optimizer table imports TensorFlow
+        )
+
         optimizers.check_name(o.name, OPTIMIZER_HYPERPARAMETERS)
         if not d.data_dir:
             raise ConfigError("config key 'data.data_dir' is not set (use --data_dir_prefix)")
         bad = [c for c in d.channels if not 0 <= c < N_CHANNELS]
         if bad or not d.channels or len(set(d.channels)) != len(d.channels):
-            raise ConfigError(f"config key 'data.channels' must list distinct fields in 0..{N_CHANNELS - 1}, "
-                              f"got {list(d.channels)}")
+            raise ConfigError(
+                f"config key 'data.channels' must list distinct fields in 0..{N_CHANNELS - 1}, "
+                f"got {list(d.channels)}"
+            )
         if d.height % m.output_stride or d.width % m.output_stride:
-            raise ConfigError(f"config keys 'data.height'/'data.width' ({d.height}x{d.width}) must be "
-                              f"multiples of the output stride {m.output_stride}")
+            raise ConfigError(
+                f"config keys 'data.height'/'data.width' ({d.height}x{d.width}) must be "
+                f"multiples of the output stride {m.output_stride}"
+            )
         check_height_split(self)
         if not 0 < m.width <= 4:
             raise ConfigError(f"config key 'model.width' must be in (0, 4], got {m.width}")
-        for key, value in (("data.local_batch_size", d.local_batch_size), ("data.readers", d.readers),
-                           ("model.batchnorm_group_size", m.batchnorm_group_size),
-                           ("train.n_epochs", self.train.n_epochs),
-                           ("train.gradient_accumulation_frequency", self.train.gradient_accumulation_frequency),
-                           ("optimizer.lr_schedule.t_max", o.lr_schedule.t_max)):
+        for key, value in (
+            ("data.local_batch_size", d.local_batch_size),
+            ("data.readers", d.readers),
+            ("model.batchnorm_group_size", m.batchnorm_group_size),
+            ("train.n_epochs", self.train.n_epochs),
+            ("train.gradient_accumulation_frequency", self.train.gradient_accumulation_frequency),
+            ("optimizer.lr_schedule.t_max", o.lr_schedule.t_max),
+        ):
             if value <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {value}")
         if d.n_train < 0 or d.n_valid < 0:
-            raise ConfigError("config keys 'data.n_train'/'data.n_valid' must be >= 0 (0: all files)")
+            raise ConfigError(
+                "config keys 'data.n_train'/'data.n_valid' must be >= 0 (0: all files)"
+            )
         if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
-            raise ConfigError(f"config key 'optimizer.betas' must be two values in [0, 1), got {list(o.betas)}")
+            raise ConfigError(
+                f"config key 'optimizer.betas' must be two values in [0, 1), got {list(o.betas)}"
+            )
         if self.runtime.xla and m.batchnorm_group_size > 1:
             # Group batch norm allreduces inside the layer, so inside the compiled forward and backward.
             # Horovod 0.28's XLA ops (horovod/tensorflow/xla_mpi_ops.cc) are its allreduce alone, for
             # CUDA only and only with HOROVOD_ENABLE_XLA_OPS=1 when Horovod loads: refused everywhere
             # here, before run_start, rather than failing in the first step.
-            raise ConfigError("config keys 'runtime.xla' and 'model.batchnorm_group_size' > 1 cannot go "
-                              "together: group batch norm's allreduce runs inside the XLA-compiled forward "
-                              "and backward passes, and Horovod compiles no collective on a CPU (on a GPU "
-                              "its allreduce alone, with HOROVOD_ENABLE_XLA_OPS, which this project does not "
-                              "use); drop --xla or keep batchnorm_group_size 1")
+            raise ConfigError(
+                "config keys 'runtime.xla' and 'model.batchnorm_group_size' > 1 cannot go "
+                "together: group batch norm's allreduce runs inside the XLA-compiled forward "
+                "and backward passes, and Horovod compiles no collective on a CPU (on a GPU "
+                "its allreduce alone, with HOROVOD_ENABLE_XLA_OPS, which this project does not "
+                "use); drop --xla or keep batchnorm_group_size 1"
+            )
         if o.lr_warmup_factor < 1.0:
-            raise ConfigError(f"config key 'optimizer.lr_warmup_factor' must be >= 1, got {o.lr_warmup_factor}")
+            raise ConfigError(
+                f"config key 'optimizer.lr_warmup_factor' must be >= 1, got {o.lr_warmup_factor}"
+            )
         if self.train.seed <= 0:
-            raise ConfigError(f"config key 'train.seed' must be positive (MLPerf rule), got {self.train.seed}")
+            raise ConfigError(
+                f"config key 'train.seed' must be positive (MLPerf rule), got {self.train.seed}"
+            )
 
 
 def check_height_split(cfg: DeepCAMConfig) -> None:
@@ -122,8 +142,12 @@ def check_height_split(cfg: DeepCAMConfig) -> None:
         return
     key = f"config key 'parallel.spatial_ranks'={k}"
     if d.height % (k * stride):
-        raise ConfigError(f"{key}: the height {d.height} must be a multiple of {k} x the output stride {stride} "
-                          f"(each rank's rows halve evenly down to stride {stride})")
+        raise ConfigError(
+            f"{key}: the height {d.height} must be a multiple of {k} x the output stride {stride} "
+            f"(each rank's rows halve evenly down to stride {stride})"
+        )
     if cfg.staging.stage_dir:
-        raise ConfigError(f"{key}: staging is not implemented for a height split (the ranks of a group would "
-                          f"write the same staged file); leave staging.stage_dir unset")
+        raise ConfigError(
+            f"{key}: staging is not implemented for a height split (the ranks of a group would "
+            f"write the same staged file); leave staging.stage_dir unset"
+        )

@@ -31,9 +31,9 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
+from common.errors import InputError
 from common.inputs import epochs
 from common.inputs.batch_buffers import BatchBuffers, aligned_empty
-from common.errors import InputError
 from common.inputs.staging_layouts import Conversion, sha256_of
 from deepcam.config import N_CLASSES
 from deepcam.layout import DATA_KEY, LABEL_KEY, RAW_SUFFIX, STATS_FILE
@@ -43,27 +43,35 @@ def load_normalization(data_dir, channels) -> tuple[np.ndarray, np.ndarray]:
     """(shift, scale) per selected channel from DATA/stats.h5: x -> (x - shift) * scale."""
     path = Path(data_dir) / STATS_FILE
     if not path.is_file():
-        raise InputError(f"statistics file not found: {path} (compute it with "
-                         f"python -m deepcam.stats {data_dir})")
+        raise InputError(
+            f"statistics file not found: {path} (compute it with "
+            f"python -m deepcam.stats {data_dir})"
+        )
     try:
         with h5py.File(path, "r") as f:
             lo, hi = f["climate/minval"][...], f["climate/maxval"][...]
     except KeyError as e:
         # h5py raises KeyError for a missing name and for a damaged object header alike.
-        raise InputError(f"{path}: cannot read climate/minval and climate/maxval "
-                         f"({_first_line(e.args[0] if e.args else 'missing')})") from None
+        raise InputError(
+            f"{path}: cannot read climate/minval and climate/maxval "
+            f"({_first_line(e.args[0] if e.args else 'missing')})"
+        ) from None
     except OSError as e:
         raise InputError(f"{path}: unreadable HDF5 file ({_first_line(e)})") from None
     idx = list(channels)
     if lo.shape != hi.shape or lo.ndim != 1 or max(idx) >= lo.shape[0]:
-        raise InputError(f"{path}: climate/minval and climate/maxval must be vectors over the channels, "
-                         f"got shapes {lo.shape} and {hi.shape}")
+        raise InputError(
+            f"{path}: climate/minval and climate/maxval must be vectors over the channels, "
+            f"got shapes {lo.shape} and {hi.shape}"
+        )
     lo, hi = lo[idx].astype(np.float32), hi[idx].astype(np.float32)
     for key, values in (("climate/minval", lo), ("climate/maxval", hi)):
         if not np.isfinite(values).all():
             bad = [c for c, v in zip(idx, values) if not np.isfinite(v)]
-            raise InputError(f"{path}: {key} holds NaN or Inf (channels {bad}); recompute it with "
-                             f"python -m deepcam.stats {data_dir}")
+            raise InputError(
+                f"{path}: {key} holds NaN or Inf (channels {bad}); recompute it with "
+                f"python -m deepcam.stats {data_dir}"
+            )
     # A constant channel would divide by zero; it normalizes to 0 instead.
     span = np.where(hi > lo, hi - lo, 1.0).astype(np.float32)
     return lo, (1.0 / span).astype(np.float32)
@@ -91,9 +99,11 @@ def labels_as_uint8(y, path):
     A label out of range would make the cross-entropy NaN on a GPU (an unnamed op error on a CPU);
     a fractional one (float labels, damaged) would be truncated silently.
     """
-    whole = np.issubdtype(y.dtype, np.integer) or np.array_equal(y, np.round(y))   # no copy for ints
+    whole = np.issubdtype(y.dtype, np.integer) or np.array_equal(y, np.round(y))  # no copy for ints
     if y.size and not (y.min() >= 0 and y.max() < N_CLASSES and whole):
-        raise InputError(f"{path}: {LABEL_KEY} holds values that are not the classes 0..{N_CLASSES - 1}")
+        raise InputError(
+            f"{path}: {LABEL_KEY} holds values that are not the classes 0..{N_CLASSES - 1}"
+        )
     return y.astype(np.uint8, copy=False)
 
 
@@ -128,12 +138,21 @@ def read_fields_into(path, channels, height, width, x_out, y_out, first_row: int
         labels_at = _contiguous_offset(labels)
         if data_at is None:
             if all_channels:
-                data.read_direct(x_out, source_sel=np.s_[rows])   # HDF5 writes straight into the batch
+                data.read_direct(
+                    x_out, source_sel=np.s_[rows]
+                )  # HDF5 writes straight into the batch
             else:
                 x_out[...] = data[rows][..., list(channels)]
         stored = (len(x_out),) + data.shape[1:]
-        row_bytes = (data.shape[1] * data.shape[2] * data.dtype.itemsize, labels.shape[1] * labels.dtype.itemsize)
-        y = labels[rows] if labels_at is None else np.empty((len(x_out),) + labels.shape[1:], labels.dtype)
+        row_bytes = (
+            data.shape[1] * data.shape[2] * data.dtype.itemsize,
+            labels.shape[1] * labels.dtype.itemsize,
+        )
+        y = (
+            labels[rows]
+            if labels_at is None
+            else np.empty((len(x_out),) + labels.shape[1:], labels.dtype)
+        )
     if data_at is not None or labels_at is not None:
         with open(path, "rb", buffering=0) as raw:
             if data_at is not None:
@@ -150,11 +169,18 @@ def _contiguous_offset(dataset) -> int | None:
     """Where `dataset`'s values start in its file when they lie there as numpy holds them: one
     contiguous, allocated block of native-endian numbers, unfiltered and in the file itself; else None."""
     plist = dataset.id.get_create_plist()
-    if (plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count()
-            or dataset.dtype.kind not in "biuf" or not dataset.dtype.isnative
-            or dataset.id.get_storage_size() != dataset.nbytes):
+    if (
+        plist.get_layout() != h5py.h5d.CONTIGUOUS
+        or plist.get_nfilters()
+        or plist.get_external_count()
+        or dataset.dtype.kind not in "biuf"
+        or not dataset.dtype.isnative
+        or dataset.id.get_storage_size() != dataset.nbytes
+    ):
         return None
-    return dataset.id.get_offset()   # from the file's start, a user block included (None if unallocated)
+    return (
+        dataset.id.get_offset()
+    )  # from the file's start, a user block included (None if unallocated)
 
 
 def _read_at(f, offset: int, out: np.ndarray, path) -> None:
@@ -190,11 +216,15 @@ def read_raw_into(path, x_out, y_out, height: int | None = None, first_row: int 
         if size != expected:
             raise InputError(f"{path}: staged raw sample of {size:,} bytes, expected {expected:,}")
         # The fields' rows, then the labels' (after all of the fields).
-        for out, at in ((x_out, first_row * (x_out.nbytes // rows)),
-                        (y_out, x_out.nbytes // rows * height + first_row * (y_out.nbytes // rows))):
+        for out, at in (
+            (x_out, first_row * (x_out.nbytes // rows)),
+            (y_out, x_out.nbytes // rows * height + first_row * (y_out.nbytes // rows)),
+        ):
             f.seek(at)
             if not _readinto(f, out):
-                raise InputError(f"{path}: staged raw sample shorter than {expected:,} bytes while read")
+                raise InputError(
+                    f"{path}: staged raw sample shorter than {expected:,} bytes while read"
+                )
 
 
 def _checked_datasets(f, path, channels, height, width):
@@ -202,13 +232,19 @@ def _checked_datasets(f, path, channels, height, width):
     try:
         data, labels = f[DATA_KEY], f[LABEL_KEY]
     except KeyError as e:
-        raise InputError(f"{path}: cannot read {DATA_KEY} and {LABEL_KEY} "
-                         f"({_first_line(e.args[0] if e.args else 'missing')})") from None
+        raise InputError(
+            f"{path}: cannot read {DATA_KEY} and {LABEL_KEY} "
+            f"({_first_line(e.args[0] if e.args else 'missing')})"
+        ) from None
     if data.ndim != 3 or data.shape[:2] != (height, width) or max(channels) >= data.shape[2]:
-        raise InputError(f"{path}: {DATA_KEY} has shape {data.shape}, expected "
-                         f"({height}, {width}, >{max(channels)}) (height, width, channels)")
+        raise InputError(
+            f"{path}: {DATA_KEY} has shape {data.shape}, expected "
+            f"({height}, {width}, >{max(channels)}) (height, width, channels)"
+        )
     if labels.shape != (height, width):
-        raise InputError(f"{path}: {LABEL_KEY} has shape {labels.shape}, expected ({height}, {width})")
+        raise InputError(
+            f"{path}: {LABEL_KEY} has shape {labels.shape}, expected ({height}, {width})"
+        )
     return data, labels
 
 
@@ -232,15 +268,26 @@ def raw_layout(channels, height, width) -> Conversion:
             y = labels_as_uint8(y, src)
         except InputError as e:
             raise InputError(f"cannot stage {e}") from None
-        except (OSError, RuntimeError, KeyError, ValueError) as e:   # what h5py raises for damaged files
-            raise InputError(f"cannot stage {src}: unreadable HDF5 sample ({_first_line(e)})") from None
+        except (
+            OSError,
+            RuntimeError,
+            KeyError,
+            ValueError,
+        ) as e:  # what h5py raises for damaged files
+            raise InputError(
+                f"cannot stage {src}: unreadable HDF5 sample ({_first_line(e)})"
+            ) from None
         with open(tmp, "wb") as f:
-            f.write(memoryview(np.ascontiguousarray(x, dtype="<f4")))   # no extra 57 MB copy
+            f.write(memoryview(np.ascontiguousarray(x, dtype="<f4")))  # no extra 57 MB copy
             f.write(memoryview(np.ascontiguousarray(y)))
         return digest
 
-    return Conversion(name, write=write, size_hint=lambda src, size: nbytes,
-                      staged_name=lambda n: (n[:-len(".h5")] if n.endswith(".h5") else n) + RAW_SUFFIX)
+    return Conversion(
+        name,
+        write=write,
+        size_hint=lambda src, size: nbytes,
+        staged_name=lambda n: (n[: -len(".h5")] if n.endswith(".h5") else n) + RAW_SUFFIX,
+    )
 
 
 def raw_sample_bytes(n_channels, height, width) -> int:
@@ -269,9 +316,14 @@ def find_bad_file(files, channels, height, width) -> str | None:
             except OSError as e:
                 return f"{path}: unreadable staged sample ({_first_line(e)})"
             if size != expected:
-                return (f"{path}: staged raw sample of {size:,} bytes, expected {expected:,} for "
-                        f"{height}x{width} with {len(channels)} channels")
-            x, y = np.empty((height, width, len(channels)), np.float32), np.empty((height, width), np.uint8)
+                return (
+                    f"{path}: staged raw sample of {size:,} bytes, expected {expected:,} for "
+                    f"{height}x{width} with {len(channels)} channels"
+                )
+            x, y = (
+                np.empty((height, width, len(channels)), np.float32),
+                np.empty((height, width), np.uint8),
+            )
             try:
                 read_raw_into(path, x, y)
             except (OSError, InputError) as e:
@@ -296,9 +348,23 @@ def _non_finite(x, channels) -> str:
     return f"{nan} NaN and {inf} Inf values (channels {bad}, first at height {h}, width {w}, channel {channels[c]})"
 
 
-def make_dataset(files, *, channels, height, width, batch_size, training, seed=0,
-                 readers=4, prefetch=2, cache=False, batches_per_epoch=None,
-                 start: epochs.Position = epochs.Position(), deterministic=False, slab=None) -> tf.data.Dataset:
+def make_dataset(
+    files,
+    *,
+    channels,
+    height,
+    width,
+    batch_size,
+    training,
+    seed=0,
+    readers=4,
+    prefetch=2,
+    cache=False,
+    batches_per_epoch=None,
+    start: epochs.Position = epochs.Position(),
+    deterministic=False,
+    slab=None,
+) -> tf.data.Dataset:
     """Batches of (x [B, H, W, C] float32 as stored, y [B, H, W] uint8) from HDF5 or staged raw files.
 
     x is not normalized: `normalize` does it inside the compiled step.
@@ -320,16 +386,37 @@ def make_dataset(files, *, channels, height, width, batch_size, training, seed=0
         # Samples are kept one by one, so they are read one by one.
         read, read_batches = _sample_reader(raw, channels, rows, width, readers), None
     else:
-        read, read_batches = None, _batch_reader(raw, channels, rows, width, batch_size, readers, prefetch,
-                                                 batch_dim=batch_size if training else None)
+        read, read_batches = (
+            None,
+            _batch_reader(
+                raw,
+                channels,
+                rows,
+                width,
+                batch_size,
+                readers,
+                prefetch,
+                batch_dim=batch_size if training else None,
+            ),
+        )
     if training:
         n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
-        ds = epochs.training_dataset(files, read, read_batches=read_batches, batch_size=batch_size,
-                                     n_batches=n_batches, seed=seed, cache=cache, start=start,
-                                     deterministic=deterministic)
+        ds = epochs.training_dataset(
+            files,
+            read,
+            read_batches=read_batches,
+            batch_size=batch_size,
+            n_batches=n_batches,
+            seed=seed,
+            cache=cache,
+            start=start,
+            deterministic=deterministic,
+        )
     else:
         # dtype given: a rank may hold no validation file, and [] would not be strings.
-        paths = tf.data.Dataset.from_tensor_slices(tf.constant([str(f) for f in files], dtype=tf.string))
+        paths = tf.data.Dataset.from_tensor_slices(
+            tf.constant([str(f) for f in files], dtype=tf.string)
+        )
         if cache:
             ds = read(paths).cache().batch(batch_size)
         else:
@@ -355,10 +442,13 @@ def _batch_reader(raw, channels, rows, width, batch_size, readers, prefetch, bat
     serializes its calls behind one lock, so those reads take turns.
     """
     n_ch = len(channels)
-    in_flight = max(1, -(-readers // batch_size))    # batches being read at once: ~`readers` files
+    in_flight = max(1, -(-readers // batch_size))  # batches being read at once: ~`readers` files
     # Alive at once: the batches being read, those in map's and prefetch's buffers, the one in use.
-    buffers = BatchBuffers([((rows.count, width, n_ch), np.float32), ((rows.count, width), np.uint8)], batch_size,
-                           max_buffers=2 * in_flight + prefetch + 2)
+    buffers = BatchBuffers(
+        [((rows.count, width, n_ch), np.float32), ((rows.count, width), np.uint8)],
+        batch_size,
+        max_buffers=2 * in_flight + prefetch + 2,
+    )
 
     read_into = _file_reader(raw, channels, rows, width)
 
@@ -381,7 +471,9 @@ def _file_reader(raw, channels, rows: _Rows, width):
     """(path, x_out, y_out) -> None: `rows` of one sample file, staged raw or HDF5, read into the arrays given."""
     if raw:
         return lambda path, x_out, y_out: read_raw_into(path, x_out, y_out, rows.height, rows.first)
-    return lambda path, x_out, y_out: read_fields_into(path, channels, rows.height, width, x_out, y_out, rows.first)
+    return lambda path, x_out, y_out: read_fields_into(
+        path, channels, rows.height, width, x_out, y_out, rows.first
+    )
 
 
 def _sample_reader(raw, channels, rows: _Rows, width, readers):
@@ -391,7 +483,10 @@ def _sample_reader(raw, channels, rows: _Rows, width, readers):
 
     def read_one(path):
         # Aligned: TensorFlow takes them without a copy (common.inputs.batch_buffers).
-        x, y = aligned_empty((rows.count, width, n_ch), np.float32), aligned_empty((rows.count, width), np.uint8)
+        x, y = (
+            aligned_empty((rows.count, width, n_ch), np.float32),
+            aligned_empty((rows.count, width), np.uint8),
+        )
         read_into(path.decode(), x, y)
         return x, y
 

@@ -34,21 +34,22 @@ from deepcam.model import TrainableAffine, build_model
 from deepcam.predict import load_model_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
-INPUT_CONV = "xception_features.conv1.weight"   # [32, in_channels, 3, 3]: gives the input count
+INPUT_CONV = "xception_features.conv1.weight"  # [32, in_channels, 3, 3]: gives the input count
 DDP_PREFIX = "module."
 
 # Axis orders from PyTorch's layout to Keras'. A convolution's [out, in, kh, kw]
 # and a transposed convolution's [in, out, kh, kw] both move by the same
 # permutation, to Keras' [kh, kw, in, out] and [kh, kw, out, in].
 CONV_AXES = (2, 3, 1, 0)
-DEPTHWISE_AXES = (2, 3, 0, 1)      # [channels, 1, kh, kw] -> [kh, kw, channels, 1]
+DEPTHWISE_AXES = (2, 3, 0, 1)  # [channels, 1, kh, kw] -> [kh, kw, channels, 1]
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """How one reference tensor becomes one Keras variable."""
-    axes: tuple[int, ...] = ()     # permutation from PyTorch's order to Keras'; () keeps it
-    trailing_ones: int = 0         # PyTorch's extra size-1 dims (TrainableAffine's (C, 1, 1))
+
+    axes: tuple[int, ...] = ()  # permutation from PyTorch's order to Keras'; () keeps it
+    trailing_ones: int = 0  # PyTorch's extra size-1 dims (TrainableAffine's (C, 1, 1))
 
     def reference_shape(self, keras_shape) -> tuple[int, ...]:
         shape = tuple(int(s) for s in keras_shape)
@@ -58,7 +59,7 @@ class Layout:
 
     def to_keras(self, array: np.ndarray) -> np.ndarray:
         if self.trailing_ones:
-            array = array.reshape(array.shape[:-self.trailing_ones])
+            array = array.reshape(array.shape[: -self.trailing_ones])
         return np.transpose(array, self.axes) if self.axes else array
 
 
@@ -77,10 +78,16 @@ def _layer_tensors(layer):
     if isinstance(layer, kl.DepthwiseConv2D):
         return [("weight", layer.depthwise_kernel, DEPTHWISE)]
     if isinstance(layer, kl.Conv2D):
-        return [("weight", layer.kernel, CONV)] + ([("bias", layer.bias, KEEP)] if layer.use_bias else [])
+        return [("weight", layer.kernel, CONV)] + (
+            [("bias", layer.bias, KEEP)] if layer.use_bias else []
+        )
     if isinstance(layer, kl.BatchNormalization):
-        return [("weight", layer.gamma, KEEP), ("bias", layer.beta, KEEP),
-                ("running_mean", layer.moving_mean, KEEP), ("running_var", layer.moving_variance, KEEP)]
+        return [
+            ("weight", layer.gamma, KEEP),
+            ("bias", layer.beta, KEEP),
+            ("running_mean", layer.moving_mean, KEEP),
+            ("running_var", layer.moving_variance, KEEP),
+        ]
     if isinstance(layer, TrainableAffine):
         return [("weights", layer.scale, AFFINE), ("bias", layer.shift, AFFINE)]
     if layer.weights:
@@ -99,8 +106,11 @@ def tensor_map(model) -> dict:
 
 def _ignored(model) -> set:
     """Reference buffers with no Keras counterpart: BatchNorm2d's step counter."""
-    return {f"{layer.name}.num_batches_tracked" for layer in model.layers
-            if isinstance(layer, tf_keras.layers.BatchNormalization)}
+    return {
+        f"{layer.name}.num_batches_tracked"
+        for layer in model.layers
+        if isinstance(layer, tf_keras.layers.BatchNormalization)
+    }
 
 
 def _named(kind: str, names, source) -> InputError:
@@ -126,8 +136,9 @@ def load_state(model, state: dict, source="state dict") -> int:
     for name, (variable, layout) in mapping.items():
         expected = layout.reference_shape(variable.shape)
         if tuple(state[name].shape) != expected:
-            raise InputError(f"{source}: tensor {name} has shape {tuple(state[name].shape)}, "
-                             f"expected {expected}")
+            raise InputError(
+                f"{source}: tensor {name} has shape {tuple(state[name].shape)}, expected {expected}"
+            )
     for name, (variable, layout) in mapping.items():
         variable.assign(layout.to_keras(np.asarray(state[name], np.float32)))
     return len(mapping)
@@ -146,8 +157,10 @@ def read_state_dict(path) -> dict:
             raise InputError(f"{path}: unreadable .npz ({_first_line(e)})") from None
     else:
         state = _read_torch(path)
-    return {name[len(DDP_PREFIX):] if name.startswith(DDP_PREFIX) else name: value
-            for name, value in state.items()}
+    return {
+        name[len(DDP_PREFIX) :] if name.startswith(DDP_PREFIX) else name: value
+        for name, value in state.items()
+    }
 
 
 def _read_torch(path: Path) -> dict:
@@ -158,17 +171,20 @@ def _read_torch(path: Path) -> dict:
             f"{path}: reading a PyTorch file needs torch; or convert it where torch is installed: "
             f"python -c \"import torch, numpy; sd = torch.load('{path.name}', map_location='cpu'); "
             f"sd = sd.get('model', sd); numpy.savez('{path.stem}.npz', "
-            f"**{{k: v.numpy() for k, v in sd.items()}})\"") from None
+            f'**{{k: v.numpy() for k, v in sd.items()}})"'
+        ) from None
     try:
         # weights_only: a checkpoint is data; never run code from a pickle.
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:   # torch raises many kinds (pickle, zip, RuntimeError)
+    except Exception as e:  # torch raises many kinds (pickle, zip, RuntimeError)
         raise InputError(f"{path}: unreadable PyTorch file ({_first_line(e)})") from None
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
-        obj = obj["model"]       # the reference's training checkpoint
+        obj = obj["model"]  # the reference's training checkpoint
     if not isinstance(obj, dict):
         raise InputError(f"{path}: expected a state dict, found {type(obj).__name__}")
-    return {name: value.detach().cpu().numpy() for name, value in obj.items() if torch.is_tensor(value)}
+    return {
+        name: value.detach().cpu().numpy() for name, value in obj.items() if torch.is_tensor(value)
+    }
 
 
 def default_config() -> Path:
@@ -184,21 +200,36 @@ def import_reference(checkpoint, out, config=None, print_fn=print) -> Path:
     config = Path(config) if config else default_config()
     state = read_state_dict(checkpoint)
     if INPUT_CONV not in state or np.ndim(state[INPUT_CONV]) != 4:
-        raise InputError(f"{checkpoint}: missing tensor {INPUT_CONV} (4-D), which gives the input channels")
+        raise InputError(
+            f"{checkpoint}: missing tensor {INPUT_CONV} (4-D), which gives the input channels"
+        )
     in_channels = int(state[INPUT_CONV].shape[1])
     cfg = load_model_config(config)
     if len(cfg.data.channels) != in_channels:
         cfg = load_model_config(config, {"data.channels": list(range(in_channels))})
-    net = build_model(cfg.data.height, cfg.data.width, in_channels, N_CLASSES,
-                      width_multiplier=cfg.model.width, middle_blocks=cfg.model.middle_blocks)
+    net = build_model(
+        cfg.data.height,
+        cfg.data.width,
+        in_channels,
+        N_CLASSES,
+        width_multiplier=cfg.model.width,
+        middle_blocks=cfg.model.middle_blocks,
+    )
     count = load_state(net, state, source=checkpoint)
     out = save_model_weights(net, out)
     dump_config(cfg, out / CONFIG_NAME)
-    record = {"source": str(Path(checkpoint).resolve()), "config": str(config), "tensors": count,
-              "ignored_num_batches_tracked": len(state) - count, "input_channels": in_channels}
+    record = {
+        "source": str(Path(checkpoint).resolve()),
+        "config": str(config),
+        "tensors": count,
+        "ignored_num_batches_tracked": len(state) - count,
+        "input_channels": in_channels,
+    }
     write_text_atomic(out / "import.json", json.dumps(record, indent=1) + "\n")
-    print_fn(f"[import] {count} tensors from {checkpoint} -> {out} ({in_channels} input channels: "
-             f"fields {list(cfg.data.channels)})")
+    print_fn(
+        f"[import] {count} tensors from {checkpoint} -> {out} ({in_channels} input channels: "
+        f"fields {list(cfg.data.channels)})"
+    )
     return out
 
 
@@ -207,8 +238,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="reference state dict: .pt/.pth (needs torch) or .npz")
     parser.add_argument("out", help="checkpoint folder to write")
-    parser.add_argument("--config", help="DeepCAM config with the model's sizes (model.width, "
-                        "model.middle_blocks; default: a closed-division config, the reference's sizes)")
+    parser.add_argument(
+        "--config",
+        help="DeepCAM config with the model's sizes (model.width, "
+        "model.middle_blocks; default: a closed-division config, the reference's sizes)",
+    )
     args = parser.parse_args(argv)
     import_reference(args.checkpoint, args.out, args.config)
     return 0

@@ -26,6 +26,7 @@ from common.inputs.bench_timing import Row, Run
 @dataclasses.dataclass(frozen=True)
 class Options:
     """This benchmark's own flags of bench/input_pipeline.py (--deepcam-height, -width, -batch)."""
+
     height: int = dataclasses.field(default=768, metadata={"help": "sample height"})
     width: int = dataclasses.field(default=1152, metadata={"help": "sample width"})
     batch: int = dataclasses.field(default=2, metadata={"help": "batch of every variant"})
@@ -45,24 +46,38 @@ def variants(run: Run, options: Options) -> list[Row]:
     staged, _ = stage_files(files, run.stage_root / "deepcam", data.raw_layout(channels, h, w))
     sample = f"{h}x{w}x16, batch {batch}"
     out = []
-    for label, paths, former in (("HDF5 through h5py, normalized in numpy (before)", files, former_hdf5_pipeline),
-                                 ("staged raw, read_file + decode_raw, then batched (before)", staged,
-                                  former_raw_pipeline),
-                                 ("HDF5, h5py read_direct into reused batch buffers (before)", files,
-                                  former_hdf5_buffers_pipeline),
-                                 ("HDF5, readinto past h5py into reused batch buffers (unstaged runs)", files, None),
-                                 ("staged raw (staging.convert), readinto reused batch buffers", staged, None)):
+    for label, paths, former in (
+        ("HDF5 through h5py, normalized in numpy (before)", files, former_hdf5_pipeline),
+        ("staged raw, read_file + decode_raw, then batched (before)", staged, former_raw_pipeline),
+        (
+            "HDF5, h5py read_direct into reused batch buffers (before)",
+            files,
+            former_hdf5_buffers_pipeline,
+        ),
+        ("HDF5, readinto past h5py into reused batch buffers (unstaged runs)", files, None),
+        ("staged raw (staging.convert), readinto reused batch buffers", staged, None),
+    ):
         bench_timing.warm_page_cache(paths)
         if former:
             ds = former(paths, data, data_dir, channels, h, w, batch, run.readers)
         else:
-            ds = data.make_dataset(paths, channels=channels, height=h, width=w, batch_size=batch,
-                                   training=True, seed=0, readers=run.readers)
+            ds = data.make_dataset(
+                paths,
+                channels=channels,
+                height=h,
+                width=w,
+                batch_size=batch,
+                training=True,
+                seed=0,
+                readers=run.readers,
+            )
         rates = bench_timing.timings(ds, batch, run.n_batches(batch), run.repeats)
         out.append(Row.of(label, sample, rates, os.path.getsize(paths[0]) / 1e6))
-        if former is former_hdf5_buffers_pipeline:   # why the next row differs: the readers alone
+        if former is former_hdf5_buffers_pipeline:  # why the next row differs: the readers alone
             out += reader_thread_rows(files, data, channels, h, w, run.repeats)
-    out.append(bench_timing.finite_check_row((h, w, len(channels)), (h, w), batch, run.repeats, sample))
+    out.append(
+        bench_timing.finite_check_row((h, w, len(channels)), (h, w), batch, run.repeats, sample)
+    )
     return out
 
 
@@ -77,23 +92,39 @@ def reader_thread_rows(files, data, channels, h, w, repeats) -> list[Row]:
 
     from common.inputs.batch_buffers import aligned_empty
 
-    buffers = [(aligned_empty((h, w, len(channels)), np.float32), aligned_empty((h, w), np.uint8)) for _ in range(2)]
-    readers = (("h5py read_direct", lambda path, x, y: h5py_read_into(path, data, x, y)),
-               ("readinto past h5py", lambda path, x, y: data.read_fields_into(path, channels, h, w, x, y)))
+    buffers = [
+        (aligned_empty((h, w, len(channels)), np.float32), aligned_empty((h, w), np.uint8))
+        for _ in range(2)
+    ]
+    readers = (
+        ("h5py read_direct", lambda path, x, y: h5py_read_into(path, data, x, y)),
+        (
+            "readinto past h5py",
+            lambda path, x, y: data.read_fields_into(path, channels, h, w, x, y),
+        ),
+    )
     out = []
     for name, read_into in readers:
         for threads in (1, 2):
+
             def work(k, threads=threads, read_into=read_into):
                 for path in files[k::threads]:
                     read_into(path, *buffers[k])
+
             rates = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 with ThreadPoolExecutor(threads) as pool:
                     list(pool.map(work, range(threads)))
                 rates.append(len(files) / (time.perf_counter() - start))
-            out.append(Row.of(f"HDF5 files alone, {name}, {threads} reader thread(s)", f"{h}x{w}x16", rates,
-                              os.path.getsize(files[0]) / 1e6))
+            out.append(
+                Row.of(
+                    f"HDF5 files alone, {name}, {threads} reader thread(s)",
+                    f"{h}x{w}x16",
+                    rates,
+                    os.path.getsize(files[0]) / 1e6,
+                )
+            )
     return out
 
 
@@ -103,6 +134,7 @@ def h5py_read_into(path, data, x_out, y_out) -> None:
     import h5py
 
     from deepcam.layout import DATA_KEY, LABEL_KEY
+
     with h5py.File(path, "r") as f:
         f[DATA_KEY].read_direct(x_out)
         y_out[...] = data.labels_as_uint8(f[LABEL_KEY][...], path)
@@ -111,11 +143,16 @@ def h5py_read_into(path, data, x_out, y_out) -> None:
 def former_hdf5_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
     """The reader before staging.convert: h5py in tf.numpy_function, normalized there in numpy."""
     import tensorflow as tf
+
     shift, scale = data.load_normalization(data_dir, channels)
 
     def load(path):
-        x, y = tf.numpy_function(lambda p: data.read_sample(p.decode(), channels, shift, scale, h, w), [path],
-                                 (tf.float32, tf.int32), stateful=False)
+        x, y = tf.numpy_function(
+            lambda p: data.read_sample(p.decode(), channels, shift, scale, h, w),
+            [path],
+            (tf.float32, tf.int32),
+            stateful=False,
+        )
         return tf.ensure_shape(x, (h, w, len(channels))), tf.ensure_shape(y, (h, w))
 
     return per_sample_pipeline(paths, load, batch, readers)
@@ -124,11 +161,14 @@ def former_hdf5_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
 def former_raw_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
     """The staged reader before batch buffers: TensorFlow's own ops a sample at a time, then tf.data's batch."""
     import tensorflow as tf
+
     data_bytes = h * w * len(channels) * 4
 
     def load(path):
         content = tf.io.read_file(path)
-        x = tf.reshape(tf.io.decode_raw(content, tf.float32, fixed_length=data_bytes), (h, w, len(channels)))
+        x = tf.reshape(
+            tf.io.decode_raw(content, tf.float32, fixed_length=data_bytes), (h, w, len(channels))
+        )
         y = tf.io.decode_raw(tf.strings.substr(content, data_bytes, h * w), tf.uint8)
         return x, tf.reshape(y, (h, w))
 
@@ -146,8 +186,11 @@ def former_hdf5_buffers_pipeline(paths, data, data_dir, channels, h, w, batch, r
     from common.inputs.batch_buffers import BatchBuffers
 
     in_flight = max(1, -(-readers // batch))
-    buffers = BatchBuffers([((h, w, len(channels)), np.float32), ((h, w), np.uint8)], batch,
-                           max_buffers=2 * in_flight + 2 + 2)
+    buffers = BatchBuffers(
+        [((h, w, len(channels)), np.float32), ((h, w), np.uint8)],
+        batch,
+        max_buffers=2 * in_flight + 2 + 2,
+    )
 
     def fill(batch_paths):
         x, y = buffers.take(len(batch_paths))
@@ -159,23 +202,44 @@ def former_hdf5_buffers_pipeline(paths, data, data_dir, channels, h, w, batch, r
         x, y = tf.numpy_function(fill, [batch_paths], (tf.float32, tf.uint8), stateful=False)
         return tf.ensure_shape(x, (batch, h, w, len(channels))), tf.ensure_shape(y, (batch, h, w))
 
-    return epochs.training_dataset(paths, read_batches=lambda ds: ds.map(load, num_parallel_calls=in_flight),
-                                   batch_size=batch, n_batches=len(paths) // batch, seed=0,
-                                   deterministic=False).prefetch(2)
+    return epochs.training_dataset(
+        paths,
+        read_batches=lambda ds: ds.map(load, num_parallel_calls=in_flight),
+        batch_size=batch,
+        n_batches=len(paths) // batch,
+        seed=0,
+        deterministic=False,
+    ).prefetch(2)
 
 
 def per_sample_pipeline(paths, load, batch, readers):
     """The former pipelines' shape: `load` a sample at a time, `readers` in flight, then tf.data's batch."""
     from common.inputs import epochs
-    return epochs.training_dataset(paths, lambda ds: ds.map(load, num_parallel_calls=readers), batch_size=batch,
-                                   n_batches=len(paths) // batch, seed=0, deterministic=False).prefetch(2)
+
+    return epochs.training_dataset(
+        paths,
+        lambda ds: ds.map(load, num_parallel_calls=readers),
+        batch_size=batch,
+        n_batches=len(paths) // batch,
+        seed=0,
+        deterministic=False,
+    ).prefetch(2)
 
 
 def one_core_reader(cfg, workdir: Path, n: int):
     """DeepCAM's reader, batch 1, one reader, on n synthetic HDF5 samples of the config's size."""
     from deepcam import data, synthetic
+
     d = cfg.data
     synthetic.generate(workdir, d.height, d.width, n, 1, workers=1, progress=lambda line: None)
     files = sorted(str(p) for p in (workdir / "train").glob("*.h5"))
-    return data.make_dataset(files, channels=d.channels, height=d.height, width=d.width,
-                             batch_size=1, training=False, readers=1, prefetch=1)
+    return data.make_dataset(
+        files,
+        channels=d.channels,
+        height=d.height,
+        width=d.width,
+        batch_size=1,
+        training=False,
+        readers=1,
+        prefetch=1,
+    )

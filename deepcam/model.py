@@ -47,15 +47,15 @@ from tf_keras import layers
 from common import cpu
 from common.parallel.sync_batchnorm import GroupBatchNormalization
 
-if TYPE_CHECKING:   # split runs only: a data-parallel run does not import the split's layers
+if TYPE_CHECKING:  # split runs only: a data-parallel run does not import the split's layers
     from common.parallel.spatial_rows import RowHalo
 
 # PyTorch's BatchNorm2d defaults. Its momentum 0.1 weighs the new batch
 # (running = 0.9 * running + 0.1 * batch); Keras' momentum weighs the old value.
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
-ASPP_RATES = (6, 12, 18)        # output stride 16; the first ASPP branch is a 1x1 convolution
-EXIT_FLOW_DILATION = 2            # exit flow separable convolutions at output stride 16
+ASPP_RATES = (6, 12, 18)  # output stride 16; the first ASPP branch is a 1x1 convolution
+EXIT_FLOW_DILATION = 2  # exit flow separable convolutions at output stride 16
 
 
 class KaimingNormal(tf_keras.initializers.Initializer):
@@ -70,7 +70,9 @@ class KaimingNormal(tf_keras.initializers.Initializer):
         self.fan_in = int(fan_in)
 
     def __call__(self, shape, dtype=None, **kwargs):
-        return tf.random.normal(shape, stddev=math.sqrt(2.0 / self.fan_in), dtype=dtype or tf.float32)
+        return tf.random.normal(
+            shape, stddev=math.sqrt(2.0 / self.fan_in), dtype=dtype or tf.float32
+        )
 
     def get_config(self):
         return {"fan_in": self.fan_in}
@@ -128,8 +130,14 @@ class DilatedConv2D(layers.Conv2D):
     def convolution_op(self, inputs, kernel):
         if not self.direct:
             return super().convolution_op(inputs, kernel)
-        return tf.nn.conv2d(inputs, kernel, strides=list(self.strides), padding=self.padding.upper(),
-                            dilations=list(self.dilation_rate), data_format="NHWC")
+        return tf.nn.conv2d(
+            inputs,
+            kernel,
+            strides=list(self.strides),
+            padding=self.padding.upper(),
+            dilations=list(self.dilation_rate),
+            data_format="NHWC",
+        )
 
     def get_config(self):
         return super().get_config() | {"direct": self.direct}
@@ -139,6 +147,7 @@ class SlabConvolution:
     """Mixin for a Keras convolution layer whose input may be a height slab: with `row_halo` (a
     common.parallel.spatial_rows.RowHalo) its op convolves the slab with that halo ('valid'
     padding), else the input as given. The layer keeps its class's variables and names."""
+
     row_halo: "RowHalo | None" = None
 
     def convolve_slab(self, inputs, kernel, convolve):
@@ -178,8 +187,14 @@ class SlabDepthwiseConv2D(SlabConvolution, layers.DepthwiseConv2D):
         return self.convolve_slab(inputs, self.depthwise_kernel, self._depthwise)
 
     def _depthwise(self, x, kernel):
-        return tf_keras.backend.depthwise_conv2d(x, kernel, strides=self.strides, padding=self.padding,
-                                                 dilation_rate=self.dilation_rate, data_format=self.data_format)
+        return tf_keras.backend.depthwise_conv2d(
+            x,
+            kernel,
+            strides=self.strides,
+            padding=self.padding,
+            dilation_rate=self.dilation_rate,
+            data_format=self.data_format,
+        )
 
 
 def direct_dilation_supported(dtype=tf.float32) -> bool:
@@ -188,7 +203,9 @@ def direct_dilation_supported(dtype=tf.float32) -> bool:
     none), or a GPU."""
     if tf.config.list_logical_devices("GPU"):
         return True
-    return bool(cpu.onednn_enabled()) and (tf.as_dtype(dtype) != tf.bfloat16 or cpu.onednn_runs_bfloat16())
+    return bool(cpu.onednn_enabled()) and (
+        tf.as_dtype(dtype) != tf.bfloat16 or cpu.onednn_runs_bfloat16()
+    )
 
 
 def entry_conv(x, filters: int, name: str, b: "_Builder | None" = None):
@@ -200,8 +217,15 @@ def entry_conv(x, filters: int, name: str, b: "_Builder | None" = None):
     fan_in = 9 * x.shape[-1]
     b = b or _Builder(1.0, None)
     x, halo = b.strided_padding(x, 1, name=f"{name}_pad")
-    return b.conv2d(filters, 3, halo, strides=2, use_bias=False, kernel_initializer=KaimingNormal(fan_in),
-                    name=name)(x)
+    return b.conv2d(
+        filters,
+        3,
+        halo,
+        strides=2,
+        use_bias=False,
+        kernel_initializer=KaimingNormal(fan_in),
+        name=name,
+    )(x)
 
 
 class TorchConvTranspose2D(SlabConvolution, layers.Conv2DTranspose):
@@ -232,8 +256,13 @@ class TorchConvTranspose2D(SlabConvolution, layers.Conv2DTranspose):
         output_shape = tf.stack([batch, 2 * height, 2 * width, self.filters])
         below = self.row_halo.bottom if self.row_halo is not None else 0
         padding = [[0, 0], [1, 1 + below], [1, 1], [0, 0]]
-        outputs = self.convolve_slab(inputs, self.kernel, lambda x, kernel: tf.nn.conv2d_transpose(
-            x, kernel, output_shape, strides=2, padding=padding))
+        outputs = self.convolve_slab(
+            inputs,
+            self.kernel,
+            lambda x, kernel: tf.nn.conv2d_transpose(
+                x, kernel, output_shape, strides=2, padding=padding
+            ),
+        )
         if self.use_bias:
             outputs = tf.nn.bias_add(outputs, self.bias)
         return tf.ensure_shape(outputs, [None, 2 * height, 2 * width, self.filters])
@@ -254,9 +283,16 @@ def transposed_conv(x, filters: int, name: str, dtype=None, b: "_Builder | None"
     halo = None
     if b is not None and b.mesh is not None:
         from common.parallel.spatial_rows import RowHalo
+
         halo = RowHalo(b.mesh, 0, 1)
-    return TorchConvTranspose2D(filters, row_halo=halo, use_bias=False,
-                                kernel_initializer=TorchDefaultUniform(9 * filters), dtype=dtype, name=name)(x)
+    return TorchConvTranspose2D(
+        filters,
+        row_halo=halo,
+        use_bias=False,
+        kernel_initializer=TorchDefaultUniform(9 * filters),
+        dtype=dtype,
+        name=name,
+    )(x)
 
 
 class _Builder:
@@ -266,20 +302,25 @@ class _Builder:
         self.width = width
         self.bn_group = bn_group
         # Built under the run's dtype policy: the layers compute in its dtype.
-        self.direct_dilation = direct_dilation_supported(tf_keras.mixed_precision.global_policy().compute_dtype)
+        self.direct_dilation = direct_dilation_supported(
+            tf_keras.mixed_precision.global_policy().compute_dtype
+        )
         self.mesh = mesh if mesh is not None and mesh.is_split else None
-        self._gathered = {}   # id(tensor) -> (tensor, its gathered whole map): one allgather per map
+        self._gathered = {}  # id(tensor) -> (tensor, its gathered whole map): one allgather per map
 
     def rows_beyond(self, x, top: int, bottom: int, cols: int, name: str):
         """Split runs: (input, RowHalo or None) for a 'valid' layer reading `top` rows above x's slab,
         `bottom` below and `cols` zero columns each side: the slab and the halo its layer takes from
         the neighbours while their slabs hold that many rows, else the window cut from the gathered map."""
         from common.parallel.spatial_rows import GatherRows, RowHalo, RowWindow
+
         if max(top, bottom) <= x.shape[1]:
             return x, RowHalo(self.mesh, top, bottom, cols)
         if id(x) not in self._gathered:
             self._gathered[id(x)] = (x, GatherRows(self.mesh, name=f"{name}_gather")(x))
-        return RowWindow(self.mesh, top, bottom, cols, name=f"{name}_window")(self._gathered[id(x)][1]), None
+        return RowWindow(self.mesh, top, bottom, cols, name=f"{name}_window")(
+            self._gathered[id(x)][1]
+        ), None
 
     def same_padding(self, x, halo: int, name: str):
         """(input, RowHalo or None, padding) for a stride-1 layer padded `halo` on each side: unsplit
@@ -296,11 +337,15 @@ class _Builder:
             return layers.ZeroPadding2D(pad, name=name)(x), None
         return self.rows_beyond(x, pad, pad - 1, pad, name=name)
 
-    def conv2d(self, filters: int, kernel: int, row_halo: "RowHalo | None", dilation: int = 1, **kwargs):
+    def conv2d(
+        self, filters: int, kernel: int, row_halo: "RowHalo | None", dilation: int = 1, **kwargs
+    ):
         """The Conv2D layer: Keras' (DilatedConv2D where dilated) unsplit; SlabConv2D split."""
         direct = dilation != 1 and self.direct_dilation
         if self.mesh is not None:
-            return SlabConv2D(filters, kernel, row_halo=row_halo, dilation_rate=dilation, direct=direct, **kwargs)
+            return SlabConv2D(
+                filters, kernel, row_halo=row_halo, dilation_rate=dilation, direct=direct, **kwargs
+            )
         if dilation != 1:
             return DilatedConv2D(filters, kernel, dilation_rate=dilation, direct=direct, **kwargs)
         return layers.Conv2D(filters, kernel, **kwargs)
@@ -316,6 +361,7 @@ class _Builder:
         if self.mesh is None:
             return layers.GlobalAveragePooling2D(keepdims=True, name=name)(x)
         from common.parallel.spatial_rows import GroupMeanPool
+
         return GroupMeanPool(self.mesh, name=name)(x)
 
     def ch(self, channels: int) -> int:
@@ -332,8 +378,17 @@ class _Builder:
         """Stride-1 convolution; "same" pads odd kernels symmetrically, as PyTorch's padding=dilation*(k-1)/2."""
         fan_in = kernel * kernel * x.shape[-1]
         x, halo, padding = self.same_padding(x, dilation * (kernel // 2), name)
-        return self.conv2d(filters, kernel, halo, dilation, padding=padding, use_bias=use_bias,
-                           kernel_initializer=init(fan_in), bias_initializer=TorchDefaultUniform(fan_in), name=name)(x)
+        return self.conv2d(
+            filters,
+            kernel,
+            halo,
+            dilation,
+            padding=padding,
+            use_bias=use_bias,
+            kernel_initializer=init(fan_in),
+            bias_initializer=TorchDefaultUniform(fan_in),
+            name=name,
+        )(x)
 
     def sep_conv(self, x, filters, name, stride=1, dilation=1):
         """The reference's SeparableConv2d_same: depthwise 3x3 (`.conv1`) then pointwise 1x1, no bias,
@@ -345,13 +400,34 @@ class _Builder:
             x, halo, padding = self.same_padding(x, dilation, f"{name}.conv1")
         else:
             (x, halo), padding = self.strided_padding(x, dilation, name=f"{name}_pad"), "valid"
-        x = self.depthwise(halo, strides=stride, padding=padding, dilation_rate=dilation,
-                           depthwise_initializer=KaimingNormal(9), name=f"{name}.conv1")(x)
-        return layers.Conv2D(filters, 1, use_bias=False, kernel_initializer=KaimingNormal(x.shape[-1]),
-                             name=f"{name}.pointwise")(x)
+        x = self.depthwise(
+            halo,
+            strides=stride,
+            padding=padding,
+            dilation_rate=dilation,
+            depthwise_initializer=KaimingNormal(9),
+            name=f"{name}.conv1",
+        )(x)
+        return layers.Conv2D(
+            filters,
+            1,
+            use_bias=False,
+            kernel_initializer=KaimingNormal(x.shape[-1]),
+            name=f"{name}.pointwise",
+        )(x)
 
-    def block(self, x, filters, reps, name, stride=1, dilation=1, end_with_relu=True, grow_first=True,
-              is_last=False):
+    def block(
+        self,
+        x,
+        filters,
+        reps,
+        name,
+        stride=1,
+        dilation=1,
+        end_with_relu=True,
+        grow_first=True,
+        is_last=False,
+    ):
         """The reference's Xception Block: `rep` holds (sep conv, BN, ReLU) x reps without the last
         ReLU, then a strided separable conv (or one more at stride 1 if last); plus a shortcut,
         projected by a 1x1 conv and BN when the shape changes."""
@@ -363,8 +439,13 @@ class _Builder:
             # PyTorch's); slicing first computes the same and avoids a oneDNN crash in
             # TF 2.15's backward pass of strided 1x1 convolutions on CPU.
             sub = x[:, ::stride, ::stride, :] if stride != 1 else x
-            shortcut = layers.Conv2D(planes, 1, use_bias=False, kernel_initializer=KaimingNormal(inplanes),
-                                     name=f"{name}.skip")(sub)
+            shortcut = layers.Conv2D(
+                planes,
+                1,
+                use_bias=False,
+                kernel_initializer=KaimingNormal(inplanes),
+                name=f"{name}.skip",
+            )(sub)
             shortcut = self.bn(shortcut, f"{name}.skipbn")
         widths = ([planes] * reps) if grow_first else ([inplanes] * (reps - 1) + [planes])
         # Indices as in the reference's nn.Sequential: sep conv 3i, BN 3i+1, ReLU 3i+2.
@@ -399,8 +480,15 @@ def _xception(b: _Builder, x, middle_blocks: int):
     for i in range(middle_blocks):
         x = b.block(x, 728, reps=3, name=f"{p}.block{4 + i}")
     # block20 in the reference (16 middle blocks); no ReLU after it.
-    x = b.block(x, 1024, reps=2, end_with_relu=False, grow_first=False, is_last=True,
-                name=f"{p}.block{4 + middle_blocks}")
+    x = b.block(
+        x,
+        1024,
+        reps=2,
+        end_with_relu=False,
+        grow_first=False,
+        is_last=True,
+        name=f"{p}.block{4 + middle_blocks}",
+    )
     for i, filters in enumerate((1536, 1536, 2048), start=3):
         x = b.sep_conv(x, b.ch(filters), dilation=EXIT_FLOW_DILATION, name=f"{p}.conv{i}")
         x = layers.ReLU(name=f"{p}.relu{i}")(b.bn(x, f"{p}.bn{i}"))
@@ -412,8 +500,14 @@ def _bottleneck(b: _Builder, x):
     c = b.ch(256)
     branches = []
     for i, rate in enumerate((1,) + ASPP_RATES, start=1):
-        y = b.conv(x, c, 1 if rate == 1 else 3, dilation=rate, init=KaimingNormal,
-                   name=f"{p}.aspp{i}.atrous_convolution")
+        y = b.conv(
+            x,
+            c,
+            1 if rate == 1 else 3,
+            dilation=rate,
+            init=KaimingNormal,
+            name=f"{p}.aspp{i}.atrous_convolution",
+        )
         branches.append(layers.ReLU(name=f"{p}.aspp{i}.relu")(b.bn(y, f"{p}.aspp{i}.bn")))
     g = f"{p}.global_avg_pool.global_average_pool"
     pooled = b.pooled_mean(x, name=f"{g}.0")
@@ -439,15 +533,26 @@ def _decoder(b: _Builder, x, low_level, n_classes: int):
     for i in (0, 3):
         x = b.conv(x, c, 3, init=TorchDefaultUniform, name=f"{p}.conv1.{i}")
         x = layers.ReLU(name=f"{p}.conv1.{i + 2}")(b.bn(x, f"{p}.conv1.{i + 1}"))
-    x = b.conv(x, c, 1, init=TorchDefaultUniform, use_bias=True, name=f"{p}.conv1.6")   # bias, as the reference
+    x = b.conv(
+        x, c, 1, init=TorchDefaultUniform, use_bias=True, name=f"{p}.conv1.6"
+    )  # bias, as the reference
     x = transposed_conv(x, c, name=f"{p}.deconv2.0", b=b)
     x = layers.ReLU(name=f"{p}.deconv2.2")(b.bn(x, f"{p}.deconv2.1"))
     # No bias or batch norm on the last transposed convolution (reference).
     return transposed_conv(x, n_classes, name=f"{p}.last_deconv.0", dtype="float32", b=b)
 
 
-def build_model(height: int, width: int, in_channels: int, n_classes: int = 3, *, width_multiplier: float = 1.0,
-                middle_blocks: int = 16, bn_group=None, mesh=None) -> tf_keras.Model:
+def build_model(
+    height: int,
+    width: int,
+    in_channels: int,
+    n_classes: int = 3,
+    *,
+    width_multiplier: float = 1.0,
+    middle_blocks: int = 16,
+    bn_group=None,
+    mesh=None,
+) -> tf_keras.Model:
     """DeepLabv3+ (output stride 16) mapping [B, H, W, C] fields to [B, H, W, classes] logits (float32).
 
     With a split `mesh`, `height` is the whole sample's and the input (and output) a slab of
@@ -464,5 +569,13 @@ def build_model(height: int, width: int, in_channels: int, n_classes: int = 3, *
 
 def from_config(cfg, bn_group=None, mesh=None) -> tf_keras.Model:
     d, m = cfg.data, cfg.model
-    return build_model(d.height, d.width, len(d.channels), 3, width_multiplier=m.width,
-                       middle_blocks=m.middle_blocks, bn_group=bn_group, mesh=mesh)
+    return build_model(
+        d.height,
+        d.width,
+        len(d.channels),
+        3,
+        width_multiplier=m.width,
+        middle_blocks=m.middle_blocks,
+        bn_group=bn_group,
+        mesh=mesh,
+    )

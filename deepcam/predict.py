@@ -24,8 +24,8 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common.checkpoints.model_weights import find_run_config, restore_model_weights
 from common import config_loading as config_lib
+from common.checkpoints.model_weights import find_run_config, restore_model_weights
 from common.errors import InputError, tool_main
 from deepcam import data, task
 from deepcam.config import N_CLASSES, DeepCAMConfig
@@ -63,9 +63,13 @@ def sample_size(path) -> tuple[int, int]:
     except KeyError:
         raise InputError(f"{path}: missing dataset {DATA_KEY}") from None
     except OSError as e:
-        raise InputError(f"{path}: unreadable HDF5 sample ({' '.join(str(e).split())[:200]})") from None
+        raise InputError(
+            f"{path}: unreadable HDF5 sample ({' '.join(str(e).split())[:200]})"
+        ) from None
     if len(shape) != 3:
-        raise InputError(f"{path}: {DATA_KEY} has shape {shape}, expected (height, width, channels)")
+        raise InputError(
+            f"{path}: {DATA_KEY} has shape {shape}, expected (height, width, channels)"
+        )
     return int(shape[0]), int(shape[1])
 
 
@@ -80,11 +84,19 @@ def predict(checkpoint, sample, out_dir, stats=None, config=None, print_fn=print
     height, width = sample_size(sample)
     stride = cfg.model.output_stride
     if height % stride or width % stride:
-        raise InputError(f"{sample}: size {height}x{width} is not a multiple of the output stride {stride}")
+        raise InputError(
+            f"{sample}: size {height}x{width} is not a multiple of the output stride {stride}"
+        )
     x, labels = data.read_sample(sample, channels, shift, scale, height, width)
 
-    net = build_model(height, width, len(channels), N_CLASSES, width_multiplier=cfg.model.width,
-                      middle_blocks=cfg.model.middle_blocks)
+    net = build_model(
+        height,
+        width,
+        len(channels),
+        N_CLASSES,
+        width_multiplier=cfg.model.width,
+        middle_blocks=cfg.model.middle_blocks,
+    )
     restore_model_weights(net, checkpoint)
     logits = net(tf.constant(x[None]), training=False)[0].numpy().astype(np.float32)
     mask = np.argmax(logits, axis=-1).astype(np.uint8)
@@ -92,32 +104,52 @@ def predict(checkpoint, sample, out_dir, stats=None, config=None, print_fn=print
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"logits": out_dir / "logits.npy", "mask": out_dir / "mask.npy", "image": out_dir / "prediction.png"}
+    paths = {
+        "logits": out_dir / "logits.npy",
+        "mask": out_dir / "mask.npy",
+        "image": out_dir / "prediction.png",
+    }
     np.save(paths["logits"], logits)
     np.save(paths["mask"], mask)
-    plot_prediction(paths["image"], x[..., 0], labels, mask, field_index=channels[0],
-                    title=f"{Path(sample).name}: IoU {iou:.3f}")
-    print_fn(f"[predict] {sample}: IoU {iou:.4f}; logits {paths['logits']}, mask {paths['mask']}, "
-             f"picture {paths['image']}")
+    plot_prediction(
+        paths["image"],
+        x[..., 0],
+        labels,
+        mask,
+        field_index=channels[0],
+        title=f"{Path(sample).name}: IoU {iou:.3f}",
+    )
+    print_fn(
+        f"[predict] {sample}: IoU {iou:.4f}; logits {paths['logits']}, mask {paths['mask']}, "
+        f"picture {paths['image']}"
+    )
     return {**paths, "iou": iou}
 
 
 def plot_prediction(path, field, labels, mask, field_index=0, title="") -> None:
     """Input field, labels and prediction side by side, as a PNG."""
     from matplotlib.colors import ListedColormap
-    from matplotlib.figure import Figure   # no pyplot: no display, no global figure state
+    from matplotlib.figure import Figure  # no pyplot: no display, no global figure state
 
     height, width = labels.shape
     fig = Figure(figsize=(15, 15 * height / width / 3 + 0.8), layout="constrained")
     axes = fig.subplots(1, 3)
     classes = ListedColormap(CLASS_COLORS)
     legend = ", ".join(f"{name} {color}" for name, color in zip(CLASS_NAMES[1:], CLASS_COLORS[1:]))
-    panels = ((field, "viridis", f"field {field_index} (normalized)"), (labels, classes, f"labels ({legend})"),
-              (mask, classes, "prediction"))
+    panels = (
+        (field, "viridis", f"field {field_index} (normalized)"),
+        (labels, classes, f"labels ({legend})"),
+        (mask, classes, "prediction"),
+    )
     for ax, (image, cmap, name) in zip(axes, panels):
         is_classes = cmap is classes
-        ax.imshow(image, cmap=cmap, vmin=0 if is_classes else None, vmax=len(CLASS_COLORS) - 1 if is_classes
-                  else None, interpolation="nearest")
+        ax.imshow(
+            image,
+            cmap=cmap,
+            vmin=0 if is_classes else None,
+            vmax=len(CLASS_COLORS) - 1 if is_classes else None,
+            interpolation="nearest",
+        )
         ax.set_title(name)
         ax.set_axis_off()
     fig.suptitle(title)
@@ -127,11 +159,20 @@ def plot_prediction(path, field, labels, mask, field_index=0, title="") -> None:
 @tool_main()
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="checkpoint folder (training's step-NNNNNNNNNN or an import)")
-    parser.add_argument("sample", help="sample file in the public layout (climate/data, climate/labels_0)")
-    parser.add_argument("--out", required=True, help="folder for logits.npy, mask.npy, prediction.png")
-    parser.add_argument("--stats", help=f"{STATS_FILE} (default: the config's data directory's, else the one "
-                        "in the folder above the sample's)")
+    parser.add_argument(
+        "checkpoint", help="checkpoint folder (training's step-NNNNNNNNNN or an import)"
+    )
+    parser.add_argument(
+        "sample", help="sample file in the public layout (climate/data, climate/labels_0)"
+    )
+    parser.add_argument(
+        "--out", required=True, help="folder for logits.npy, mask.npy, prediction.png"
+    )
+    parser.add_argument(
+        "--stats",
+        help=f"{STATS_FILE} (default: the config's data directory's, else the one "
+        "in the folder above the sample's)",
+    )
     parser.add_argument("--config", help="config.yaml (default: the checkpoint's)")
     args = parser.parse_args(argv)
     predict(args.checkpoint, args.sample, args.out, args.stats, args.config)

@@ -18,8 +18,8 @@ import h5py
 import numpy as np
 
 from common.errors import InputError, tool_main
-from common.reporting.progress import Progress, progress_stream
 from common.inputs.sharding import list_files
+from common.reporting.progress import Progress, progress_stream
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES
 
 
@@ -31,19 +31,33 @@ def _partial(files) -> dict:
             with h5py.File(path, "r") as f:
                 x = f[DATA_KEY][...]
         except (OSError, KeyError) as e:
-            raise InputError(f"{path}: cannot read {DATA_KEY} ({' '.join(str(e).split())[:200]})") from None
+            raise InputError(
+                f"{path}: cannot read {DATA_KEY} ({' '.join(str(e).split())[:200]})"
+            ) from None
         if x.ndim != 3:
-            raise InputError(f"{path}: {DATA_KEY} has shape {x.shape}, expected (height, width, channels)")
+            raise InputError(
+                f"{path}: {DATA_KEY} has shape {x.shape}, expected (height, width, channels)"
+            )
         flat = x.reshape(-1, x.shape[-1]).astype(np.float64)
-        part = {"min": flat.min(0), "max": flat.max(0), "sum": flat.sum(0),
-                "sqsum": np.square(flat).sum(0), "count": np.full(flat.shape[1], flat.shape[0], np.float64)}
+        part = {
+            "min": flat.min(0),
+            "max": flat.max(0),
+            "sum": flat.sum(0),
+            "sqsum": np.square(flat).sum(0),
+            "count": np.full(flat.shape[1], flat.shape[0], np.float64),
+        }
         acc = part if acc is None else _combine(acc, part)
     return acc
 
 
 def _combine(a: dict, b: dict) -> dict:
-    return {"min": np.minimum(a["min"], b["min"]), "max": np.maximum(a["max"], b["max"]),
-            "sum": a["sum"] + b["sum"], "sqsum": a["sqsum"] + b["sqsum"], "count": a["count"] + b["count"]}
+    return {
+        "min": np.minimum(a["min"], b["min"]),
+        "max": np.maximum(a["max"], b["max"]),
+        "sum": a["sum"] + b["sum"],
+        "sqsum": a["sqsum"] + b["sqsum"],
+        "count": a["count"] + b["count"],
+    }
 
 
 def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
@@ -60,9 +74,13 @@ def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
     chunksize = max(1, len(files) // (workers * 16))
     start = time.perf_counter()
     total = None
-    with multiprocessing.get_context("spawn").Pool(workers) as pool, \
-            Progress("stats", len(files), unit="files", stream=progress_stream(print_fn)) as bar:
-        for done, part in enumerate(pool.imap_unordered(_partial, [[path] for path in files], chunksize), 1):
+    with (
+        multiprocessing.get_context("spawn").Pool(workers) as pool,
+        Progress("stats", len(files), unit="files", stream=progress_stream(print_fn)) as bar,
+    ):
+        for done, part in enumerate(
+            pool.imap_unordered(_partial, [[path] for path in files], chunksize), 1
+        ):
             total = part if total is None else _combine(total, part)
             bar.update(done)
     mean = total["sum"] / total["count"]
@@ -74,8 +92,10 @@ def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
         g["minval"], g["maxval"] = total["min"], total["max"]
         g["mean"], g["sqmean"], g["count"] = mean, sqmean, total["count"]
     os.replace(tmp, out)
-    (print_fn or print)(f"[stats] {len(files)} files, {len(mean)} channels -> {out} "
-                        f"({time.perf_counter() - start:.1f} s)")
+    (print_fn or print)(
+        f"[stats] {len(files)} files, {len(mean)} channels -> {out} "
+        f"({time.perf_counter() - start:.1f} s)"
+    )
     return out
 
 
@@ -83,7 +103,9 @@ def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", help="directory holding train/")
-    parser.add_argument("--workers", type=int, default=0, help="processes (default: cores, at most 16)")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="processes (default: cores, at most 16)"
+    )
     args = parser.parse_args(argv)
     compute_stats(args.data_dir, args.workers)
     return 0

@@ -35,7 +35,7 @@ from deepcam.stats import compute_stats
 
 FORMAT_VERSION = 1
 REAL_FRACTIONS = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
-EVENTS_PER_SAMPLE = 1.5          # mean number of cyclones, and of rivers, per sample
+EVENTS_PER_SAMPLE = 1.5  # mean number of cyclones, and of rivers, per sample
 CYCLONE_CHANNELS = {0: -3.0, 1: 3.0}
 RIVER_CHANNELS = {3: 3.0, 4: 2.0}
 
@@ -43,7 +43,9 @@ RIVER_CHANNELS = {3: 3.0, 4: 2.0}
 def _channel_units(seed: int = 1234):
     """Fixed per-channel offset and scale (the fields' physical units)."""
     rng = np.random.default_rng(seed)
-    return rng.uniform(-50, 300, N_CHANNELS).astype(np.float32), 10 ** rng.uniform(-1, 2, N_CHANNELS)
+    return rng.uniform(-50, 300, N_CHANNELS).astype(np.float32), 10 ** rng.uniform(
+        -1, 2, N_CHANNELS
+    )
 
 
 def _smooth_field(rng, height, width, n_waves=6):
@@ -56,7 +58,9 @@ def _smooth_field(rng, height, width, n_waves=6):
         angle, phase = rng.uniform(0, 2 * np.pi, 2)
         ky, kx = k * np.sin(angle), k * np.cos(angle)
         # sin(a + b) = sin a cos b + cos a sin b keeps it to outer products.
-        field += (np.sin(kx * x + phase) * np.cos(ky * y) + np.cos(kx * x + phase) * np.sin(ky * y)) / np.sqrt(n_waves)
+        field += (
+            np.sin(kx * x + phase) * np.cos(ky * y) + np.cos(kx * x + phase) * np.sin(ky * y)
+        ) / np.sqrt(n_waves)
     return field
 
 
@@ -83,14 +87,19 @@ def make_sample(rng, height, width, cyclone_fraction, river_fraction):
     radius, half_width, length = event_sizes(height, width, cyclone_fraction, river_fraction)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
 
-    for _ in range(rng.poisson(EVENTS_PER_SAMPLE)):           # rivers first: cyclones win overlaps
+    for _ in range(rng.poisson(EVENTS_PER_SAMPLE)):  # rivers first: cyclones win overlaps
         x0, y0 = rng.uniform(0, width), rng.uniform(0, height)
         theta = rng.uniform(-0.6, 0.6) + (np.pi if rng.random() < 0.5 else 0.0)
         along = (xx - x0) * np.cos(theta) + (yy - y0) * np.sin(theta)
         across = -(xx - x0) * np.sin(theta) + (yy - y0) * np.cos(theta)
-        wiggle = rng.uniform(0, 2 * half_width) * np.sin(2 * np.pi * along / max(length, 1) + rng.uniform(0, 6.3))
-        shape = (_edge(half_width - np.abs(across - wiggle), 0.3) * _edge(along, 0.3)
-                 * _edge(length - along, 0.3))
+        wiggle = rng.uniform(0, 2 * half_width) * np.sin(
+            2 * np.pi * along / max(length, 1) + rng.uniform(0, 6.3)
+        )
+        shape = (
+            _edge(half_width - np.abs(across - wiggle), 0.3)
+            * _edge(along, 0.3)
+            * _edge(length - along, 0.3)
+        )
         for c, amp in RIVER_CHANNELS.items():
             fields[..., c] += amp * shape
         labels[shape > 0.5] = 2
@@ -116,21 +125,41 @@ def write_sample(path, fields, labels, label_dtype="float32") -> int:
 
 def _write_one(job) -> int:
     path, height, width, seed, cyclone_fraction, river_fraction, label_dtype = job
-    fields, labels = make_sample(np.random.default_rng(seed), height, width, cyclone_fraction, river_fraction)
+    fields, labels = make_sample(
+        np.random.default_rng(seed), height, width, cyclone_fraction, river_fraction
+    )
     return write_sample(path, fields, labels, label_dtype)
 
 
-def generate(output_dir, height: int, width: int, n_train: int, n_valid: int, seed: int = 0,
-             cyclone_fraction: float = REAL_FRACTIONS[1], river_fraction: float = REAL_FRACTIONS[2],
-             label_dtype: str = "float32", workers: int = 0, progress=None) -> None:
+def generate(
+    output_dir,
+    height: int,
+    width: int,
+    n_train: int,
+    n_valid: int,
+    seed: int = 0,
+    cyclone_fraction: float = REAL_FRACTIONS[1],
+    river_fraction: float = REAL_FRACTIONS[2],
+    label_dtype: str = "float32",
+    workers: int = 0,
+    progress=None,
+) -> None:
     """Writes DATA/train/*.h5, DATA/validation/*.h5 and DATA/stats.h5 (idempotent).
 
     `progress`: None prints on stdout (a bar on a terminal), a function of one
     line gets the lines instead.
     """
-    spec = dict(height=height, width=width, n_train=n_train, n_valid=n_valid, seed=seed,
-                cyclone_fraction=cyclone_fraction, river_fraction=river_fraction, label_dtype=label_dtype,
-                version=FORMAT_VERSION)
+    spec = dict(
+        height=height,
+        width=width,
+        n_train=n_train,
+        n_valid=n_valid,
+        seed=seed,
+        cyclone_fraction=cyclone_fraction,
+        river_fraction=river_fraction,
+        label_dtype=label_dtype,
+        version=FORMAT_VERSION,
+    )
     stats = Path(output_dir) / STATS_FILE
     if already_written(output_dir, spec) and stats.exists():
         (progress or print)(f"[synthetic] {output_dir} already holds this data set; nothing to do")
@@ -141,10 +170,20 @@ def generate(output_dir, height: int, width: int, n_train: int, n_valid: int, se
         split_dir = Path(output_dir) / split
         split_dir.mkdir(parents=True, exist_ok=True)
         seeds = rng.integers(0, 2**63 - 1, size=count)
-        jobs += [(str(split_dir / f"data-synthetic-{split}-{i:07d}.h5"), height, width, int(seeds[i]),
-                  cyclone_fraction, river_fraction, label_dtype) for i in range(count)]
+        jobs += [
+            (
+                str(split_dir / f"data-synthetic-{split}-{i:07d}.h5"),
+                height,
+                width,
+                int(seeds[i]),
+                cyclone_fraction,
+                river_fraction,
+                label_dtype,
+            )
+            for i in range(count)
+        ]
     if not already_written(output_dir, spec):
-        stats.unlink(missing_ok=True)   # stale once the files change
+        stats.unlink(missing_ok=True)  # stale once the files change
     write_files(output_dir, spec, jobs, _write_one, workers, progress, chunksize=4)
     if not stats.exists():
         compute_stats(output_dir, workers, progress)
@@ -158,15 +197,33 @@ def main(argv=None) -> int:
     parser.add_argument("--n-train", type=int, default=256)
     parser.add_argument("--n-valid", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cyclone-fraction", type=float, default=REAL_FRACTIONS[1],
-                        help="mean fraction of cyclone pixels (real data: 0.00046)")
-    parser.add_argument("--river-fraction", type=float, default=REAL_FRACTIONS[2],
-                        help="mean fraction of river pixels (real data: 0.0133)")
+    parser.add_argument(
+        "--cyclone-fraction",
+        type=float,
+        default=REAL_FRACTIONS[1],
+        help="mean fraction of cyclone pixels (real data: 0.00046)",
+    )
+    parser.add_argument(
+        "--river-fraction",
+        type=float,
+        default=REAL_FRACTIONS[2],
+        help="mean fraction of river pixels (real data: 0.0133)",
+    )
     parser.add_argument("--label-dtype", default="float32", choices=["float32", "int32", "uint8"])
     parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args(argv)
-    generate(args.output_dir, args.height, args.width, args.n_train, args.n_valid, args.seed,
-             args.cyclone_fraction, args.river_fraction, args.label_dtype, args.workers)
+    generate(
+        args.output_dir,
+        args.height,
+        args.width,
+        args.n_train,
+        args.n_valid,
+        args.seed,
+        args.cyclone_fraction,
+        args.river_fraction,
+        args.label_dtype,
+        args.workers,
+    )
     return 0
 
 

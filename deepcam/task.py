@@ -2,14 +2,14 @@
 
 import tensorflow as tf
 
-from common.inputs import epochs
 from common import lr_schedules, optimizers
-from common.errors import InputError
-from common.lr_schedules import StepWarmupSchedule
-from common.inputs.memory import fits_in_memory
 from common.base_config import check_global_batch
 from common.config_loading import peek
+from common.errors import InputError
+from common.inputs import epochs
+from common.inputs.memory import fits_in_memory
 from common.inputs.sharding import list_files, select_and_shard
+from common.lr_schedules import StepWarmupSchedule
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
 from deepcam.config import N_CLASSES, DeepCAMConfig
@@ -18,7 +18,7 @@ from deepcam.layout import SUFFIXES
 # Pixel frequencies of background, cyclone, river in the real training set;
 # the loss weighs class c by f_c^-0.125, as the reference.
 CLASS_FREQUENCIES = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
-CLASS_WEIGHTS = tuple(f ** -0.125 for f in CLASS_FREQUENCIES)
+CLASS_WEIGHTS = tuple(f**-0.125 for f in CLASS_FREQUENCIES)
 
 
 def _words(value: str) -> list[str]:
@@ -34,8 +34,10 @@ def parse_lr_schedule(value: str) -> dict:
         key, sep, val = item.partition("=")
         key = key.strip()
         if not sep or key not in known:
-            raise InputError(f"--lr_schedule: cannot read '{item}' (keys: {', '.join(sorted(known))}; "
-                             f"e.g. type=multistep,milestones=800 1600,decay_rate=0.1)")
+            raise InputError(
+                f"--lr_schedule: cannot read '{item}' (keys: {', '.join(sorted(known))}; "
+                f"e.g. type=multistep,milestones=800 1600,decay_rate=0.1)"
+            )
         val = val.strip().strip("\"'")
         out[f"optimizer.lr_schedule.{key}"] = _words(val) if key == "milestones" else val
     return out
@@ -50,39 +52,97 @@ FLAGS = (
     Flag(("--optimizer",), "optimizer.name", "Adam, AdamW or LAMB"),
     Flag(("--start_lr",), "optimizer.start_lr", "learning rate after warmup"),
     Flag(("--weight_decay",), "optimizer.weight_decay", "weight decay"),
-    Flag(("--optimizer_betas",), "optimizer.betas", "beta1 beta2",
-         parse=lambda v: {"optimizer.betas": _words(v)}),
-    Flag(("--lr_schedule",), "optimizer.lr_schedule", "type=multistep,milestones=...,decay_rate=... "
-         "or type=cosine_annealing,t_max=...,eta_min=...", parse=parse_lr_schedule),
+    Flag(
+        ("--optimizer_betas",),
+        "optimizer.betas",
+        "beta1 beta2",
+        parse=lambda v: {"optimizer.betas": _words(v)},
+    ),
+    Flag(
+        ("--lr_schedule",),
+        "optimizer.lr_schedule",
+        "type=multistep,milestones=...,decay_rate=... "
+        "or type=cosine_annealing,t_max=...,eta_min=...",
+        parse=parse_lr_schedule,
+    ),
     Flag(("--lr_warmup_steps",), "optimizer.lr_warmup_steps", "linear warmup steps"),
     Flag(("--lr_warmup_factor",), "optimizer.lr_warmup_factor", "warmup ends at start_lr x factor"),
-    Flag(("--batchnorm_group_size",), "model.batchnorm_group_size", "ranks sharing batch-norm statistics"),
-    Flag(("--gradient_accumulation_frequency",), "train.gradient_accumulation_frequency",
-         "local batches per optimizer step"),
-    Flag(("--channels",), "data.channels", "input fields, e.g. '0 1 2 10' (default: all 16)",
-         parse=lambda v: {"data.channels": _words(v)}),
+    Flag(
+        ("--batchnorm_group_size",),
+        "model.batchnorm_group_size",
+        "ranks sharing batch-norm statistics",
+    ),
+    Flag(
+        ("--gradient_accumulation_frequency",),
+        "train.gradient_accumulation_frequency",
+        "local batches per optimizer step",
+    ),
+    Flag(
+        ("--channels",),
+        "data.channels",
+        "input fields, e.g. '0 1 2 10' (default: all 16)",
+        parse=lambda v: {"data.channels": _words(v)},
+    ),
     Flag(("--seed",), "train.seed", "random seed (shared by all ranks)"),
     Flag(("--target_iou",), "target_iou", "stop when validation IoU reaches this"),
-    Flag(("--save_frequency",), "train.checkpoint_every", "epochs between checkpoints (0: none); "
-         "the reference counts steps"),
-    Flag(("--checkpoint_steps",), "train.checkpoint_steps", "optimizer steps between checkpoints, "
-         "mid-epoch included (0: none)"),
-    Flag(("--deterministic",), "runtime.deterministic", "op determinism and in-order reading: a resumed run "
-         "ends bitwise equal to an uninterrupted one", is_switch=True),
-    Flag(("--checkpoint",), "train.resume_from", "resume from this checkpoint folder, or start from "
-         "a model-only one (python -m deepcam.import_reference)"),
-    Flag(("--evaluate",), "train.evaluate_only", "evaluate the model once on the validation set "
-         "and stop (with --checkpoint)", is_switch=True),
+    Flag(
+        ("--save_frequency",),
+        "train.checkpoint_every",
+        "epochs between checkpoints (0: none); the reference counts steps",
+    ),
+    Flag(
+        ("--checkpoint_steps",),
+        "train.checkpoint_steps",
+        "optimizer steps between checkpoints, mid-epoch included (0: none)",
+    ),
+    Flag(
+        ("--deterministic",),
+        "runtime.deterministic",
+        "op determinism and in-order reading: a resumed run "
+        "ends bitwise equal to an uninterrupted one",
+        is_switch=True,
+    ),
+    Flag(
+        ("--checkpoint",),
+        "train.resume_from",
+        "resume from this checkpoint folder, or start from "
+        "a model-only one (python -m deepcam.import_reference)",
+    ),
+    Flag(
+        ("--evaluate",),
+        "train.evaluate_only",
+        "evaluate the model once on the validation set and stop (with --checkpoint)",
+        is_switch=True,
+    ),
     Flag(("--stage_dir",), "staging.stage_dir", "node-local directory to stage the data into"),
-    Flag(("--stage_verify",), "staging.verify", "re-stage a file whose SHA-256 changed even under the "
-         "same size and mtime (reads every source on every run)", is_switch=True),
-    Flag(("--amp",), "runtime.amp", "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)", is_switch=True),
+    Flag(
+        ("--stage_verify",),
+        "staging.verify",
+        "re-stage a file whose SHA-256 changed even under the "
+        "same size and mtime (reads every source on every run)",
+        is_switch=True,
+    ),
+    Flag(
+        ("--amp",),
+        "runtime.amp",
+        "mixed precision (fp16 on GPU; bf16 on a CPU with native bf16, else fp32)",
+        is_switch=True,
+    ),
     Flag(("--xla",), "runtime.xla", "XLA-compile forward and backward", is_switch=True),
     Flag(("--resume",), "train.resume", "resume from the newest checkpoint", is_switch=True),
-    Flag(("--spatial_ranks",), "parallel.spatial_ranks", "split every sample along its height across groups of "
-         "this many consecutive ranks (spatial parallelism); the ranks / K groups do data parallelism"),
-    Flag(("--shard_optimizer",), "parallel.shard_optimizer", "with --spatial_ranks: keep the optimizer's slots "
-         "once per spatial group, each variable's on the rank that updates it", is_switch=True),
+    Flag(
+        ("--spatial_ranks",),
+        "parallel.spatial_ranks",
+        "split every sample along its height across groups of "
+        "this many consecutive ranks (spatial parallelism); the ranks / K groups do data parallelism",
+    ),
+    Flag(
+        ("--shard_optimizer",),
+        "parallel.shard_optimizer",
+        "with --spatial_ranks: keep the optimizer's slots "
+        "once per spatial group, each variable's on the rank that updates it",
+        is_switch=True,
+    ),
 )
 
 
@@ -92,20 +152,30 @@ METRIC_NAME = "eval_accuracy"
 
 class DeepCAMTask(Task):
     """DeepCAM: DeepLabv3+ segmentation of climate fields, weighted cross-entropy, validation IoU."""
+
     name = "deepcam"
     metric_name = METRIC_NAME
     config_class = DeepCAMConfig
     flags = FLAGS
 
     def __init__(self, cfg, mesh=None):
-        super().__init__(cfg, mesh)   # a split mesh cuts every sample's height (deepcam.model)
-        self._normalization = None   # (shift, scale) per channel, read from stats.h5 when first traced
+        super().__init__(cfg, mesh)  # a split mesh cuts every sample's height (deepcam.model)
+        self._normalization = (
+            None  # (shift, scale) per channel, read from stats.h5 when first traced
+        )
 
     @classmethod
     def tiny_overrides(cls, cfg) -> dict:
         # Batch 1 on 8 samples, a 1/16-width model with one middle block, no warmup.
-        return {**TINY_LOOP, "data.local_batch_size": 1, "data.n_train": 8, "data.n_valid": 4,
-                "model.width": 0.0625, "model.middle_blocks": 1, "optimizer.lr_warmup_steps": 0}
+        return {
+            **TINY_LOOP,
+            "data.local_batch_size": 1,
+            "data.n_train": 8,
+            "data.n_valid": 4,
+            "model.width": 0.0625,
+            "model.middle_blocks": 1,
+            "optimizer.lr_warmup_steps": 0,
+        }
 
     @property
     def local_batch_size(self) -> int:
@@ -121,24 +191,33 @@ class DeepCAMTask(Task):
         train = list_files(f"{d.data_dir}/train", SUFFIXES)
         valid = list_files(f"{d.data_dir}/validation", SUFFIXES)
         if d.n_train and d.n_train % size:
-            raise InputError(f"data.n_train={d.n_train} is not divisible by the {size} ranks; "
-                             f"use a multiple of {size} (or 0: all files)")
+            raise InputError(
+                f"data.n_train={d.n_train} is not divisible by the {size} ranks; "
+                f"use a multiple of {size} (or 0: all files)"
+            )
         train_set = d.n_train or len(train)
         n_train = train_set // size * size
         per_step = size * d.local_batch_size * accumulation
         if n_train < per_step:
-            raise InputError(f"data.n_train={n_train} is smaller than one global batch ({per_step} samples: "
-                             f"{size} ranks x local batch {d.local_batch_size} x accumulation {accumulation})")
+            raise InputError(
+                f"data.n_train={n_train} is smaller than one global batch ({per_step} samples: "
+                f"{size} ranks x local batch {d.local_batch_size} x accumulation {accumulation})"
+            )
         n_valid = d.n_valid or len(valid)
         # Read with the file lists, before the steps are traced (preprocess_batch uses it): an
         # InputError raised while tracing would reach the user wrapped in autograph's trace.
         self.normalization()
         seed = cfg.train.seed
-        return Shards(train_files=select_and_shard(train, n_train, rank, size, seed, "data.n_train"),
-                      valid_files=select_and_shard(valid, n_valid, rank, size, seed + 1, "data.n_valid",
-                                                   even=False),
-                      n_train=n_train, n_valid=n_valid, local_batch_size=d.local_batch_size,
-                      train_set_size=train_set)
+        return Shards(
+            train_files=select_and_shard(train, n_train, rank, size, seed, "data.n_train"),
+            valid_files=select_and_shard(
+                valid, n_valid, rank, size, seed + 1, "data.n_valid", even=False
+            ),
+            n_train=n_train,
+            n_valid=n_valid,
+            local_batch_size=d.local_batch_size,
+            train_set_size=train_set,
+        )
 
     @property
     def _split(self):
@@ -151,8 +230,10 @@ class DeepCAMTask(Task):
 
     def input_specs(self) -> tuple:
         d = self.cfg.data
-        return (tf.TensorSpec((d.local_batch_size, self._rows(), d.width, len(d.channels)), tf.float32),
-                tf.TensorSpec((d.local_batch_size, self._rows(), d.width), tf.uint8))
+        return (
+            tf.TensorSpec((d.local_batch_size, self._rows(), d.width, len(d.channels)), tf.float32),
+            tf.TensorSpec((d.local_batch_size, self._rows(), d.width), tf.uint8),
+        )
 
     def preprocess_batch(self, x, y):
         # Fields as stored -> (x - min) / (max - min); uint8 labels -> int32 classes.
@@ -170,7 +251,8 @@ class DeepCAMTask(Task):
         # What a rank reads and caches of each sample: its rows.
         d = self.cfg.data
         nbytes = (len(shards.train_files) + len(shards.valid_files)) * data.raw_sample_bytes(
-            len(d.channels), self._rows(), d.width)
+            len(d.channels), self._rows(), d.width
+        )
         cache = {"true": True, "false": False}.get(self.cfg.staging.cache)
         if cache is None:
             cache = fits_in_memory(nbytes, local_size)
@@ -182,16 +264,29 @@ class DeepCAMTask(Task):
         cache = self.input_cache_bytes(shards, local_size) > 0
         # The ranks of a height split read their rows of each sample; they must hold rows of the same
         # sample at each place of a batch, so they read in order (as exact resume does).
-        common = dict(channels=d.channels, height=d.height, width=d.width,
-                      batch_size=d.local_batch_size, readers=d.readers, prefetch=d.prefetch, cache=cache,
-                      slab=(split.index, split.size) if split else None)
-        train = data.make_dataset(shards.train_files, training=True, seed=cfg.train.seed + rank,
-                                  start=start or epochs.Position(),
-                                  deterministic=cfg.runtime.deterministic or split is not None,
-                                  batches_per_epoch=epochs.batches_per_epoch(
-                                      len(shards.train_files), d.local_batch_size,
-                                      cfg.train.gradient_accumulation_frequency),
-                                  **common)
+        common = dict(
+            channels=d.channels,
+            height=d.height,
+            width=d.width,
+            batch_size=d.local_batch_size,
+            readers=d.readers,
+            prefetch=d.prefetch,
+            cache=cache,
+            slab=(split.index, split.size) if split else None,
+        )
+        train = data.make_dataset(
+            shards.train_files,
+            training=True,
+            seed=cfg.train.seed + rank,
+            start=start or epochs.Position(),
+            deterministic=cfg.runtime.deterministic or split is not None,
+            batches_per_epoch=epochs.batches_per_epoch(
+                len(shards.train_files),
+                d.local_batch_size,
+                cfg.train.gradient_accumulation_frequency,
+            ),
+            **common,
+        )
         valid = data.make_dataset(shards.valid_files, training=False, **common)
         return train, valid
 
@@ -213,13 +308,19 @@ class DeepCAMTask(Task):
         # A height split's batch norm sums over its spatial group as well (the trainer's K x group size):
         # its ~150 sequential allreduces a step wait on Horovod's cycle like a batch-norm group's.
         group = peek(cls.config_class, config_path, overrides, "model.batchnorm_group_size") or 1
-        return group * (peek(cls.config_class, config_path, overrides, "parallel.spatial_ranks") or 1)
+        return group * (
+            peek(cls.config_class, config_path, overrides, "parallel.spatial_ranks") or 1
+        )
 
     def build_model(self, bn_group):
         return model.from_config(self.cfg, bn_group, self._split)
 
     def build_losses(self):
-        return weighted_cross_entropy if self._split is None else split_weighted_cross_entropy(self._split)
+        return (
+            weighted_cross_entropy
+            if self._split is None
+            else split_weighted_cross_entropy(self._split)
+        )
 
     def build_metrics(self) -> EvalMetric:
         return mean_iou(self._split)
@@ -228,19 +329,29 @@ class DeepCAMTask(Task):
         # Every layer computes its slab's rows: every gradient is a partial sum over the group.
         if self._split is None:
             return [1.0] * len(model.trainable_variables)
-        from common.parallel.spatial_rows import all_partial_scales   # split runs only
+        from common.parallel.spatial_rows import all_partial_scales  # split runs only
+
         return all_partial_scales(model, self._split)
 
     def describe_split(self, model) -> str:
         return describe_height_split(model, self._split.size, self.cfg.data.height)
 
     def build_optimizer(self, global_batch_size: int, steps_per_epoch: int):
-        del global_batch_size, steps_per_epoch   # DeepCAM's schedule counts steps; no LR scaling rule
+        del (
+            global_batch_size,
+            steps_per_epoch,
+        )  # DeepCAM's schedule counts steps; no LR scaling rule
         o = self.cfg.optimizer
         schedule = build_schedule(self.cfg)
-        optimizer = optimizers.build_optimizer(o.name, learning_rate=schedule, beta_1=o.betas[0], beta_2=o.betas[1],
-                                               epsilon=o.eps, weight_decay=o.weight_decay,
-                                               max_grad_norm=o.max_grad_norm)
+        optimizer = optimizers.build_optimizer(
+            o.name,
+            learning_rate=schedule,
+            beta_1=o.betas[0],
+            beta_2=o.betas[1],
+            epsilon=o.eps,
+            weight_decay=o.weight_decay,
+            max_grad_norm=o.max_grad_norm,
+        )
         return optimizer, schedule
 
     @property
@@ -261,7 +372,11 @@ class DeepCAMTask(Task):
             "opt_weight_decay": o.weight_decay,
         }
         if o.name == "LAMB":
-            keys |= {"opt_bias_correction": True, "opt_grad_averaging": True, "opt_max_grad_norm": o.max_grad_norm}
+            keys |= {
+                "opt_bias_correction": True,
+                "opt_grad_averaging": True,
+                "opt_max_grad_norm": o.max_grad_norm,
+            }
         # The reference logs every key of its --lr_schedule argument, whose
         # decay_rate is there for cosine annealing too (rcps_deepcam.json, batch 128).
         keys |= {"scheduler_type": s.type, "scheduler_decay_rate": s.decay_rate}
@@ -269,17 +384,26 @@ class DeepCAMTask(Task):
             keys |= {"scheduler_milestones": list(s.milestones)}
         else:
             keys |= {"scheduler_t_max": s.t_max, "scheduler_eta_min": s.eta_min}
-        keys |= {"scheduler_lr_warmup_steps": o.lr_warmup_steps,
-                 "scheduler_lr_warmup_factor": o.lr_warmup_factor}
+        keys |= {
+            "scheduler_lr_warmup_steps": o.lr_warmup_steps,
+            "scheduler_lr_warmup_factor": o.lr_warmup_factor,
+        }
         return keys
 
 
 def build_schedule(cfg: DeepCAMConfig) -> StepWarmupSchedule:
     o, s = cfg.optimizer, cfg.optimizer.lr_schedule
-    return lr_schedules.build_schedule("step_warmup", kind=s.type, start_lr=o.start_lr,
-                                       warmup_steps=o.lr_warmup_steps, warmup_factor=o.lr_warmup_factor,
-                                       milestones=s.milestones, decay_rate=s.decay_rate, t_max=s.t_max,
-                                       eta_min=s.eta_min)
+    return lr_schedules.build_schedule(
+        "step_warmup",
+        kind=s.type,
+        start_lr=o.start_lr,
+        warmup_steps=o.lr_warmup_steps,
+        warmup_factor=o.lr_warmup_factor,
+        milestones=s.milestones,
+        decay_rate=s.decay_rate,
+        t_max=s.t_max,
+        eta_min=s.eta_min,
+    )
 
 
 def weighted_cross_entropy(labels, logits):
@@ -297,10 +421,12 @@ def split_weighted_cross_entropy(mesh):
     the trainer's, common.parallel.spatial_rows.all_partial_scales); the value it returns is the
     group's sum, the whole sample's loss, as the unsplit model reports it.
     """
+
     def loss(labels, logits):
         share = weighted_cross_entropy(labels, logits) / mesh.size
         whole = mesh.sum(tf.stop_gradient(share), name="weighted_cross_entropy.allreduce")
         return share + tf.stop_gradient(whole - share)
+
     return loss
 
 
@@ -314,9 +440,9 @@ def per_sample_iou(labels, logits, n_classes: int = N_CLASSES, mesh=None):
     for c in range(n_classes):
         p, t = tf.equal(pred, c), tf.equal(labels, c)
         tp = tf.reduce_sum(tf.cast(p & t, tf.float32), axis=[1, 2])
-        union = tf.reduce_sum(tf.cast(p | t, tf.float32), axis=[1, 2])   # TP + FP + FN
+        union = tf.reduce_sum(tf.cast(p | t, tf.float32), axis=[1, 2])  # TP + FP + FN
         counts.append(tf.stack([tp, union], axis=1))
-    counts = tf.stack(counts, axis=1)   # [B, classes, (TP, union)]; whole numbers, exact in float32
+    counts = tf.stack(counts, axis=1)  # [B, classes, (TP, union)]; whole numbers, exact in float32
     if mesh is not None:
         counts = mesh.sum(counts, name="iou_counts.allreduce")
     tp, union = counts[..., 0], counts[..., 1]
@@ -325,6 +451,7 @@ def per_sample_iou(labels, logits, n_classes: int = N_CLASSES, mesh=None):
 
 def mean_iou(mesh=None) -> EvalMetric:
     """Validation IoU averaged over samples of all ranks (higher is better)."""
+
     def iou_sums(labels, logits):
         scores = per_sample_iou(labels, logits, mesh=mesh)
         return tf.stack([tf.reduce_sum(scores), tf.cast(tf.size(scores), tf.float32)])
@@ -333,15 +460,26 @@ def mean_iou(mesh=None) -> EvalMetric:
         name=METRIC_NAME,
         update=iou_sums,
         finalize=lambda sums: float(sums[0] / sums[1]),
-        lower_is_better=False)
+        lower_is_better=False,
+    )
 
 
 def describe_height_split(net, k: int, height: int) -> str:
     """The [init] line of a height split: the rows per rank and which layers read a gathered map."""
-    from common.parallel.spatial_rows import RowWindow   # split runs only
-    windows = [layer.name.removesuffix("_halo_window") for layer in net.layers if isinstance(layer, RowWindow)]
+    from common.parallel.spatial_rows import RowWindow  # split runs only
+
+    windows = [
+        layer.name.removesuffix("_halo_window")
+        for layer in net.layers
+        if isinstance(layer, RowWindow)
+    ]
     halos = sum(getattr(layer, "row_halo", None) is not None for layer in net.layers)
-    gathered = (f"; from the group's gathered map (halo taller than a slab): {', '.join(windows)}" if windows
-                else "; no layer reads further than a neighbour's slab")
-    return (f"each rank holds {height // k} of every sample's {height} rows (1/{k}); {halos} layers take halo rows "
-            f"from their neighbours{gathered}; batch norm statistics and the image pooling summed over the group")
+    gathered = (
+        f"; from the group's gathered map (halo taller than a slab): {', '.join(windows)}"
+        if windows
+        else "; no layer reads further than a neighbour's slab"
+    )
+    return (
+        f"each rank holds {height // k} of every sample's {height} rows (1/{k}); {halos} layers take halo rows "
+        f"from their neighbours{gathered}; batch norm statistics and the image pooling summed over the group"
+    )

@@ -1,7 +1,7 @@
 """Train DeepCAM.
 
-  python deepcam/train.py deepcam/configs/deepcam_synthetic_cpu.yaml --data_dir_prefix data/deepcam
-  horovodrun -np 4 python deepcam/train.py [CONFIG] ...      # or mpirun / srun
+python deepcam/train.py deepcam/configs/deepcam_synthetic_cpu.yaml --data_dir_prefix data/deepcam
+horovodrun -np 4 python deepcam/train.py [CONFIG] ...      # or mpirun / srun
 """
 
 import os

@@ -45,14 +45,18 @@ TRAIN_FLOPS_FACTOR = 3
 def build_closed_model(bench: str):
     """The closed config (the table's full_model_config) and its full-size Keras model (float32)."""
     # No data is read: the data directory only has to be set for the config to validate.
-    cfg = load_config(benchmarks.config_class(bench), benchmarks.REPO / benchmarks.get(bench).full_model_config,
-                      {"runtime.amp": "false", "data.data_dir": "unused"})
+    cfg = load_config(
+        benchmarks.config_class(bench),
+        benchmarks.REPO / benchmarks.get(bench).full_model_config,
+        {"runtime.amp": "false", "data.data_dir": "unused"},
+    )
     task = benchmarks.task_class(bench)(cfg)
     return cfg, task, task.build_model(None)
 
 
 def profiled_flops(graph) -> int:
     import tensorflow as tf
+
     options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
     return int(tf.compat.v1.profiler.profile(graph=graph, options=options).total_float_ops)
@@ -61,6 +65,7 @@ def profiled_flops(graph) -> int:
 def train_step_graph(model, loss_fn, y_spec):
     """The traced graph of one sample's loss and gradients (no optimizer update)."""
     import tensorflow as tf
+
     x_spec = tf.TensorSpec([1, *model.input_shape[1:]], tf.float32)
 
     def step(x, y):
@@ -74,6 +79,7 @@ def train_step_graph(model, loss_fn, y_spec):
 def ops_without_flop_stats(graph) -> list[str]:
     """Backprop op types in `graph` that TensorFlow's profiler counts as 0 FLOPs."""
     from tensorflow.python.framework import ops
+
     missing = set()
     for op in graph.get_operations():
         if "Backprop" not in op.type:
@@ -88,6 +94,7 @@ def traffic_per_sample(model) -> tuple[int, int]:
     """(activation bytes, weight bytes) of one sample's forward pass in float32 (module docstring)."""
     import numpy as np
     import tensorflow as tf
+
     activations = weights = 0
     for layer in model.layers:
         for tensors in (layer.input, layer.output):
@@ -101,6 +108,7 @@ def traffic_per_sample(model) -> tuple[int, int]:
 def input_samples_per_s_one_core(bench: str, cfg, workdir: Path) -> float:
     """Samples/s the benchmark's reader (the table's one_core_reader) delivers with one tf.data thread."""
     import tensorflow as tf
+
     entry = benchmarks.get(bench)
     n = entry.one_core_reader_samples + 1
     ds = benchmarks.load(entry.one_core_reader)(cfg, workdir, n)
@@ -108,7 +116,7 @@ def input_samples_per_s_one_core(bench: str, cfg, workdir: Path) -> float:
     options.threading.private_threadpool_size = 1
     options.threading.max_intra_op_parallelism = 1
     batches = iter(ds.with_options(options))
-    next(batches)[0].numpy()   # untimed: opening the pipeline
+    next(batches)[0].numpy()  # untimed: opening the pipeline
     start = time.perf_counter()
     for _ in range(n - 1):
         next(batches)[0].numpy()
@@ -118,7 +126,9 @@ def input_samples_per_s_one_core(bench: str, cfg, workdir: Path) -> float:
 def measure(bench: str, with_input_pipeline: bool) -> dict:
     import numpy as np
     import tensorflow as tf
+
     from common.run.characterization import forward_flops_per_sample
+
     entry = benchmarks.get(bench)
     cfg, task, model = build_closed_model(bench)
     shape = tuple(model.input_shape[1:])
@@ -137,7 +147,7 @@ def measure(bench: str, with_input_pipeline: bool) -> dict:
         "flops_per_sample_forward": forward,
         "flops_per_sample_train": TRAIN_FLOPS_FACTOR * forward,
         "flops_method": f"TF profiler float_operation on the traced forward graph of one sample; "
-                        f"training step = {TRAIN_FLOPS_FACTOR}x forward",
+        f"training step = {TRAIN_FLOPS_FACTOR}x forward",
         "profiler_flops_train_step_graph": profiled_flops(graph),
         "train_step_ops_without_flop_stats": ops_without_flop_stats(graph),
         "activation_bytes_per_sample_forward_fp32": activations,
@@ -145,33 +155,49 @@ def measure(bench: str, with_input_pipeline: bool) -> dict:
         "activation_bytes_per_sample_train_fp32": TRAIN_FLOPS_FACTOR * activations,
         "weight_bytes_per_step_train_fp32": TRAIN_FLOPS_FACTOR * weights,
         "traffic_method": "per layer: inputs + outputs once (per sample) and weights once (per step), "
-                          "float32; training = 3x forward (lower bound)",
+        "float32; training = 3x forward (lower bound)",
         "gradient_bytes_fp32": 4 * params,
     }
     if with_input_pipeline and entry.one_core_reader:
         with tempfile.TemporaryDirectory(prefix=f"model_costs_{bench}_") as tmp:
-            out["input_samples_per_s_per_core"] = input_samples_per_s_one_core(bench, cfg, Path(tmp))
-        out["input_method"] = (f"{bench}.data.make_dataset, one tf.data thread, batch 1, "
-                               f"{entry.one_core_reader_samples} synthetic full-size samples timed after 1")
+            out["input_samples_per_s_per_core"] = input_samples_per_s_one_core(
+                bench, cfg, Path(tmp)
+            )
+        out["input_method"] = (
+            f"{bench}.data.make_dataset, one tf.data thread, batch 1, "
+            f"{entry.one_core_reader_samples} synthetic full-size samples timed after 1"
+        )
     return out
 
 
 def machine_record(argv) -> dict:
     import tensorflow as tf
+
     described = cpu.describe()
-    return {"cpu": described["cpu"], "isa": described["isa"], "onednn": described["onednn"],
-            "tensorflow": tf.__version__, "python": platform.python_version(),
-            "date": datetime.date.today().isoformat(),
-            "command": "python -m offline.measure_model_costs " + shlex.join(argv)}
+    return {
+        "cpu": described["cpu"],
+        "isa": described["isa"],
+        "onednn": described["onednn"],
+        "tensorflow": tf.__version__,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "command": "python -m offline.measure_model_costs " + shlex.join(argv),
+    }
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     measurable = benchmarks.names_with("full_model_config")
-    parser.add_argument("--bench", choices=measurable, action="append",
-                        help="benchmark to measure (repeat for several; default: all with a full_model_config)")
-    parser.add_argument("--no-input-pipeline", action="store_true", help="skip the input-pipeline figure")
+    parser.add_argument(
+        "--bench",
+        choices=measurable,
+        action="append",
+        help="benchmark to measure (repeat for several; default: all with a full_model_config)",
+    )
+    parser.add_argument(
+        "--no-input-pipeline", action="store_true", help="skip the input-pipeline figure"
+    )
     parser.add_argument("--out-dir", default=str(OUT_DIR))
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
@@ -182,9 +208,11 @@ def main(argv=None) -> int:
         costs["measured_on"] = machine_record(argv)
         path = out_dir / f"{bench}.json"
         write_text_atomic(path, json.dumps(costs, indent=2) + "\n")
-        print(f"{bench}: {costs['flops_per_sample_train'] / 1e9:.1f} GFLOP/sample (train), "
-              f"{costs['activation_bytes_per_sample_train_fp32'] / 1e9:.2f} GB activations/sample, "
-              f"{costs['parameters']:,} parameters ({time.perf_counter() - start:.0f} s) -> {path}")
+        print(
+            f"{bench}: {costs['flops_per_sample_train'] / 1e9:.1f} GFLOP/sample (train), "
+            f"{costs['activation_bytes_per_sample_train_fp32'] / 1e9:.2f} GB activations/sample, "
+            f"{costs['parameters']:,} parameters ({time.perf_counter() - start:.0f} s) -> {path}"
+        )
     return 0
 
 

@@ -26,9 +26,18 @@ from offline.run_logs import submission_folder
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_command(bench: str, config: Path, run_dir: Path, seed: int, data_dir, ranks: int, extra) -> list:
-    cmd = [sys.executable, str(REPO / benchmarks.get(bench).train_script), str(config),
-           "--set", f"output_dir={run_dir}", "--set", f"train.seed={seed}"]
+def run_command(
+    bench: str, config: Path, run_dir: Path, seed: int, data_dir, ranks: int, extra
+) -> list:
+    cmd = [
+        sys.executable,
+        str(REPO / benchmarks.get(bench).train_script),
+        str(config),
+        "--set",
+        f"output_dir={run_dir}",
+        "--set",
+        f"train.seed={seed}",
+    ]
     if data_dir:
         cmd += ["--set", f"data.data_dir={data_dir}"]
     cmd += list(extra)
@@ -51,15 +60,20 @@ def earlier_results(folder: Path) -> str | None:
 
 def collect(run_dir: Path, folder: Path, index: int, code: int, tag: str) -> None:
     run = run_logs.collect(run_dir, folder, index, code)
-    print(f"[{tag}] run {index}: exit code {code}, {run.name}" + (f" FAILED: {run.failure}" if run.failure else ""),
-          flush=True)
+    print(
+        f"[{tag}] run {index}: exit code {code}, {run.name}"
+        + (f" FAILED: {run.failure}" if run.failure else ""),
+        flush=True,
+    )
 
 
 def run_one(index: int, args, folder: Path) -> int:
     seed = args.seed_base + index
     run_dir = Path(args.output) / "runs" / f"run_{index}"
     fresh_run_dir(run_dir, "result-set")
-    cmd = run_command(args.bench, Path(args.config), run_dir, seed, args.data_dir, args.np, args.extra)
+    cmd = run_command(
+        args.bench, Path(args.config), run_dir, seed, args.data_dir, args.np, args.extra
+    )
     print(f"[result-set] run {index} (seed {seed}): {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     code = subprocess.call(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -73,19 +87,27 @@ def main(argv=None) -> int:
     parser.add_argument("--bench", required=True, choices=benchmarks.names())
     parser.add_argument("--config", required=True)
     parser.add_argument("--data-dir", help="sets data.data_dir")
-    parser.add_argument("--runs", type=int, default=0, help="runs in the set (default: what the rules require)")
+    parser.add_argument(
+        "--runs", type=int, default=0, help="runs in the set (default: what the rules require)"
+    )
     parser.add_argument("--output", required=True)
     parser.add_argument("--seed-base", type=int, default=1, help="run i uses seed seed_base + i")
-    parser.add_argument("--np", type=int, default=1, help="ranks per run (horovodrun over Gloo when > 1)")
+    parser.add_argument(
+        "--np", type=int, default=1, help="ranks per run (horovodrun over Gloo when > 1)"
+    )
     parser.add_argument("--system", help="system name in the submission layout")
-    parser.add_argument("--only", type=int, help="run only this index (SLURM job arrays); no scoring")
+    parser.add_argument(
+        "--only", type=int, help="run only this index (SLURM job arrays); no scoring"
+    )
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- then more train.py flags")
     args = parser.parse_args(argv)
     args.extra = [a for a in args.extra if a != "--"]
     submission_name = benchmarks.get(args.bench).submission_name
     runs = args.runs or scoring.get_result_file_counts(scoring.USAGE)[submission_name]
-    folder = submission_folder(Path(args.output), Path(args.config), args.bench, args.system, args.np)
-    if args.only is not None:   # one task of a job array: the set's folder is shared by design
+    folder = submission_folder(
+        Path(args.output), Path(args.config), args.bench, args.system, args.np
+    )
+    if args.only is not None:  # one task of a job array: the set's folder is shared by design
         return run_one(args.only, args, folder)
     refusal = earlier_results(folder)
     if refusal:

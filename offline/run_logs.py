@@ -37,12 +37,14 @@ from pathlib import Path
 import yaml
 
 from common import benchmarks
+from common.base_config import MLPerfConfig
 from common.errors import ExitCode
 from common.reporting.mlperf_logger import LOG_NAME
-from common.base_config import MLPerfConfig
 
 PARTIAL_NAME = LOG_NAME + ".partial"
-FAILED_SUFFIX = ".failed"       # result_3.txt.failed: the result_*.txt glob of the official tools skips it
+FAILED_SUFFIX = (
+    ".failed"  # result_3.txt.failed: the result_*.txt glob of the official tools skips it
+)
 # train.py's exit status for a run that stopped without reaching the target (common/run/launch.py):
 # the log is complete and is scored as a run that did not converge; any other non-zero status
 # is a run that failed.
@@ -58,6 +60,7 @@ class RunLog:
       path: the log to check; None when the run left none.
       failure: why the run failed whatever its log says; '' when nothing outside the log does.
     """
+
     name: str
     path: Path | None
     failure: str = ""
@@ -83,12 +86,17 @@ def from_run_dir(run_dir) -> RunLog:
     final, partial = run_dir / LOG_NAME, run_dir / PARTIAL_NAME
     if partial.exists():
         earlier = f"; the {LOG_NAME} beside it is an earlier run's" if final.exists() else ""
-        return RunLog(run_dir.name, partial,
-                      f"no run_stop: killed or still running (only {PARTIAL_NAME}{earlier})")
+        return RunLog(
+            run_dir.name,
+            partial,
+            f"no run_stop: killed or still running (only {PARTIAL_NAME}{earlier})",
+        )
     if not final.exists():
         return RunLog(run_dir.name, None, f"no {LOG_NAME} in {run_dir}")
     if not has_run_stop(final):
-        return RunLog(run_dir.name, final, f"{LOG_NAME} has no run_stop: the run failed before it ended")
+        return RunLog(
+            run_dir.name, final, f"{LOG_NAME} has no run_stop: the run failed before it ended"
+        )
     return RunLog(run_dir.name, final)
 
 
@@ -133,12 +141,19 @@ def collect(run_dir, results, index: int, exit_code: int) -> RunLog:
     if reasons:
         marker.write_text("; ".join(reasons) + "\n")
     else:
-        marker.unlink(missing_ok=True)   # a run redone into the same set
+        marker.unlink(missing_ok=True)  # a run redone into the same set
     return RunLog(dest.name, dest, "; ".join(reasons))
 
 
-def submission_folder(output: Path, config: Path, bench: str, system: str | None, ranks: int,
-                      scaling: str = "strong", org: str | None = None) -> Path:
+def submission_folder(
+    output: Path,
+    config: Path,
+    bench: str,
+    system: str | None,
+    ranks: int,
+    scaling: str = "strong",
+    org: str | None = None,
+) -> Path:
     """A set's folder in the submission layout: OUTPUT/<org>/results/<system>/<scaling>/<benchmark>.
 
     Args:
@@ -153,7 +168,9 @@ def submission_folder(output: Path, config: Path, bench: str, system: str | None
     mlperf = (yaml.safe_load(Path(config).read_text()) or {}).get("mlperf", {}) or {}
     org = org or mlperf.get("org", MLPerfConfig.org)
     platform = mlperf.get("platform", MLPerfConfig.platform)
-    system = system or (platform if platform != MLPerfConfig.platform else f"{socket.gethostname()}_{ranks}ranks")
+    system = system or (
+        platform if platform != MLPerfConfig.platform else f"{socket.gethostname()}_{ranks}ranks"
+    )
     return Path(output) / org / "results" / system / scaling / benchmarks.get(bench).submission_name
 
 
@@ -168,35 +185,58 @@ def exit_status(codes) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    prepare = sub.add_parser("prepare", help="move run directories that hold an earlier run's files aside")
+    prepare = sub.add_parser(
+        "prepare", help="move run directories that hold an earlier run's files aside"
+    )
     prepare.add_argument("run_dirs", nargs="+")
     gather = sub.add_parser("collect", help="copy a run's log into the set as result_<index>.txt")
     gather.add_argument("run_dir")
-    gather.add_argument("results", help="the set's folder (<org>/results/<system>/<scaling>/<benchmark>)")
+    gather.add_argument(
+        "results", help="the set's folder (<org>/results/<system>/<scaling>/<benchmark>)"
+    )
     gather.add_argument("index", type=int)
     gather.add_argument("exit_code", type=int, help="the run's exit status")
     folder = sub.add_parser("folder", help="print a set's folder in the submission layout")
     folder.add_argument("output", help="the set's output directory")
     folder.add_argument("config", help="the runs' config (mlperf.org, mlperf.platform)")
     folder.add_argument("bench", choices=benchmarks.names())
-    folder.add_argument("--system", help="system name (default: mlperf.platform, else <host>_<ranks>ranks)")
-    folder.add_argument("--ranks", type=int, default=1, help="ranks of the whole set, for the default system name")
+    folder.add_argument(
+        "--system", help="system name (default: mlperf.platform, else <host>_<ranks>ranks)"
+    )
+    folder.add_argument(
+        "--ranks", type=int, default=1, help="ranks of the whole set, for the default system name"
+    )
     folder.add_argument("--scaling", choices=("strong", "weak"), default="strong")
     folder.add_argument("--org", help="overrides the config's mlperf.org")
     args = parser.parse_args(argv)
     if args.command == "folder":
-        print(submission_folder(Path(args.output), Path(args.config), args.bench, args.system, args.ranks,
-                                args.scaling, args.org))
+        print(
+            submission_folder(
+                Path(args.output),
+                Path(args.config),
+                args.bench,
+                args.system,
+                args.ranks,
+                args.scaling,
+                args.org,
+            )
+        )
         return 0
     if args.command == "prepare":
         for run_dir in args.run_dirs:
             moved = set_aside(run_dir)
             if moved:
-                print(f"[run-logs] {run_dir} held an earlier run's files: moved to {moved}", flush=True)
+                print(
+                    f"[run-logs] {run_dir} held an earlier run's files: moved to {moved}",
+                    flush=True,
+                )
         return 0
     run = collect(args.run_dir, args.results, args.index, args.exit_code)
-    print(f"[run-logs] run {args.index}: {run.path}" + (f" FAILED: {run.failure}" if run.failure else ""),
-          flush=True)
+    print(
+        f"[run-logs] run {args.index}: {run.path}"
+        + (f" FAILED: {run.failure}" if run.failure else ""),
+        flush=True,
+    )
     return 0
 
 

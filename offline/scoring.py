@@ -51,13 +51,23 @@ from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer as summarizer
 
 from common.errors import tool_main
-from offline import run_logs
 from common.reporting.mlperf_logger import RESUMED_KEY
+from offline import run_logs
 
 USAGE = "hpc"
-_LAYOUT = re.compile(r"(?P<org>[^/]+)/results/(?P<system>[^/]+)/(?P<scaling>strong|weak)/(?P<benchmark>[^/]+)$")
-_SET_KEYS = ("submission_benchmark", "submission_division", "submission_org", "submission_platform", "seed",
-             "number_of_nodes", "accelerators_per_node", "global_batch_size")
+_LAYOUT = re.compile(
+    r"(?P<org>[^/]+)/results/(?P<system>[^/]+)/(?P<scaling>strong|weak)/(?P<benchmark>[^/]+)$"
+)
+_SET_KEYS = (
+    "submission_benchmark",
+    "submission_division",
+    "submission_org",
+    "submission_platform",
+    "seed",
+    "number_of_nodes",
+    "accelerators_per_node",
+    "global_batch_size",
+)
 
 
 class RulesetError(ValueError):
@@ -66,15 +76,15 @@ class RulesetError(ValueError):
 
 @dataclasses.dataclass
 class Run:
-    name: str                        # result_3.txt, or the run directory's name
-    file: str                        # the log read; '' when the run left none
+    name: str  # result_3.txt, or the run directory's name
+    file: str  # the log read; '' when the run left none
     passed_checker: bool = False
-    checker: str = "-"               # PASS, FAIL, CRASH (the checker raised), or - (no log)
-    status: str = "missing"          # run_stop status: success / aborted / missing
+    checker: str = "-"  # PASS, FAIL, CRASH (the checker raised), or - (no log)
+    status: str = "missing"  # run_stop status: success / aborted / missing
     minutes: float | None = None
-    epochs: float | None = None      # epoch_num of the last evaluation before run_stop
+    epochs: float | None = None  # epoch_num of the last evaluation before run_stop
     seed: int | None = None
-    problem: str = ""                # why the run does not count, if it does not
+    problem: str = ""  # why the run does not count, if it does not
     start_ms: float | None = None
     stop_ms: float | None = None
 
@@ -90,12 +100,12 @@ class ResultSet:
     required_runs: int
     runs: list
     ruleset: str = "3.0.0"
-    valid: bool = False                      # a result by the rules (see the module docstring)
-    score_minutes: float | None = None       # strong scaling
-    averaged_runs: int | None = None         # how many runs the olympic mean is taken over
+    valid: bool = False  # a result by the rules (see the module docstring)
+    score_minutes: float | None = None  # strong scaling
+    averaged_runs: int | None = None  # how many runs the olympic mean is taken over
     scaling_factor: float = 1.0
     rcp: str = "n/a"
-    number_of_models: int | None = None      # weak scaling
+    number_of_models: int | None = None  # weak scaling
     instance_scale: int | None = None
     time_to_train_all: float | None = None
     models_per_minute: float | None = None
@@ -141,8 +151,9 @@ def check_ruleset(ruleset: str) -> None:
     rules = Path(mlp_compliance.__file__).parent
     if not (rules / f"{USAGE}_{ruleset}" / "common.yaml").exists():
         known = sorted(p.name.split("_", 1)[1] for p in rules.glob(f"{USAGE}_*") if p.is_dir())
-        raise RulesetError(f"unknown ruleset '{ruleset}': mlperf_logging has {USAGE} rules for "
-                           f"{', '.join(known)}")
+        raise RulesetError(
+            f"unknown ruleset '{ruleset}': mlperf_logging has {USAGE} rules for {', '.join(known)}"
+        )
 
 
 def _check(path: Path, ruleset: str) -> tuple[bool, list[str], list]:
@@ -164,9 +175,11 @@ def read_run(entry: run_logs.RunLog, ruleset: str) -> tuple[Run, dict]:
         return run, {}
     try:
         passed, reasons, lines = _check(entry.path, ruleset)
-    except Exception as e:   # the checker broke, which says nothing about the log: report it as such
+    except Exception as e:  # the checker broke, which says nothing about the log: report it as such
         run.checker = "CRASH"
-        run.problem = "; ".join(filter(None, [entry.failure, f"compliance checker crashed: {_one_line(e)}"]))
+        run.problem = "; ".join(
+            filter(None, [entry.failure, f"compliance checker crashed: {_one_line(e)}"])
+        )
         return run, {}
     run.passed_checker, run.checker = passed, "PASS" if passed else "FAIL"
     keys, start, stop, last_epoch, resumed = {}, None, None, None, None
@@ -208,8 +221,12 @@ def _describe(folder: Path, keys: dict, default_system: str):
     match = _LAYOUT.search(folder.resolve().as_posix())
     if match:
         return match["org"], match["system"], match["scaling"], match["benchmark"]
-    return (keys.get("submission_org") or "-", keys.get("submission_platform") or default_system,
-            "strong", keys.get("submission_benchmark") or "unknown")
+    return (
+        keys.get("submission_org") or "-",
+        keys.get("submission_platform") or default_system,
+        "strong",
+        keys.get("submission_benchmark") or "unknown",
+    )
 
 
 def _natural(path: Path):
@@ -227,13 +244,20 @@ def find_sets(path) -> list[tuple[Path, list[run_logs.RunLog]]]:
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"no such path: {root}")
-    results = {f.with_name(f.name.removesuffix(run_logs.FAILED_SUFFIX))
-               for pattern in ("result_*.txt", "result_*.txt" + run_logs.FAILED_SUFFIX) for f in root.rglob(pattern)}
+    results = {
+        f.with_name(f.name.removesuffix(run_logs.FAILED_SUFFIX))
+        for pattern in ("result_*.txt", "result_*.txt" + run_logs.FAILED_SUFFIX)
+        for f in root.rglob(pattern)
+    }
     sets = {}
     for f in sorted(results, key=_natural):
         sets.setdefault(f.parent, []).append(run_logs.from_result_file(f))
-    if not sets:   # no submission layout here: directories of run directories
-        run_dirs = {f.parent for name in (run_logs.LOG_NAME, run_logs.PARTIAL_NAME) for f in root.rglob(name)}
+    if not sets:  # no submission layout here: directories of run directories
+        run_dirs = {
+            f.parent
+            for name in (run_logs.LOG_NAME, run_logs.PARTIAL_NAME)
+            for f in root.rglob(name)
+        }
         for run_dir in sorted(run_dirs, key=_natural):
             sets.setdefault(run_dir.parent, []).append(run_logs.from_run_dir(run_dir))
     return sorted(sets.items())
@@ -246,9 +270,21 @@ def _failed_run_log(keys: dict) -> str:
     as one that did not converge. It carries the set's benchmark and global batch size because
     the RCP checker gives up on a folder whose files disagree on them.
     """
-    lines = [":::MLLOG " + json.dumps({"namespace": "", "time_ms": 0, "event_type": "POINT_IN_TIME", "key": key,
-                                       "value": keys[key], "metadata": {}})
-             for key in ("submission_benchmark", "global_batch_size") if keys.get(key) is not None]
+    lines = [
+        ":::MLLOG "
+        + json.dumps(
+            {
+                "namespace": "",
+                "time_ms": 0,
+                "event_type": "POINT_IN_TIME",
+                "key": key,
+                "value": keys[key],
+                "metadata": {},
+            }
+        )
+        for key in ("submission_benchmark", "global_batch_size")
+        if keys.get(key) is not None
+    ]
     return "".join(line + "\n" for line in lines)
 
 
@@ -268,16 +304,21 @@ def _official_scores(rs: ResultSet, keys: dict) -> None:
             os.symlink(scaling_file.resolve(), view / "scaling.json")
         with _quiet():
             if rs.scaling == "strong":
-                rs.score_minutes, _, rs.scaling_factor = summarizer._compute_strong_score_standalone(
-                    rs.benchmark, rs.system, False, str(view), USAGE, rs.ruleset)
+                rs.score_minutes, _, rs.scaling_factor = (
+                    summarizer._compute_strong_score_standalone(
+                        rs.benchmark, rs.system, False, str(view), USAGE, rs.ruleset
+                    )
+                )
                 if rs.division == "closed":
                     # The pruned reference points, as the package checker uses them.
-                    ok, message, _ = rcp_checker.check_directory(str(view), USAGE, rs.ruleset, False, False,
-                                                                 rcp_pass="pruned_rcps")
+                    ok, message, _ = rcp_checker.check_directory(
+                        str(view), USAGE, rs.ruleset, False, False, rcp_pass="pruned_rcps"
+                    )
                     rs.rcp = f"{'pass' if ok else 'FAIL'} ({message})"
             else:
-                weak, _ = summarizer._compute_weak_score_standalone(rs.benchmark, rs.system, False, str(view),
-                                                                    USAGE, rs.ruleset)
+                weak, _ = summarizer._compute_weak_score_standalone(
+                    rs.benchmark, rs.system, False, str(view), USAGE, rs.ruleset
+                )
                 if weak:
                     rs.time_to_train_all = weak[f"{rs.benchmark}:time_to_train_all"]
                     rs.number_of_models = weak[f"{rs.benchmark}:number_of_models"]
@@ -290,7 +331,11 @@ def _official_scores(rs: ResultSet, keys: dict) -> None:
 
 def _why_not_valid(rs: ResultSet) -> list[str]:
     failed, counted = len(rs.failed), len(rs.runs) - len(rs.failed)
-    why = [] if rs.complete else [f"incomplete: {len(rs.runs)} of the {rs.required_runs} runs the rules require"]
+    why = (
+        []
+        if rs.complete
+        else [f"incomplete: {len(rs.runs)} of the {rs.required_runs} runs the rules require"]
+    )
     if rs.scaling == "strong":
         if failed > 1:
             why.append(f"{failed} failed runs: the olympic mean may drop only one")
@@ -312,20 +357,30 @@ def score_set(folder: Path, entries: list[run_logs.RunLog], ruleset: str = "3.0.
             keys.setdefault(key, value)
     org, system, scaling, benchmark = _describe(folder, keys, folder.name)
     required = get_result_file_counts(USAGE).get(benchmark, 0)
-    rs = ResultSet(org=org, system=system, scaling=scaling, benchmark=benchmark,
-                   division=keys.get("submission_division") or "-", folder=str(folder),
-                   required_runs=required, runs=runs, ruleset=ruleset)
+    rs = ResultSet(
+        org=org,
+        system=system,
+        scaling=scaling,
+        benchmark=benchmark,
+        division=keys.get("submission_division") or "-",
+        folder=str(folder),
+        required_runs=required,
+        runs=runs,
+        ruleset=ruleset,
+    )
     if required == 0:
         rs.notes.append(f"NOT A VALID RESULT: unknown benchmark '{benchmark}', not scored")
         return rs
     try:
         _official_scores(rs, keys)
-    except Exception as e:   # reported, with the set's runs still listed
+    except Exception as e:  # reported, with the set's runs still listed
         rs.notes.append(f"no score: mlperf_logging's scoring crashed: {_one_line(e)}")
     odd = [r for r in runs if not r.problem and r.status != "success"]
     if odd:
-        rs.notes.append("counted although run_stop status is not 'success' (the log passes the checker): "
-                        + ", ".join(r.name for r in odd))
+        rs.notes.append(
+            "counted although run_stop status is not 'success' (the log passes the checker): "
+            + ", ".join(r.name for r in odd)
+        )
     why = _why_not_valid(rs)
     rs.valid = not why
     if why:
@@ -334,8 +389,10 @@ def score_set(folder: Path, entries: list[run_logs.RunLog], ruleset: str = "3.0.
     if scaling == "weak" and rs.time_to_train_all is None and kept:
         # The same quantities over the models that did converge, for a smaller local test.
         span = (max(r.stop_ms for r in kept) - min(r.start_ms for r in kept)) / 60 / 1000
-        rs.notes.append(f"informational, not a valid score: {len(kept)} model(s), time_to_train_all "
-                        f"{span:.6f} min, {len(kept) / span:.4f} models/min")
+        rs.notes.append(
+            f"informational, not a valid score: {len(kept)} model(s), time_to_train_all "
+            f"{span:.6f} min, {len(kept) / span:.4f} models/min"
+        )
     return rs
 
 
@@ -345,9 +402,11 @@ def score_path(path, ruleset: str = "3.0.0") -> list[ResultSet]:
 
 
 def format_set(rs: ResultSet) -> str:
-    out = [f"{rs.org} / {rs.system} / {rs.scaling} / {rs.benchmark}  ({rs.division} division)  [{rs.folder}]",
-           f"  runs found {len(rs.runs)} (rules require {rs.required_runs}): {len(rs.runs) - len(rs.failed)} "
-           f"counted, {len(rs.failed)} failed; passing the checker {rs.passing}"]
+    out = [
+        f"{rs.org} / {rs.system} / {rs.scaling} / {rs.benchmark}  ({rs.division} division)  [{rs.folder}]",
+        f"  runs found {len(rs.runs)} (rules require {rs.required_runs}): {len(rs.runs) - len(rs.failed)} "
+        f"counted, {len(rs.failed)} failed; passing the checker {rs.passing}",
+    ]
     width = max([24] + [len(r.name) for r in rs.runs])
     out.append(f"  {'run':{width}s} {'minutes':>10s} {'epochs':>7s}  checker  status")
     for r in rs.runs:
@@ -356,14 +415,18 @@ def format_set(rs: ResultSet) -> str:
         out.append(f"  {r.name:{width}s} {minutes} {epochs}  {r.checker:7s}  {r.status}")
     if rs.scaling == "strong" and rs.score_minutes is not None:
         factor = f" x scaling factor {rs.scaling_factor:g}" if rs.scaling_factor != 1.0 else ""
-        out.append(f"  score: {rs.score_minutes:.6f} min (olympic mean over {rs.averaged_runs} of {len(rs.runs)} "
-                   f"runs: the fastest and the slowest dropped, a failed run counting as the slowest{factor})")
+        out.append(
+            f"  score: {rs.score_minutes:.6f} min (olympic mean over {rs.averaged_runs} of {len(rs.runs)} "
+            f"runs: the fastest and the slowest dropped, a failed run counting as the slowest{factor})"
+        )
     if rs.scaling == "strong":
         out.append(f"  RCP: {rs.rcp}")
     if rs.time_to_train_all is not None:
-        out.append(f"  models {rs.number_of_models}, instance scale {rs.instance_scale}, "
-                   f"time_to_train_all {rs.time_to_train_all:.6f} min, "
-                   f"{rs.models_per_minute:.4f} models/min")
+        out.append(
+            f"  models {rs.number_of_models}, instance scale {rs.instance_scale}, "
+            f"time_to_train_all {rs.time_to_train_all:.6f} min, "
+            f"{rs.models_per_minute:.4f} models/min"
+        )
     if rs.failed:
         out.append("  failed runs:")
         out += [f"    {r.name}: {r.problem}" for r in rs.failed]
@@ -376,16 +439,27 @@ def format_set(rs: ResultSet) -> str:
 @tool_main(FileNotFoundError, RulesetError)
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", help="submission tree, benchmark folder, or directory of run directories")
+    parser.add_argument(
+        "path", help="submission tree, benchmark folder, or directory of run directories"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--ruleset", default="3.0.0")
     args = parser.parse_args(argv)
     sets = score_path(args.path, args.ruleset)
     if not sets:
-        raise FileNotFoundError(f"no result_*.txt, mlperf.log or mlperf.log.partial under {args.path}")
+        raise FileNotFoundError(
+            f"no result_*.txt, mlperf.log or mlperf.log.partial under {args.path}"
+        )
     if args.json:
-        print(json.dumps([dataclasses.asdict(s) | {"passing": s.passing, "complete": s.complete} for s in sets],
-                         indent=2))
+        print(
+            json.dumps(
+                [
+                    dataclasses.asdict(s) | {"passing": s.passing, "complete": s.complete}
+                    for s in sets
+                ],
+                indent=2,
+            )
+        )
     else:
         print("\n\n".join(format_set(s) for s in sets))
     return 0

@@ -52,7 +52,16 @@ REPO = Path(__file__).resolve().parents[1]
 USAGE = scoring.USAGE
 DEFAULT_IMPL = "tensorflow-horovod"
 # What is not code in this repository's tree: never copied into the snapshot when git is absent.
-_NOT_CODE = {".git", ".venv", "data", "runs", "wheelhouse", "wheelhouse.partial", "__pycache__", ".pytest_cache"}
+_NOT_CODE = {
+    ".git",
+    ".venv",
+    "data",
+    "runs",
+    "wheelhouse",
+    "wheelhouse.partial",
+    "__pycache__",
+    ".pytest_cache",
+}
 _PASSED = "PACKAGE CHECKER FOUND NO ERRORS"
 
 
@@ -159,26 +168,44 @@ def probe_machine() -> dict:
         fields["host_memory_capacity"] = f"{int(mem[1]) / 2**20:.0f} GB"
     fields["host_storage_capacity"] = f"{shutil.disk_usage('/').total / 1e9:.0f} GB"
     os_name = re.search(r'^PRETTY_NAME="?([^"\n]*)', _read("/etc/os-release"), re.M)
-    fields["operating_system"] = f"{os_name[1] if os_name else platform.system()} (Linux {platform.release()})"
+    fields["operating_system"] = (
+        f"{os_name[1] if os_name else platform.system()} (Linux {platform.release()})"
+    )
     tf_version = _version("tensorflow-cpu") or _version("tensorflow")
     if tf_version:
         fields["framework"] = f"TensorFlow {tf_version}, Horovod {_version('horovod') or '?'}"
-    stack = {"Python": platform.python_version(), "mlperf-logging": _version("mlperf-logging"),
-             "numpy": _version("numpy"), "h5py": _version("h5py")}
+    stack = {
+        "Python": platform.python_version(),
+        "mlperf-logging": _version("mlperf-logging"),
+        "numpy": _version("numpy"),
+        "h5py": _version("h5py"),
+    }
     mpi = _first_line(["mpirun", "--version"])
     if mpi:
         stack["MPI"] = mpi
     fields["other_software_stack"] = {k: v for k, v in stack.items() if v}
-    gpus = [line.split(", ") for line in _first_lines(["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm",
-                                                       "--format=csv,noheader"])]
+    gpus = [
+        line.split(", ")
+        for line in _first_lines(
+            ["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm", "--format=csv,noheader"]
+        )
+    ]
     if gpus and len(gpus[0]) == 3:
-        fields["accelerator_model_name"], fields["accelerator_memory_capacity"], fields["accelerator_frequency"] = gpus[0]
+        (
+            fields["accelerator_model_name"],
+            fields["accelerator_memory_capacity"],
+            fields["accelerator_frequency"],
+        ) = gpus[0]
     return fields
 
 
 def _first_lines(cmd: list[str]) -> list[str]:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+        return (
+            subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            .stdout.strip()
+            .splitlines()
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
 
@@ -208,7 +235,9 @@ def _nodes(rs: scoring.ResultSet) -> int:
     """The nodes a set ran on: a weak-scaling set's instances each logged their own share."""
     per_run = max((int(v) for v in _log_values(rs, "number_of_nodes")), default=1)
     if rs.scaling == "weak":
-        return per_run * max((int(v) for v in _log_values(rs, "number_of_instances")), default=len(rs.runs))
+        return per_run * max(
+            (int(v) for v in _log_values(rs, "number_of_instances")), default=len(rs.runs)
+        )
     return per_run
 
 
@@ -242,27 +271,37 @@ def load_sets(paths, ruleset: str, allow_failed: bool) -> list[scoring.ResultSet
                 if bench is not None:
                     named.setdefault(bench, []).append(run.name)
             if len(named) > 1:
-                which = "; ".join(f"{bench}: {', '.join(names)}" for bench, names in sorted(named.items()))
-                raise SubmissionError(f"{folder} mixes benchmarks ({which}): one folder holds one result set")
+                which = "; ".join(
+                    f"{bench}: {', '.join(names)}" for bench, names in sorted(named.items())
+                )
+                raise SubmissionError(
+                    f"{folder} mixes benchmarks ({which}): one folder holds one result set"
+                )
             if rs.failed and not (allow_failed and rs.valid):
                 runs = "; ".join(f"{r.name}: {r.problem}" for r in rs.failed)
-                hint = (" (--allow-failed packages a set the rules still accept)" if rs.valid else "")
+                hint = " (--allow-failed packages a set the rules still accept)" if rs.valid else ""
                 raise SubmissionError(f"{folder} has failed runs, {runs}{hint}")
             if not rs.valid:
-                why = "; ".join(n.removeprefix("NOT A VALID RESULT: ") for n in rs.notes if "NOT A VALID" in n)
+                why = "; ".join(
+                    n.removeprefix("NOT A VALID RESULT: ") for n in rs.notes if "NOT A VALID" in n
+                )
                 raise SubmissionError(f"{folder} is not a valid result: {why}")
             sets.append(rs)
     seen = {}
     for rs in sets:
         key = (rs.scaling, rs.benchmark)
         if key in seen:
-            raise SubmissionError(f"two {rs.scaling}-scaling {rs.benchmark} sets: {seen[key]} and {rs.folder}; "
-                                  "a system submits one")
+            raise SubmissionError(
+                f"two {rs.scaling}-scaling {rs.benchmark} sets: {seen[key]} and {rs.folder}; "
+                "a system submits one"
+            )
         seen[key] = rs.folder
     divisions = {rs.division for rs in sets}
     if len(divisions) > 1:
-        raise SubmissionError(f"the sets are of different divisions ({', '.join(sorted(divisions))}): "
-                              "one system description has one; package them separately")
+        raise SubmissionError(
+            f"the sets are of different divisions ({', '.join(sorted(divisions))}): "
+            "one system description has one; package them separately"
+        )
     return sets
 
 
@@ -276,10 +315,12 @@ def _checker_string(info_file, field: str, value) -> str | dict:
         return "true" if value else "false"
     if isinstance(value, (int, float, str)):
         return str(value)
-    if isinstance(value, dict):   # other_software_stack: {"MPI": "...", ...}
+    if isinstance(value, dict):  # other_software_stack: {"MPI": "...", ...}
         return {str(k): _checker_string(info_file, f"{field}.{k}", v) for k, v in value.items()}
-    raise SubmissionError(f"--system-info {info_file}: field {field} must be a value or a mapping, "
-                          f"not {type(value).__name__} {value!r}")
+    raise SubmissionError(
+        f"--system-info {info_file}: field {field} must be a value or a mapping, "
+        f"not {type(value).__name__} {value!r}"
+    )
 
 
 def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tuple[dict, list[str]]:
@@ -304,31 +345,46 @@ def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tup
         try:
             user = yaml.safe_load(Path(info_file).read_text()) or {}
         except (OSError, yaml.YAMLError) as e:
-            raise SubmissionError(f"cannot read --system-info {info_file}: {' '.join(str(e).split())}") from None
+            raise SubmissionError(
+                f"cannot read --system-info {info_file}: {' '.join(str(e).split())}"
+            ) from None
         if not isinstance(user, dict):
             raise SubmissionError(f"--system-info {info_file} must be a mapping of field: value")
         unknown = sorted(set(user) - set(required))
         if unknown:
-            raise SubmissionError(f"--system-info {info_file}: unknown fields {', '.join(unknown)} "
-                                  f"(the checker knows {', '.join(required)})")
+            raise SubmissionError(
+                f"--system-info {info_file}: unknown fields {', '.join(unknown)} "
+                f"(the checker knows {', '.join(required)})"
+            )
         user = {field: _checker_string(info_file, field, value) for field, value in user.items()}
     probed = probe_machine()
-    accelerators = max((int(v) for rs in sets for v in _log_values(rs, "accelerators_per_node")), default=0)
+    accelerators = max(
+        (int(v) for rs in sets for v in _log_values(rs, "accelerators_per_node")), default=0
+    )
     nodes = max(_nodes(rs) for rs in sets)
-    from_logs = {"submitter": org, "system_name": system, "division": sets[0].division,
-                 "number_of_nodes": str(nodes), "accelerators_per_node": str(accelerators)}
+    from_logs = {
+        "submitter": org,
+        "system_name": system,
+        "division": sets[0].division,
+        "number_of_nodes": str(nodes),
+        "accelerators_per_node": str(accelerators),
+    }
     if accelerators == 0:
         # CPU-only runs: nothing to describe about accelerators.
         from_logs |= {f: "" for f in required if f.startswith("accelerator_")}
     desc = {f: v for f, v in probed.items() if f in required} | from_logs | user
     missing = [f for f in required if f not in desc]
     if missing:
-        raise SubmissionError(f"systems/{system}.json lacks {len(missing)} field(s) the system_desc_checker "
-                              f"requires: {', '.join(missing)}; give them in "
-                              f"{'--system-info ' + str(info_file) if info_file else 'a --system-info YAML'}")
+        raise SubmissionError(
+            f"systems/{system}.json lacks {len(missing)} field(s) the system_desc_checker "
+            f"requires: {', '.join(missing)}; give them in "
+            f"{'--system-info ' + str(info_file) if info_file else 'a --system-info YAML'}"
+        )
     probed_used = sorted(f for f in probed if f in required and f not in user)
-    notes = [f"read from this machine (override in --system-info if it is not the system): {', '.join(probed_used)}",
-             f"from the logs and the command line: {', '.join(sorted(set(from_logs) - set(user)))}"]
+    notes = [
+        f"read from this machine (override in --system-info if it is not the system): {', '.join(probed_used)}",
+        f"from the logs and the command line: {', '.join(sorted(set(from_logs) - set(user)))}",
+    ]
     if user:
         notes.append(f"from {info_file}: {', '.join(sorted(user))}")
     return {f: desc[f] for f in required}, notes
@@ -336,10 +392,20 @@ def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tup
 
 def code_files(repo: Path) -> list[Path]:
     """The files of the implementation: what git tracks, or (no git) the tree without runs, data, venvs."""
-    proc = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, timeout=60)
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, timeout=60
+    )
     if proc.returncode == 0 and proc.stdout:
-        return [repo / name for name in proc.stdout.decode().split("\0") if name and (repo / name).is_file()]
-    return [p for p in sorted(repo.rglob("*")) if p.is_file() and not _NOT_CODE & set(p.relative_to(repo).parts)]
+        return [
+            repo / name
+            for name in proc.stdout.decode().split("\0")
+            if name and (repo / name).is_file()
+        ]
+    return [
+        p
+        for p in sorted(repo.rglob("*"))
+        if p.is_file() and not _NOT_CODE & set(p.relative_to(repo).parts)
+    ]
 
 
 def write_tree(out: Path, org: str, system: str, sets, description: dict, impl: str) -> None:
@@ -381,59 +447,107 @@ def run_package_checker(out: Path, ruleset: str) -> tuple[bool, list[str], Path]
       (whether it found no errors, its ERROR lines, the path of its full log).
     """
     log = out.with_name(out.name + ".package_checker.log")
-    proc = subprocess.run([sys.executable, "-m", "mlperf_logging.package_checker", str(out), USAGE, ruleset,
-                           "--log_output", str(log)], capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlperf_logging.package_checker",
+            str(out),
+            USAGE,
+            ruleset,
+            "--log_output",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     text = proc.stdout + proc.stderr
-    errors = [line for line in text.splitlines() if line.startswith(("ERROR", "Traceback")) or "Error:" in line]
+    errors = [
+        line
+        for line in text.splitlines()
+        if line.startswith(("ERROR", "Traceback")) or "Error:" in line
+    ]
     return proc.returncode == 0 and _PASSED in text, errors, log
 
 
 @tool_main(SubmissionError, scoring.RulesetError)
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("result_sets", nargs="+", metavar="RESULT_SET_DIR")
     parser.add_argument("--org", required=True, help="the submitter (organisation) name")
-    parser.add_argument("--system", required=True, help="the system name: systems/SYSTEM.json, results/SYSTEM/")
-    parser.add_argument("--out", required=True, help="the submission folder to write (must not exist)")
-    parser.add_argument("--system-info", help="YAML of system description fields (overrides what is read here)")
-    parser.add_argument("--impl", default=DEFAULT_IMPL, help=f"implementation name (default {DEFAULT_IMPL})")
+    parser.add_argument(
+        "--system", required=True, help="the system name: systems/SYSTEM.json, results/SYSTEM/"
+    )
+    parser.add_argument(
+        "--out", required=True, help="the submission folder to write (must not exist)"
+    )
+    parser.add_argument(
+        "--system-info", help="YAML of system description fields (overrides what is read here)"
+    )
+    parser.add_argument(
+        "--impl", default=DEFAULT_IMPL, help=f"implementation name (default {DEFAULT_IMPL})"
+    )
     parser.add_argument("--ruleset", default="3.0.0")
-    parser.add_argument("--allow-failed", action="store_true",
-                        help="package a set with failed runs when the rules still make it a valid result")
+    parser.add_argument(
+        "--allow-failed",
+        action="store_true",
+        help="package a set with failed runs when the rules still make it a valid result",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     scoring.check_ruleset(args.ruleset)
     for name, value in (("--org", args.org), ("--system", args.system), ("--impl", args.impl)):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+\-]*", value):
-            raise SubmissionError(f"{name} '{value}' is not a folder name (letters, digits, _ . + -)")
+            raise SubmissionError(
+                f"{name} '{value}' is not a folder name (letters, digits, _ . + -)"
+            )
     if out.exists():
-        raise SubmissionError(f"{out} exists: choose another --out (a package is written whole or not at all)")
+        raise SubmissionError(
+            f"{out} exists: choose another --out (a package is written whole or not at all)"
+        )
     if not out.parent.is_dir():
         raise SubmissionError(f"{out.parent} is not a directory")
     sets = load_sets(args.result_sets, args.ruleset, args.allow_failed)
-    description, notes = describe_system(args.org, args.system, sets, args.system_info, args.ruleset)
+    description, notes = describe_system(
+        args.org, args.system, sets, args.system_info, args.ruleset
+    )
     for rs in sets:
         orgs = _log_values(rs, "submission_org") - {args.org}
         if orgs:
-            print(f"note: {rs.folder}: its logs name submission_org {', '.join(sorted(orgs))}, packaged as {args.org}")
+            print(
+                f"note: {rs.folder}: its logs name submission_org {', '.join(sorted(orgs))}, packaged as {args.org}"
+            )
     write_tree(out, args.org, args.system, sets, description, args.impl)
     print(f"[submission] wrote {out}:")
     print(f"  systems/{args.system}.json")
     for note in notes:
         print(f"    {note}")
     for rs in sets:
-        score = f"{rs.score_minutes:.4f} min" if rs.score_minutes is not None else \
-            f"{rs.models_per_minute:.4f} models/min" if rs.models_per_minute else "-"
-        print(f"  results/{args.system}/{rs.scaling}/{rs.benchmark}/  {len(rs.runs)} runs, {rs.division} division, "
-              f"score {score}")
+        score = (
+            f"{rs.score_minutes:.4f} min"
+            if rs.score_minutes is not None
+            else f"{rs.models_per_minute:.4f} models/min"
+            if rs.models_per_minute
+            else "-"
+        )
+        print(
+            f"  results/{args.system}/{rs.scaling}/{rs.benchmark}/  {len(rs.runs)} runs, {rs.division} division, "
+            f"score {score}"
+        )
         print(f"  benchmarks/{rs.benchmark}/implementations/{args.impl}/")
     passed, errors, log = run_package_checker(out, args.ruleset)
     if passed:
-        print(f"[submission] mlperf_logging.package_checker {out} {USAGE} {args.ruleset}: PASSED "
-              f"(no errors; log {log})")
+        print(
+            f"[submission] mlperf_logging.package_checker {out} {USAGE} {args.ruleset}: PASSED "
+            f"(no errors; log {log})"
+        )
         return 0
-    print(f"[submission] mlperf_logging.package_checker {out} {USAGE} {args.ruleset}: FOUND ERRORS (log {log})")
+    print(
+        f"[submission] mlperf_logging.package_checker {out} {USAGE} {args.ruleset}: FOUND ERRORS (log {log})"
+    )
     for line in errors[:20]:
         print(f"  {line}")
     return 1

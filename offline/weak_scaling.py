@@ -38,7 +38,9 @@ def main(argv=None) -> int:
     parser.add_argument("--bench", required=True, choices=benchmarks.names())
     parser.add_argument("--config", required=True)
     parser.add_argument("--data-dir", help="sets data.data_dir")
-    parser.add_argument("--instances", type=int, required=True, help="models trained concurrently (M)")
+    parser.add_argument(
+        "--instances", type=int, required=True, help="models trained concurrently (M)"
+    )
     parser.add_argument("--ranks", type=int, default=1, help="ranks per instance")
     parser.add_argument("--output", required=True)
     parser.add_argument("--seed-base", type=int, default=1)
@@ -47,45 +49,85 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     extra = [a for a in args.extra if a != "--"]
     output = Path(args.output)
-    folder = submission_folder(output, Path(args.config), args.bench, args.system,
-                               args.ranks * args.instances, scaling="weak")
+    folder = submission_folder(
+        output,
+        Path(args.config),
+        args.bench,
+        args.system,
+        args.ranks * args.instances,
+        scaling="weak",
+    )
     refusal = earlier_results(folder)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return ExitCode.INPUT_ERROR
     run_dirs = [output / "instances" / f"instance_{i}" for i in range(args.instances)]
-    for run_dir in run_dirs:   # all before the first start: instances start together
+    for run_dir in run_dirs:  # all before the first start: instances start together
         fresh_run_dir(run_dir, "weak-scaling")
-    barrier = output / "instances" / "start"   # an earlier set's markers would let this one start unmet
+    barrier = (
+        output / "instances" / "start"
+    )  # an earlier set's markers would let this one start unmet
     shutil.rmtree(barrier, ignore_errors=True)
     barrier.mkdir(parents=True)
     procs = []
     for i, run_dir in enumerate(run_dirs):
         run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = run_command(args.bench, Path(args.config), run_dir, args.seed_base + i, args.data_dir, args.ranks,
-                          extra + ["--set", f"mlperf.instance_id={i}",
-                                   "--set", f"mlperf.number_of_instances={args.instances}",
-                                   "--set", f"mlperf.start_barrier_dir={barrier}"])
+        cmd = run_command(
+            args.bench,
+            Path(args.config),
+            run_dir,
+            args.seed_base + i,
+            args.data_dir,
+            args.ranks,
+            extra
+            + [
+                "--set",
+                f"mlperf.instance_id={i}",
+                "--set",
+                f"mlperf.number_of_instances={args.instances}",
+                "--set",
+                f"mlperf.start_barrier_dir={barrier}",
+            ],
+        )
         print(f"[weak-scaling] instance {i}: {' '.join(cmd)}", flush=True)
         # Each instance's output goes to its own file: M interleaved streams are unreadable.
         out = open(run_dir / "stdout.txt", "w")
-        procs.append((i, run_dir, out, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                                        env=dict(os.environ, PYTHONPATH=str(REPO)))))
+        procs.append(
+            (
+                i,
+                run_dir,
+                out,
+                subprocess.Popen(
+                    cmd,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=dict(os.environ, PYTHONPATH=str(REPO)),
+                ),
+            )
+        )
     start = time.perf_counter()
     codes = {}
-    while len(codes) < len(procs):   # in the order they end: an instance gone early frees the others' start
+    while len(codes) < len(
+        procs
+    ):  # in the order they end: an instance gone early frees the others' start
         for i, run_dir, out, proc in procs:
             if i in codes or proc.poll() is None:
                 continue
             codes[i] = proc.returncode
             write_marker(barrier, i, GONE)
             out.close()
-            print(f"[weak-scaling] instance {i} ended {time.perf_counter() - start:.0f} s after the start", flush=True)
+            print(
+                f"[weak-scaling] instance {i} ended {time.perf_counter() - start:.0f} s after the start",
+                flush=True,
+            )
             collect(run_dir, folder, i, codes[i], "weak-scaling")
         if len(codes) < len(procs):
             time.sleep(0.2)
     codes = [codes[i] for i in range(len(procs))]
-    print(f"\n[weak-scaling] {args.instances} instance(s) done; exit codes {codes}. Score:\n", flush=True)
+    print(
+        f"\n[weak-scaling] {args.instances} instance(s) done; exit codes {codes}. Score:\n",
+        flush=True,
+    )
     print("\n\n".join(scoring.format_set(s) for s in scoring.score_path(folder)))
     return run_logs.exit_status(codes)
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
+import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 from common.parallel.distribution import Distribution, RankGroup  # noqa: E402
 from common.parallel.sync_batchnorm import GroupBatchNormalization, average_batchnorm_statistics  # noqa: E402
 
@@ -27,10 +27,13 @@ N_IN, N_HIDDEN, N_OUT = 6, 4, 3
 
 def build_model() -> tf_keras.Model:
     # A low momentum moves the running statistics far from (0, 1) in a few steps.
-    inner = tf_keras.Sequential([
-        tf_keras.layers.Dense(N_OUT, name="dense_b"),
-        GroupBatchNormalization(RankGroup(1, None), momentum=0.5, epsilon=1e-3, name="bn_b"),
-    ], name="inner")
+    inner = tf_keras.Sequential(
+        [
+            tf_keras.layers.Dense(N_OUT, name="dense_b"),
+            GroupBatchNormalization(RankGroup(1, None), momentum=0.5, epsilon=1e-3, name="bn_b"),
+        ],
+        name="inner",
+    )
     inputs = tf_keras.Input((N_IN,))
     x = tf_keras.layers.Dense(N_HIDDEN, name="dense_a")(inputs)
     x = tf_keras.layers.BatchNormalization(momentum=0.5, epsilon=1e-3, name="bn_a")(x)
@@ -55,8 +58,16 @@ probe = np.random.default_rng(0).standard_normal((5, N_IN)).astype(np.float32)
 before = variables(model)
 eval_before = model(probe, training=False).numpy().tolist()
 n_layers = average_batchnorm_statistics(model, dist)
-Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(json.dumps({
-    "rank": dist.rank, "layers": n_layers, "probe": probe.tolist(),
-    "before": before, "eval_before": eval_before,
-    "after": variables(model), "eval_after": model(probe, training=False).numpy().tolist(),
-}))
+Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
+    json.dumps(
+        {
+            "rank": dist.rank,
+            "layers": n_layers,
+            "probe": probe.tolist(),
+            "before": before,
+            "eval_before": eval_before,
+            "after": variables(model),
+            "eval_after": model(probe, training=False).numpy().tolist(),
+        }
+    )
+)

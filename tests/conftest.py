@@ -17,9 +17,16 @@ TINY = dict(size=32, n_train=2048, n_valid=256, seed=7)
 def cosmo_data(tmp_path_factory):
     """A synthetic CosmoFlow data set in the public layout, made once per test session."""
     from cosmoflow import synthetic
+
     out = tmp_path_factory.mktemp("cosmo_synth")
-    synthetic.generate(out, TINY["size"], TINY["n_train"], TINY["n_valid"], seed=TINY["seed"],
-                       progress=lambda msg: None)
+    synthetic.generate(
+        out,
+        TINY["size"],
+        TINY["n_train"],
+        TINY["n_valid"],
+        seed=TINY["seed"],
+        progress=lambda msg: None,
+    )
     return out
 
 
@@ -35,9 +42,17 @@ EASY_ARGS = ["--n-train", str(EASY["n_train"]), "--n-valid", str(EASY["n_valid"]
 def cosmo_easy_data(tmp_path_factory):
     """A synthetic CosmoFlow set of EASY's narrow parameters, made once per test session."""
     from cosmoflow import synthetic
+
     out = tmp_path_factory.mktemp("cosmo_easy")
-    synthetic.generate(out, EASY["size"], EASY["n_train"], EASY["n_valid"], seed=EASY["seed"],
-                       target_spread=EASY["target_spread"], progress=lambda msg: None)
+    synthetic.generate(
+        out,
+        EASY["size"],
+        EASY["n_train"],
+        EASY["n_valid"],
+        seed=EASY["seed"],
+        target_spread=EASY["target_spread"],
+        progress=lambda msg: None,
+    )
     return out
 
 
@@ -48,14 +63,22 @@ def tiny_config():
 
 # DeepCAM: 64x96 samples with events enlarged (tiny objects learn slowly at this size);
 # the tiny config reaches IoU 0.82 on them in about 5 epochs (0.835 after 5 seen with the reference init).
-DEEPCAM_TINY = dict(height=64, width=96, n_train=256, n_valid=32, seed=11, cyclone_fraction=0.01,
-                    river_fraction=0.03)
+DEEPCAM_TINY = dict(
+    height=64,
+    width=96,
+    n_train=256,
+    n_valid=32,
+    seed=11,
+    cyclone_fraction=0.01,
+    river_fraction=0.03,
+)
 
 
 @pytest.fixture(scope="session")
 def deepcam_data(tmp_path_factory):
     """A synthetic DeepCAM data set (train/, validation/, stats.h5), made once per test session."""
     from deepcam import synthetic
+
     out = tmp_path_factory.mktemp("deepcam_synth")
     synthetic.generate(out, progress=lambda *a, **k: None, **DEEPCAM_TINY)
     return out
@@ -71,10 +94,18 @@ def deepcam_config():
 # and the SLURM cluster, files of 3-5 long tests, last: they then end a run on one
 # busy core. Handed out first, they start at once and the short files fill in behind them.
 HEAVY_FIRST = (
-    "test_images.py", "test_slurm.py", "test_exact_resume.py",
-    "test_deepcam_split.py", "test_cosmoflow_end_to_end.py", "test_deepcam_end_to_end.py",
-    "test_fuzz_inputs.py", "test_spatial.py", "test_flag_combinations.py", "test_horovod.py",
-    "test_results_tools.py", "test_sharded_optimizer.py",
+    "test_images.py",
+    "test_slurm.py",
+    "test_exact_resume.py",
+    "test_deepcam_split.py",
+    "test_cosmoflow_end_to_end.py",
+    "test_deepcam_end_to_end.py",
+    "test_fuzz_inputs.py",
+    "test_spatial.py",
+    "test_flag_combinations.py",
+    "test_horovod.py",
+    "test_results_tools.py",
+    "test_sharded_optimizer.py",
 )
 _HEAVY_RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
 
@@ -86,7 +117,10 @@ class _CostliestFilesFirst(collections.OrderedDict):
     def popitem(self, last=True):
         if last or not self:
             return super().popitem(last)
-        scope = min(self, key=lambda s: _HEAVY_RANK.get(os.path.basename(s.split("::")[0]), len(HEAVY_FIRST)))
+        scope = min(
+            self,
+            key=lambda s: _HEAVY_RANK.get(os.path.basename(s.split("::")[0]), len(HEAVY_FIRST)),
+        )
         return scope, self.pop(scope)
 
 
@@ -95,6 +129,7 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
     scheduler = LoadFileScheduling(config, log)
     scheduler.workqueue = _CostliestFilesFirst()
     return scheduler
@@ -118,10 +153,14 @@ def pytest_runtest_protocol(item, nextitem):
         return
     import json
     import time
+
     t0, cpu0 = time.monotonic(), _cpu_busy_seconds()
     yield
-    record = {"test": item.nodeid, "wall_s": round(time.monotonic() - t0, 2),
-              "machine_cpu_s": round(_cpu_busy_seconds() - cpu0, 2),
-              "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    record = {
+        "test": item.nodeid,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "machine_cpu_s": round(_cpu_busy_seconds() - cpu0, 2),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+    }
     with open(log, "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -32,7 +32,16 @@ if when == "before":
 dist = Distribution()
 if when == "after":
     cycle_time.set_for_batchnorm_groups(2)
-time.sleep(0.5)   # a few hundred cycles; the timeline's writer thread writes them as they come
+time.sleep(0.5)  # a few hundred cycles; the timeline's writer thread writes them as they come
 marks = [int(t) for t in re.findall(r'"CYCLE_START", "ts": (\d+)', timeline.read_text())]
-print(json.dumps({"reported_ms": dist.cycle_time.ms, "reported": dist.cycle_time.describe(), "marks": len(marks),
-                  "median_spacing_us": statistics.median(b - a for a, b in itertools.pairwise(marks))}), flush=True)
+print(
+    json.dumps(
+        {
+            "reported_ms": dist.cycle_time.ms,
+            "reported": dist.cycle_time.describe(),
+            "marks": len(marks),
+            "median_spacing_us": statistics.median(b - a for a, b in itertools.pairwise(marks)),
+        }
+    ),
+    flush=True,
+)

@@ -41,6 +41,7 @@ def _without_halo(mesh):
         del name
         rows = tf.zeros_like(x[:, :halo])
         return NeighbourPlanes(below=rows, above=rows, sent=x)
+
     mesh.neighbour_planes = zeros
 
 
@@ -48,10 +49,18 @@ def _task(mesh, groups: int):
     from common.base_config import ParallelConfig
     from deepcam.config import DataConfig, DeepCAMConfig, ModelConfig
     from deepcam.task import DeepCAMTask
-    cfg = DeepCAMConfig(data=DataConfig(data_dir="unused", local_batch_size=GLOBAL_SAMPLES // groups, height=HEIGHT,
-                                        width=WIDTH, channels=tuple(range(CHANNELS))),
-                        model=ModelConfig(width=0.0625, middle_blocks=1, batchnorm_group_size=groups),
-                        parallel=ParallelConfig(spatial_ranks=mesh.size))
+
+    cfg = DeepCAMConfig(
+        data=DataConfig(
+            data_dir="unused",
+            local_batch_size=GLOBAL_SAMPLES // groups,
+            height=HEIGHT,
+            width=WIDTH,
+            channels=tuple(range(CHANNELS)),
+        ),
+        model=ModelConfig(width=0.0625, middle_blocks=1, batchnorm_group_size=groups),
+        parallel=ParallelConfig(spatial_ranks=mesh.size),
+    )
     cfg.validate()
     return DeepCAMTask(cfg, mesh if mesh.is_split else None)
 
@@ -60,32 +69,48 @@ def step(mesh, dist) -> dict:
     from common.run.steps import TrainStep
     from common.run.trainer import batchnorm_group
     from deepcam.task import per_sample_iou
+
     task = _task(mesh, mesh.groups)
-    net = task.build_model(batchnorm_group(dist, task))   # the trainer's: the data-parallel groups' ranks x K
+    net = task.build_model(
+        batchnorm_group(dist, task)
+    )  # the trainer's: the data-parallel groups' ranks x K
     rng = np.random.default_rng(5)
-    for v in net.trainable_variables:   # the same start on every rank and split
+    for v in net.trainable_variables:  # the same start on every rank and split
         fan_in = int(np.prod(v.shape[:-1])) if v.shape.rank > 1 else 100
         v.assign(rng.normal(0.0, 1.0 / np.sqrt(fan_in), v.shape).astype(np.float32))
     data = np.random.default_rng(11)
     x_all = data.normal(0.0, 1.0, size=(GLOBAL_SAMPLES, HEIGHT, WIDTH, CHANNELS)).astype(np.float32)
     # Labels in bands of rows, so that every class meets every slab boundary.
-    y_all = (np.arange(HEIGHT)[None, :, None] // 5 + data.integers(0, 3, size=(GLOBAL_SAMPLES, 1, WIDTH))) % 3
+    y_all = (
+        np.arange(HEIGHT)[None, :, None] // 5 + data.integers(0, 3, size=(GLOBAL_SAMPLES, 1, WIDTH))
+    ) % 3
     batch = GLOBAL_SAMPLES // mesh.groups
     rows = HEIGHT // mesh.size
     samples = slice(mesh.group * batch, (mesh.group + 1) * batch)
     cut = slice(mesh.index * rows, (mesh.index + 1) * rows)
     x, y = tf.constant(x_all[samples, cut]), tf.constant(y_all[samples, cut].astype(np.int32))
-    train_step = TrainStep(net, tf_keras.optimizers.SGD(0.5), task.build_losses(), dist,
-                           gradient_scales=task.gradient_scales(net))
+    train_step = TrainStep(
+        net,
+        tf_keras.optimizers.SGD(0.5),
+        task.build_losses(),
+        dist,
+        gradient_scales=task.gradient_scales(net),
+    )
     loss, _, grads = tf.function(train_step._loss_and_grads)(x, y)
     reduced = tf.function(train_step.reduce_gradients)(grads)
     logits = net(x, training=False)
     iou = tf.function(lambda y, p: per_sample_iou(y, p, mesh=task.mesh))(y, logits)
     train_step(iter([(x, tf.constant(y))]))
-    out = dict(logits=logits.numpy(), loss=loss.numpy(), iou=iou.numpy(), group=mesh.group, groups=mesh.groups,
-               layers=np.array([layer.name for layer in net.layers]),
-               halos=np.array([layer.name for layer in net.layers if getattr(layer, "row_halo", None)]),
-               plan=task.describe_split(net) if mesh.is_split else "")
+    out = dict(
+        logits=logits.numpy(),
+        loss=loss.numpy(),
+        iou=iou.numpy(),
+        group=mesh.group,
+        groups=mesh.groups,
+        layers=np.array([layer.name for layer in net.layers]),
+        halos=np.array([layer.name for layer in net.layers if getattr(layer, "row_halo", None)]),
+        plan=task.describe_split(net) if mesh.is_split else "",
+    )
     for i, g in enumerate(reduced):
         out[f"grad_{i}"] = g.numpy()
     for i, v in enumerate(net.variables):
@@ -97,9 +122,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("jobs", nargs="+", help="step:K[:no-halo]")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: TensorFlow's default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads (0: TensorFlow's default)"
+    )
     args = parser.parse_args()
-    if args.threads:   # the control: the same step, summed in another order
+    if args.threads:  # the control: the same step, summed in another order
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     dist = Distribution()
     meshes = {}
@@ -111,7 +138,7 @@ def main() -> int:
         if flags == ["no-halo"]:
             _without_halo(mesh)
         tf_keras.backend.clear_session()
-        result = {"step": lambda: step(mesh, dist)}[mode]()
+        result = {"step": lambda m: step(m, dist)}[mode](mesh)
         out = Path(args.out) / job
         out.mkdir(parents=True, exist_ok=True)
         np.savez(out / f"rank-{dist.rank:05d}.npz", index=mesh.index, **result)

@@ -37,7 +37,9 @@ N_BATCHES = 3
 
 
 def _mean_squared(y, pred):
-    return tf.reduce_mean(tf.square(pred - tf.reshape(tf.cast(y, tf.float32), [tf.shape(pred)[0], -1])[:, :1]))
+    return tf.reduce_mean(
+        tf.square(pred - tf.reshape(tf.cast(y, tf.float32), [tf.shape(pred)[0], -1])[:, :1])
+    )
 
 
 def probe(name: str, host: tf.data.Dataset, preprocess) -> dict:
@@ -47,29 +49,56 @@ def probe(name: str, host: tf.data.Dataset, preprocess) -> dict:
     got = [next(it) for _ in range(N_BATCHES)]
     plain = next(iter(host))
     x_spec = host.element_spec[0]
-    model = tf_keras.Sequential([tf_keras.Input(x_spec.shape[1:]), tf_keras.layers.Flatten(),
-                                 tf_keras.layers.Dense(1)])
-    step = TrainStep(model, tf_keras.optimizers.SGD(0.01), _mean_squared, SingleProcess(), preprocess=preprocess)
+    model = tf_keras.Sequential(
+        [tf_keras.Input(x_spec.shape[1:]), tf_keras.layers.Flatten(), tf_keras.layers.Dense(1)]
+    )
+    step = TrainStep(
+        model, tf_keras.optimizers.SGD(0.01), _mean_squared, SingleProcess(), preprocess=preprocess
+    )
     step.trace(host.element_spec)
-    result = step(it)   # next() on the staged iterator, inside TrainStep
-    return {"name": name, "devices": sorted({t.device for b in got for t in b}),
-            "dtypes": [t.dtype.name for t in got[0]], "host_devices": sorted({t.device for t in plain}),
-            "host_dtypes": [t.dtype.name for t in plain],
-            "same_values": all(np.array_equal(a, b.numpy()) for hb, gb in zip(host_batches, got)
-                               for a, b in zip(hb, gb)),
-            "step_loss": float(result.loss.numpy())}
+    result = step(it)  # next() on the staged iterator, inside TrainStep
+    return {
+        "name": name,
+        "devices": sorted({t.device for b in got for t in b}),
+        "dtypes": [t.dtype.name for t in got[0]],
+        "host_devices": sorted({t.device for t in plain}),
+        "host_dtypes": [t.dtype.name for t in plain],
+        "same_values": all(
+            np.array_equal(a, b.numpy())
+            for hb, gb in zip(host_batches, got)
+            for a, b in zip(hb, gb)
+        ),
+        "step_loss": float(result.loss.numpy()),
+    }
 
 
 def main(cosmoflow_dir: str, deepcam_dir: str) -> None:
     cosmo_files = sorted(str(p) for p in Path(cosmoflow_dir).iterdir())
     shape = (8, 8, 8, 4)
-    cosmo = cosmoflow_data.make_dataset(cosmo_files, shape, 2, "", training=True, seed=0, deterministic=True)
-    print(json.dumps(probe("cosmoflow", cosmo, lambda x, y: (cosmoflow_data.log_transform(x), y))), flush=True)
+    cosmo = cosmoflow_data.make_dataset(
+        cosmo_files, shape, 2, "", training=True, seed=0, deterministic=True
+    )
+    print(
+        json.dumps(probe("cosmoflow", cosmo, lambda x, y: (cosmoflow_data.log_transform(x), y))),
+        flush=True,
+    )
     deepcam_files = sorted(str(p) for p in Path(deepcam_dir).iterdir())
-    deepcam = deepcam_data.make_dataset(deepcam_files, channels=range(16), height=16, width=24, batch_size=2,
-                                        training=True, seed=0, deterministic=True)
-    print(json.dumps(probe("deepcam", deepcam, lambda x, y: (tf.cast(x, tf.float32), tf.cast(y, tf.float32)))),
-          flush=True)
+    deepcam = deepcam_data.make_dataset(
+        deepcam_files,
+        channels=range(16),
+        height=16,
+        width=24,
+        batch_size=2,
+        training=True,
+        seed=0,
+        deterministic=True,
+    )
+    print(
+        json.dumps(
+            probe("deepcam", deepcam, lambda x, y: (tf.cast(x, tf.float32), tf.cast(y, tf.float32)))
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import tensorflow as tf  # noqa: E402
 
+import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
@@ -27,14 +27,21 @@ v = tf.Variable([float(dist.rank + 1)] * 3)
 dist.broadcast_variables([v])
 grads = dist.average_gradients([tf.constant([float(dist.rank)] * 2)])
 dist.barrier()
-Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(json.dumps({
-    "rank": dist.rank, "size": dist.size, "local_rank": dist.local_rank, "nodes": dist.num_nodes,
-    "mean": dist.allreduce_mean([dist.rank, 10.0]).tolist(),
-    "max": dist.allreduce_max([dist.rank]).tolist(),
-    "gathered": dist.allgather([dist.rank * 2.0]).tolist(),
-    "object": dist.broadcast_object({"from": dist.rank}),
-    "broadcast": v.numpy().tolist(),
-    "grad": grads[0].numpy().tolist(),
-    "group_sum": group_sum.numpy().tolist(),
-    "group_bn": float(tf.reduce_mean(bn_out)),
-}))
+Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
+    json.dumps(
+        {
+            "rank": dist.rank,
+            "size": dist.size,
+            "local_rank": dist.local_rank,
+            "nodes": dist.num_nodes,
+            "mean": dist.allreduce_mean([dist.rank, 10.0]).tolist(),
+            "max": dist.allreduce_max([dist.rank]).tolist(),
+            "gathered": dist.allgather([dist.rank * 2.0]).tolist(),
+            "object": dist.broadcast_object({"from": dist.rank}),
+            "broadcast": v.numpy().tolist(),
+            "grad": grads[0].numpy().tolist(),
+            "group_sum": group_sum.numpy().tolist(),
+            "group_bn": float(tf.reduce_mean(bn_out)),
+        }
+    )
+)

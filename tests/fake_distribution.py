@@ -8,8 +8,8 @@ import socket
 
 import numpy as np
 
-from common.parallel.distribution import RankGroup, SpatialMesh
 from common.errors import ConfigError
+from common.parallel.distribution import RankGroup, SpatialMesh
 
 
 class OneRankDistribution:
@@ -19,7 +19,9 @@ class OneRankDistribution:
 
     def __init__(self):
         self.hostname = socket.gethostname()
-        self.collectives = 0   # how many collectives were called (a test can see the trainer used them)
+        self.collectives = (
+            0  # how many collectives were called (a test can see the trainer used them)
+        )
 
     def _called(self):
         self.collectives += 1

@@ -13,11 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
+import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.fingerprint import fingerprint, variables_in_sync  # noqa: E402
 
@@ -38,8 +38,11 @@ results = {}
 def check(case: str, variables=None) -> None:
     variables = model.variables if variables is None else variables
     in_sync, n_values = variables_in_sync(variables, dist)
-    results[case] = {"in_sync": in_sync, "n_values": n_values,
-                     "fingerprints": dist.allgather(fingerprint(variables)).tolist()}
+    results[case] = {
+        "in_sync": in_sync,
+        "n_values": n_values,
+        "fingerprints": dist.allgather(fingerprint(variables)).tolist(),
+    }
 
 
 def on_rank_1(variable, change) -> np.ndarray:
@@ -80,10 +83,21 @@ check("moving_variance_one_ulp")
 bn.moving_variance.assign(original)
 
 # Each rank's own training-mode pass: the running statistics drift apart, the weights do not.
-model(tf.constant(np.random.default_rng(10 + dist.rank).standard_normal((16, 6)), tf.float32), training=True)
+model(
+    tf.constant(np.random.default_rng(10 + dist.rank).standard_normal((16, 6)), tf.float32),
+    training=True,
+)
 check("own_data")
 check("own_data_trainable_only", model.trainable_variables)
 
-Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(json.dumps({
-    "rank": dist.rank, "size": dist.size, "n_variables": int(sum(np.prod(v.shape) for v in model.variables)),
-    "kernel_value": float(kernel.numpy()[2, 1]), "results": results}))
+Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
+    json.dumps(
+        {
+            "rank": dist.rank,
+            "size": dist.size,
+            "n_variables": int(sum(np.prod(v.shape) for v in model.variables)),
+            "kernel_value": float(kernel.numpy()[2, 1]),
+            "results": results,
+        }
+    )
+)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
-SHAPE = (3, 2, 3, 4)   # per rank: batch, height, width, channels
+SHAPE = (3, 2, 3, 4)  # per rank: batch, height, width, channels
 EPSILON = 1e-3
 
 dist = Distribution()
@@ -48,9 +48,21 @@ def forward_backward(x, c):
 
 
 y, dx, dgamma, dbeta = forward_backward(tf.constant(x), tf.constant(c))
-Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(json.dumps({
-    "rank": dist.rank, "size": dist.size, "group_size": group.size, "epsilon": EPSILON,
-    "gamma": layer.gamma.numpy().tolist(), "beta": layer.beta.numpy().tolist(),
-    "x": x.tolist(), "c": c.tolist(), "y": y.numpy().tolist(),
-    "dx": dx.numpy().tolist(), "dgamma": dgamma.numpy().tolist(), "dbeta": dbeta.numpy().tolist(),
-}))
+Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
+    json.dumps(
+        {
+            "rank": dist.rank,
+            "size": dist.size,
+            "group_size": group.size,
+            "epsilon": EPSILON,
+            "gamma": layer.gamma.numpy().tolist(),
+            "beta": layer.beta.numpy().tolist(),
+            "x": x.tolist(),
+            "c": c.tolist(),
+            "y": y.numpy().tolist(),
+            "dx": dx.numpy().tolist(),
+            "dgamma": dgamma.numpy().tolist(),
+            "dbeta": dbeta.numpy().tolist(),
+        }
+    )
+)

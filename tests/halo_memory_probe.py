@@ -9,11 +9,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 from common.parallel.distribution import SpatialMesh  # noqa: E402
 
 HALO = 2
@@ -34,7 +34,7 @@ def sliced_and_where(slab):
     # grappler turns into an accumulator initialised from a zeros_like) and the faces zeroed by
     # tf.where against a zeros_like. TensorFlow folds a zeros_like of a static shape into a
     # constant the graph keeps between steps.
-    send = tf.concat([slab[:, :HALO], slab[:, slab.shape[1] - HALO:]], axis=1)
+    send = tf.concat([slab[:, :HALO], slab[:, slab.shape[1] - HALO :]], axis=1)
     keep = np.zeros([1, 2 * HALO, 1, 1], bool)
     return tf.where(tf.constant(keep), send, tf.zeros_like(send))
 
@@ -48,11 +48,14 @@ def traced_ops(construction) -> dict:
             slab = x.read_value()
             loss = tf.reduce_sum(tf.square(slab)) + tf.reduce_sum(construction(slab) * 3.0)
         return tape.gradient(loss, x)
+
     ops = step.get_concrete_function().graph.get_operations()
     # tf.zeros_like of a static shape traces as a Fill (or a Const) named after it.
-    return {"zeros_like": sum(op.type == "ZerosLike" or "zeros_like" in op.name for op in ops),
-            "addn_inputs": max([len(op.inputs) for op in ops if op.type == "AddN"], default=0),
-            "gradient": step().numpy().tolist()}
+    return {
+        "zeros_like": sum(op.type == "ZerosLike" or "zeros_like" in op.name for op in ops),
+        "addn_inputs": max([len(op.inputs) for op in ops if op.type == "AddN"], default=0),
+        "gradient": step().numpy().tolist(),
+    }
 
 
 out = {c.__name__: traced_ops(c) for c in (exchange, sliced_and_where)}

@@ -31,8 +31,8 @@ from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.spatial import SpatialConv3D  # noqa: E402
 from tests import tf_profile  # noqa: E402
 
-DELAY_S = 3.0   # 1 s was once too short for the interior, with another pytest worker on the 2 cores
-SLAB = (1, 32, 64, 64, 8)       # [B, Zs, Y, X, C]: an interior of some milliseconds' compute
+DELAY_S = 3.0  # 1 s was once too short for the interior, with another pytest worker on the 2 cores
+SLAB = (1, 32, 64, 64, 8)  # [B, Zs, Y, X, C]: an interior of some milliseconds' compute
 VARIANTS = {"overlap": True, "exchange-first": False}
 LAYER = "conv1"
 
@@ -45,8 +45,10 @@ def trace_intervals(logdir: str, layer: str) -> dict:
         if kernel.kind == "HorovodAlltoall" and kernel.name.startswith(layer + "/"):
             found["alltoall"][kernel.done] = kernel.time
     for op in ops:
-        if op.name.startswith(layer + "/") and "Conv3D" in op.kind:   # "conv1/interior:_MklNativeFusedConv3D"
-            found["convolutions"][op.name[len(layer) + 1:]] = [op.begin, op.end]
+        if (
+            op.name.startswith(layer + "/") and "Conv3D" in op.kind
+        ):  # "conv1/interior:_MklNativeFusedConv3D"
+            found["convolutions"][op.name[len(layer) + 1 :]] = [op.begin, op.end]
     return found
 
 
@@ -58,10 +60,10 @@ def main() -> int:
     mesh = dist.spatial_mesh(2)
     x = tf.constant(np.random.default_rng(dist.rank).normal(size=SLAB).astype(np.float32))
     for variant, overlap in VARIANTS.items():
-        tf_keras.backend.clear_session()   # the layer is conv1 in both variants
+        tf_keras.backend.clear_session()  # the layer is conv1 in both variants
         conv = SpatialConv3D(16, 3, mesh, overlap=overlap, name=LAYER)
         forward = tf.function(conv)
-        forward(x)   # traced and run once: the profiled pass runs kernels only
+        forward(x)  # traced and run once: the profiled pass runs kernels only
         dist.barrier()
         if dist.rank == 1:
             time.sleep(DELAY_S)

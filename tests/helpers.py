@@ -19,21 +19,35 @@ def write_tfrecord(path, x: np.ndarray, y, gzip: bool = True) -> None:
     """One sample in the public layout, written with tf.io.TFRecordWriter directly
     (not with the project's writer, so the reader is checked against the format)."""
     import tensorflow as tf
-    example = tf.train.Example(features=tf.train.Features(feature={
-        "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.astype(np.int16).tobytes()])),
-        "y": tf.train.Feature(float_list=tf.train.FloatList(value=list(np.asarray(y, np.float32)))),
-    }))
-    with tf.io.TFRecordWriter(str(path), tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "")) as w:
+
+    example = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "x": tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[x.astype(np.int16).tobytes()])
+                ),
+                "y": tf.train.Feature(
+                    float_list=tf.train.FloatList(value=list(np.asarray(y, np.float32)))
+                ),
+            }
+        )
+    )
+    with tf.io.TFRecordWriter(
+        str(path), tf.io.TFRecordOptions(compression_type="GZIP" if gzip else "")
+    ) as w:
         w.write(example.SerializeToString())
 
 
 def read_tfrecord(path) -> tuple[np.ndarray, np.ndarray, bool]:
     """(x int16 flat, y float32 [4], gzipped) of a one-sample CosmoFlow file, read with TensorFlow's own ops."""
     import tensorflow as tf
+
     gzip = Path(path).read_bytes()[:2] == b"\x1f\x8b"
     record = next(iter(tf.data.TFRecordDataset(str(path), compression_type="GZIP" if gzip else "")))
-    features = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([], tf.string),
-                                                   "y": tf.io.FixedLenFeature([4], tf.float32)})
+    features = tf.io.parse_single_example(
+        record,
+        {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([4], tf.float32)},
+    )
     return np.frombuffer(features["x"].numpy(), np.int16), features["y"].numpy(), gzip
 
 
@@ -48,6 +62,7 @@ def spoil_cosmoflow_target(path, value: float, index: int = 0) -> None:
 def spoil_deepcam_sample(path, value: float, where=(0, 0, 0)) -> None:
     """Sets one value of a DeepCAM sample's climate/data (height, width, channel) to `value` in place."""
     import h5py
+
     with h5py.File(path, "r+") as f:
         f["climate/data"][where] = value
 
@@ -55,6 +70,7 @@ def spoil_deepcam_sample(path, value: float, where=(0, 0, 0)) -> None:
 def spoil_deepcam_stats(path, value: float, key: str = "climate/maxval", channel: int = 0) -> None:
     """Sets one channel's entry of a stats.h5 vector to `value` in place."""
     import h5py
+
     with h5py.File(path, "r+") as f:
         f[key][channel] = value
 
@@ -63,6 +79,7 @@ def copy_deepcam_subset(src, dst, n_train: int, n_valid: int) -> list:
     """The first n_train / n_valid HDF5 samples of a DeepCAM data set and its stats.h5, copied into
     dst (a tree a test may damage); returns the copied training files."""
     import shutil
+
     for split, n in (("train", n_train), ("validation", n_valid)):
         (Path(dst) / split).mkdir(parents=True)
         for f in sorted((Path(src) / split).glob("*.h5"))[:n]:
@@ -84,12 +101,17 @@ def run(cmd, timeout=600, cwd=REPO, environ=None) -> subprocess.CompletedProcess
     the same `common.run.launch.main` train.py runs, its exit code and output, without the 5-10 s
     of start-up. TESTS_FORKED_TRAIN=0 runs every one as its own process."""
     environ = environ or env()
-    if isinstance(cmd, TrainCommand) and cwd == REPO and os.environ.get("TESTS_FORKED_TRAIN", "1") != "0":
+    if (
+        isinstance(cmd, TrainCommand)
+        and cwd == REPO
+        and os.environ.get("TESTS_FORKED_TRAIN", "1") != "0"
+    ):
         driver = _train_driver()
         if _comparable(driver.environ) == _comparable(environ):
             return driver.run(cmd, timeout)
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=environ, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def failure_output(proc, chars: int = 3000) -> str:
@@ -97,12 +119,12 @@ def failure_output(proc, chars: int = 3000) -> str:
     the failing rank's, which the other ranks' shutdown errors follow and a tail alone cuts off), then
     the last `chars` of stdout and of stderr."""
     first = (proc.stdout + proc.stderr).find("Traceback")
-    head = (proc.stdout + proc.stderr)[first:first + chars] + "\n[...]\n" if first >= 0 else ""
+    head = (proc.stdout + proc.stderr)[first : first + chars] + "\n[...]\n" if first >= 0 else ""
     return head + proc.stdout[-chars:] + proc.stderr[-chars:]
 
 
 def _comparable(environ: dict) -> dict:
-    return {k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"}   # pytest's, per test
+    return {k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's, per test
 
 
 class TrainCommand(list):
@@ -123,31 +145,47 @@ class _TrainDriver:
     def __init__(self):
         import atexit
         import tempfile
+
         self.environ = env()
         self.workdir = Path(tempfile.mkdtemp(prefix="train-driver-"))
-        self.proc = subprocess.Popen([PYTHON, REPO / "tests" / "train_driver.py", "--serve", self.workdir],
-                                     cwd=REPO, env=self.environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [PYTHON, REPO / "tests" / "train_driver.py", "--serve", self.workdir],
+            cwd=REPO,
+            env=self.environ,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.cases = 0
         atexit.register(self.close)
 
     def run(self, cmd: TrainCommand, timeout: float) -> subprocess.CompletedProcess:
         self.cases += 1
-        case = {"id": f"case-{self.cases}", "bench": cmd.bench, "argv": [str(c) for c in cmd[2:]],
-                "timeout": timeout}
+        case = {
+            "id": f"case-{self.cases}",
+            "bench": cmd.bench,
+            "argv": [str(c) for c in cmd[2:]],
+            "timeout": timeout,
+        }
         self.proc.stdin.write(json.dumps(case) + "\n")
         self.proc.stdin.flush()
         reply = self.proc.stdout.readline()
         if not reply:
-            raise RuntimeError(f"tests/train_driver.py ended (exit {self.proc.wait()}) before case {case}")
+            raise RuntimeError(
+                f"tests/train_driver.py ended (exit {self.proc.wait()}) before case {case}"
+            )
         result = json.loads(reply)
         if result["timed_out"]:
-            raise subprocess.TimeoutExpired([str(c) for c in cmd], timeout, result["stdout"], result["stderr"])
-        return subprocess.CompletedProcess([str(c) for c in cmd], result["exit_code"], result["stdout"],
-                                           result["stderr"])
+            raise subprocess.TimeoutExpired(
+                [str(c) for c in cmd], timeout, result["stdout"], result["stderr"]
+            )
+        return subprocess.CompletedProcess(
+            [str(c) for c in cmd], result["exit_code"], result["stdout"], result["stderr"]
+        )
 
     def close(self) -> None:
         import shutil
+
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
@@ -185,6 +223,7 @@ def horovodrun_two_nodes(np_: int, cmd, timeout=600) -> subprocess.CompletedProc
 def horovod_has_mpi() -> bool:
     """Whether Horovod was built with the MPI controller and mpirun exists."""
     import shutil
+
     probe = run([PYTHON, "-c", "import horovod.tensorflow as h; print(h.mpi_built())"], timeout=120)
     return shutil.which("mpirun") is not None and probe.stdout.strip().endswith("True")
 
@@ -201,8 +240,10 @@ def error_lines(text: str) -> list[str]:
 # TensorFlow's C++ log lines (`I0000 00:00:1796188453.009072   25257 port.cc:153] ...`) and abseil's
 # notice before them: TF >= 2.20 logs through abseil before its log level is read, so
 # TF_CPP_MIN_LOG_LEVEL does not hide the first few (oneDNN's notice at import).
-_TF_LOG_LINE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
-                          r"|[IWEF]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] )")
+_TF_LOG_LINE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|[IWEF]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] )"
+)
 
 
 def own_lines(stderr: str) -> list[str]:
@@ -222,9 +263,13 @@ def _rank_pid(rank: int, run_dir):
             continue
         try:
             cmdline = b"\0" + (d / "cmdline").read_bytes()
-            if wanted not in cmdline or not os.path.basename(cmdline.split(b"\0")[1]).startswith(b"python"):
+            if wanted not in cmdline or not os.path.basename(cmdline.split(b"\0")[1]).startswith(
+                b"python"
+            ):
                 continue
-            environ = dict(kv.split(b"=", 1) for kv in (d / "environ").read_bytes().split(b"\0") if b"=" in kv)
+            environ = dict(
+                kv.split(b"=", 1) for kv in (d / "environ").read_bytes().split(b"\0") if b"=" in kv
+            )
         except OSError:
             continue
         for key in (b"HOROVOD_RANK", b"OMPI_COMM_WORLD_RANK", b"SLURM_PROCID"):
@@ -238,8 +283,12 @@ def _rank_pid(rank: int, run_dir):
 def saying_its_exit_code(cmd, before: str = "") -> list:
     """`cmd` for each rank of a launch, run by a shell that then prints "rank R exit CODE" (horovodrun
     reports 1 for any failure); `before`: shell commands to run first. Read back by `said_exit_codes`."""
-    return ["sh", "-c", f'{before} "$0" "$@"; code=$?; echo "rank $HOROVOD_RANK exit $code"; exit $code',
-            *map(str, cmd)]
+    return [
+        "sh",
+        "-c",
+        f'{before} "$0" "$@"; code=$?; echo "rank $HOROVOD_RANK exit $code"; exit $code',
+        *map(str, cmd),
+    ]
 
 
 def said_exit_codes(output: str) -> dict:
@@ -253,16 +302,25 @@ def kill_a_rank_mid_epoch(cmd, out_dir: Path, rank: int = 1, environ=None, timeo
     and times how long the job takes to end. Returns (exit code, seconds, output)."""
     import signal
     import time
-    proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=environ or env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+
+    proc = subprocess.Popen(
+        [str(c) for c in cmd],
+        cwd=REPO,
+        env=environ or env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     partial = Path(out_dir) / "mlperf.log.partial"
     deadline = time.monotonic() + timeout
     while not (partial.exists() and "epoch_start" in partial.read_text()):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError("training never started an epoch:\n" + proc.communicate()[0][-3000:])
+            raise AssertionError(
+                "training never started an epoch:\n" + proc.communicate()[0][-3000:]
+            )
         time.sleep(0.2)
-    time.sleep(2.0)   # mid-epoch, steps in flight
+    time.sleep(2.0)  # mid-epoch, steps in flight
     pid = _rank_pid(rank, out_dir)
     assert pid is not None, f"no process of rank {rank} found"
     start = time.monotonic()
@@ -278,10 +336,15 @@ def kill_a_rank_mid_epoch(cmd, out_dir: Path, rank: int = 1, environ=None, timeo
 def final_checkpoint_state(out: Path) -> dict:
     """Every tensor of a run's newest checkpoint (the state after its last step)."""
     import tensorflow as tf
+
     folders = sorted((Path(out) / "checkpoints").glob("step-??????????"))
     assert folders, f"no checkpoint in {out}"
     reader = tf.train.load_checkpoint(str(folders[-1] / "ckpt"))
-    names = [n for n in reader.get_variable_to_shape_map() if not n.startswith(("save_counter", "_CHECKPOINTABLE"))]
+    names = [
+        n
+        for n in reader.get_variable_to_shape_map()
+        if not n.startswith(("save_counter", "_CHECKPOINTABLE"))
+    ]
     return {n: reader.get_tensor(n) for n in names}
 
 
@@ -289,11 +352,12 @@ def assert_same_final_state(whole: Path, resumed: Path, bench: str) -> None:
     """A resumed run ends with an uninterrupted run's model, optimizer and generators, bit for bit,
     its log says it resumed, and its last epoch's loss is the same."""
     import json
+
     expected, got = final_checkpoint_state(whole), final_checkpoint_state(resumed)
     assert sorted(got) == sorted(expected)
     assert any(n.startswith("optimizer/") for n in got) and any(n.startswith("model/") for n in got)
     if bench == "cosmoflow":
-        assert any(n.startswith("rng/") for n in got)   # the dropout generator's state
+        assert any(n.startswith("rng/") for n in got)  # the dropout generator's state
     differ = [n for n in expected if not np.array_equal(expected[n], got[n])]
     assert not differ, f"{len(differ)} of {len(expected)} tensors differ, e.g. {differ[:3]}"
     assert '"key": "resumed_from"' in (Path(resumed) / "mlperf.log").read_text()
@@ -310,15 +374,33 @@ DEEPCAM_NARROW = ["--set", "model.width=0.0625"]
 # A short CosmoFlow run for the resume tests (test_exact_resume.py, test_slurm.py): 3 epochs of
 # 96 samples, a checkpoint every 3 steps, op determinism; dropout on, so that its generator's
 # state must resume too; a target reached at once, so it exits 0 (horovodrun turns 3 into 1).
-COSMOFLOW_EXACT_ARGS = ["--n-train", "96", "--n-valid", "32", "--batch-size", "4", "--n-epochs", "3",
-                        "--checkpoint-steps", "3", "--deterministic", "--set", "model.dropout=0.3",
-                        "--set", "train.stop_at_target=false", "--set", "target_mae=10",
-                        "--set", "runtime.check_log=false"]
+COSMOFLOW_EXACT_ARGS = [
+    "--n-train",
+    "96",
+    "--n-valid",
+    "32",
+    "--batch-size",
+    "4",
+    "--n-epochs",
+    "3",
+    "--checkpoint-steps",
+    "3",
+    "--deterministic",
+    "--set",
+    "model.dropout=0.3",
+    "--set",
+    "train.stop_at_target=false",
+    "--set",
+    "target_mae=10",
+    "--set",
+    "runtime.check_log=false",
+]
 
 
 def checkpoint_after_epoch(run_dir, epoch: int) -> Path:
     """The checkpoint folder a run wrote at the end of `epoch` (its state.json says which)."""
     import json
+
     for folder in sorted((Path(run_dir) / "checkpoints").glob("step-??????????")):
         state = json.loads((folder / "state.json").read_text())
         if state["epoch"] == epoch and state["steps_done"] == state["steps_per_epoch"]:
@@ -329,6 +411,7 @@ def checkpoint_after_epoch(run_dir, epoch: int) -> Path:
 def probe_on_two_ranks(script: str, out) -> list:
     """Runs tests/<script> on 2 Horovod ranks (Gloo) writing `out`/rank-R.json; returns both ranks' JSON."""
     import json
+
     proc = horovodrun(2, [PYTHON, REPO / "tests" / script, out], timeout=240)
     assert proc.returncode == 0, failure_output(proc)
     return [json.loads((Path(out) / f"rank-{r}.json").read_text()) for r in (0, 1)]
@@ -336,6 +419,7 @@ def probe_on_two_ranks(script: str, out) -> list:
 
 class SingleProcess:
     """The Distribution of one process without Horovod, for TrainStep in unit tests."""
+
     size = 1
 
     @staticmethod
@@ -353,9 +437,14 @@ def train_to_summary(cmd, ranks: int, out) -> tuple:
 def final_model_weights(out) -> dict:
     """{checkpoint name: array} of the model's variables in the run folder's newest checkpoint."""
     import tensorflow as tf
+
     folder = sorted((Path(out) / "checkpoints").iterdir())[-1]
     reader = tf.train.load_checkpoint(str(folder / "ckpt"))
-    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.startswith("model/")}
+    return {
+        n: reader.get_tensor(n)
+        for n in reader.get_variable_to_shape_map()
+        if n.startswith("model/")
+    }
 
 
 def rank_results(out, job: str, ranks: int) -> list[dict]:

@@ -33,13 +33,17 @@ from common.run.launch import main  # noqa: E402
 BASE, SPAN = 1e6, 1e5
 state = {"running": False, "launched": 0, "epoch_end": False}
 
-_call, _run, _end_epoch, _numpy = (steps.TrainStep.__call__, train_mode.TrainingRun.run,
-                                   train_mode.TrainingRun._end_epoch, ops._EagerTensorBase._numpy)
+_call, _run, _end_epoch, _numpy = (
+    steps.TrainStep.__call__,
+    train_mode.TrainingRun.run,
+    train_mode.TrainingRun._end_epoch,
+    ops._EagerTensorBase._numpy,
+)
 
 
 def probed_call(self, batches):
     result = _call(self, batches)
-    if not state["running"]:   # warm-up's steps, before run_start
+    if not state["running"]:  # warm-up's steps, before run_start
         return result
     state["launched"] += 1
     return steps.StepResult(tf.constant(BASE + state["launched"], tf.float32), result.inputs_finite)
@@ -67,8 +71,11 @@ def probed_numpy(self):
         return value
     values = np.asarray(value, np.float64).ravel()
     if values.size and np.all((values >= BASE) & (values < BASE + SPAN)):
-        print(f"inflight probe: read {int(values.max() - BASE)} launched {state['launched']} "
-              f"epoch-end {int(state['epoch_end'])}", flush=True)
+        print(
+            f"inflight probe: read {int(values.max() - BASE)} launched {state['launched']} "
+            f"epoch-end {int(state['epoch_end'])}",
+            flush=True,
+        )
     return value
 
 

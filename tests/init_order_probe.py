@@ -33,7 +33,9 @@ _configure = runtime.configure
 def _probed_configure(runtime_config, dist):
     configured = _configure(runtime_config, dist)
     pools = "refused" if "TensorFlow was running before" in configured["threads_note"] else "set"
-    print(f"init-order probe: rank {dist.rank} device {dist.device} thread pools {pools}", flush=True)
+    print(
+        f"init-order probe: rank {dist.rank} device {dist.device} thread pools {pools}", flush=True
+    )
     return configured
 
 
@@ -48,7 +50,10 @@ if __name__ == "__main__":
     bench, argv = sys.argv[1], sys.argv[2:]
     if os.environ.get("INIT_ORDER_PROBE_OP_FIRST") in ("all", _rank()):
         import tensorflow as tf
-        float(tf.constant(1.0) + 1.0)   # an op before main: TensorFlow's context exists from here on
-    runtime.configure = _probed_configure   # launch calls it through the module (runtime_lib.configure)
+
+        float(tf.constant(1.0) + 1.0)  # an op before main: TensorFlow's context exists from here on
+    runtime.configure = (
+        _probed_configure  # launch calls it through the module (runtime_lib.configure)
+    )
     sys.argv = [str(REPO / bench / "train.py"), *argv]
     sys.exit(main(benchmarks.task_class(bench), argv))

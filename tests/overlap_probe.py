@@ -50,29 +50,62 @@ def _profiled(out: Path):
             tf.profiler.experimental.stop()
         ops, kernels = tf_profile.read(logdir)
     backward = [op for op in ops if op.name.startswith("gradient_tape/")]
-    out.write_text(json.dumps({
-        "launches": {k.name: k.time for k in kernels if k.kind.startswith("Horovod") and not k.done},
-        "backward": [min(op.begin for op in backward), max(op.end for op in backward)]}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "launches": {
+                    k.name: k.time for k in kernels if k.kind.startswith("Horovod") and not k.done
+                },
+                "backward": [min(op.begin for op in backward), max(op.end for op in backward)],
+            },
+            indent=1,
+        )
+    )
 
 
 def _run(dist, grouped: bool, compression: str, timeline: Path | None) -> dict:
     tf_keras.backend.clear_session()
-    tf_keras.utils.set_random_seed(1)   # the same start on every rank and variant
-    cfg = load_config(CosmoFlowTask.config_class, Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
-                      {"data.data_dir": "/unused", "data.batch_size": BATCH,
-                       "data.sample_shape": f"{EDGE},{EDGE},{EDGE},4"})
+    tf_keras.utils.set_random_seed(1)  # the same start on every rank and variant
+    cfg = load_config(
+        CosmoFlowTask.config_class,
+        Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
+        {
+            "data.data_dir": "/unused",
+            "data.batch_size": BATCH,
+            "data.sample_shape": f"{EDGE},{EDGE},{EDGE},4",
+        },
+    )
     task = CosmoFlowTask(cfg)
     model = task.build_model(None)
     optimizer, _ = task.build_optimizer(BATCH * dist.size, steps_per_epoch=10)
-    step = TrainStep(model, optimizer, task.build_losses(), dist, compression, preprocess=task.preprocess_batch,
-                     grouped_allreduce=grouped)
-    data = np.random.default_rng(100 + dist.rank)   # each rank its own batches
-    batches = [(tf.constant(data.poisson(2.0, (BATCH, EDGE, EDGE, EDGE, 4)).astype(np.int16)),
-                tf.constant(data.uniform(-1, 1, (BATCH, 4)).astype(np.float32))) for _ in range(STEPS)]
+    step = TrainStep(
+        model,
+        optimizer,
+        task.build_losses(),
+        dist,
+        compression,
+        preprocess=task.preprocess_batch,
+        grouped_allreduce=grouped,
+    )
+    data = np.random.default_rng(100 + dist.rank)  # each rank its own batches
+    batches = [
+        (
+            tf.constant(data.poisson(2.0, (BATCH, EDGE, EDGE, EDGE, 4)).astype(np.int16)),
+            tf.constant(data.uniform(-1, 1, (BATCH, 4)).astype(np.float32)),
+        )
+        for _ in range(STEPS)
+    ]
     for i, batch in enumerate(batches):
         if timeline is not None and i == STEPS - 1:
-            profile = _profiled(timeline.with_name("profile.json")) if dist.is_root else contextlib.nullcontext()
-            with profile, dist.timeline(timeline):   # the timeline stopped first: reading the profile takes a while
+            profile = (
+                _profiled(timeline.with_name("profile.json"))
+                if dist.is_root
+                else contextlib.nullcontext()
+            )
+            with (
+                profile,
+                dist.timeline(timeline),
+            ):  # the timeline stopped first: reading the profile takes a while
                 float(step(iter([batch])).loss)
         else:
             float(step(iter([batch])).loss)
@@ -84,7 +117,9 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     tf.config.experimental.enable_op_determinism()
-    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"   # read at hvd.init: timelines started and stopped at will
+    os.environ["HOROVOD_TIMELINE"] = (
+        "DYNAMIC"  # read at hvd.init: timelines started and stopped at will
+    )
     # A cycle (ms) well below backward's time here, so that the gradients produced apart meet in
     # different cycles (at the default too, on this model; set so a fast CPU cannot make it one).
     os.environ["HOROVOD_CYCLE_TIME"] = "1"
@@ -92,7 +127,9 @@ def main() -> int:
     for name, (grouped, compression) in VARIANTS.items():
         out = Path(args.out) / name
         out.mkdir(parents=True, exist_ok=True)
-        weights = _run(dist, grouped, compression, out / "timeline.json" if compression == "none" else None)
+        weights = _run(
+            dist, grouped, compression, out / "timeline.json" if compression == "none" else None
+        )
         np.savez(out / f"rank-{dist.rank:05d}.npz", **weights)
         dist.barrier()
     return 0

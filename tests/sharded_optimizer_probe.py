@@ -42,31 +42,59 @@ EDGE, BATCH, STEPS, SAVED = 32, 2, 4, 2
 
 
 def _build(dist, mesh, sharded: bool):
-    tf_keras.utils.set_random_seed(1)   # the same start on every rank and variant
-    cfg = load_config(CosmoFlowTask.config_class, Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
-                      {"data.data_dir": "/unused", "data.batch_size": BATCH})
+    tf_keras.utils.set_random_seed(1)  # the same start on every rank and variant
+    cfg = load_config(
+        CosmoFlowTask.config_class,
+        Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
+        {"data.data_dir": "/unused", "data.batch_size": BATCH},
+    )
     task = CosmoFlowTask(cfg)
     model = task.build_model(None)
     # A clip well below the gradients' norm, so that it scales them: a clip over only the gradients a
     # rank owns (a smaller norm) would scale them otherwise, and the weights would differ.
-    optimizer = optimizers.build_optimizer("LAMB", learning_rate=0.01, weight_decay=0.01, max_grad_norm=0.05)
-    shard = (ShardedUpdate(model.trainable_variables, mesh.index, mesh.size,
-                           lambda flat: mesh.allgather(flat, "probe.sharded_weights")) if sharded else None)
-    step = TrainStep(model, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch, shard=shard)
+    optimizer = optimizers.build_optimizer(
+        "LAMB", learning_rate=0.01, weight_decay=0.01, max_grad_norm=0.05
+    )
+    shard = (
+        ShardedUpdate(
+            model.trainable_variables,
+            mesh.index,
+            mesh.size,
+            lambda flat: mesh.allgather(flat, "probe.sharded_weights"),
+        )
+        if sharded
+        else None
+    )
+    step = TrainStep(
+        model, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch, shard=shard
+    )
     return model, optimizer, step, shard
 
 
 def _batches(rank: int):
-    data = np.random.default_rng(100 + rank)   # each rank its own batches
-    return [(tf.constant(data.poisson(2.0, (BATCH, EDGE, EDGE, EDGE, 4)).astype(np.int16)),
-             tf.constant(data.uniform(-1, 1, (BATCH, 4)).astype(np.float32))) for _ in range(STEPS)]
+    data = np.random.default_rng(100 + rank)  # each rank its own batches
+    return [
+        (
+            tf.constant(data.poisson(2.0, (BATCH, EDGE, EDGE, EDGE, 4)).astype(np.int16)),
+            tf.constant(data.uniform(-1, 1, (BATCH, 4)).astype(np.float32)),
+        )
+        for _ in range(STEPS)
+    ]
 
 
 def _saver(out: Path, model, optimizer, dist, shard) -> CheckpointSaver:
     """The run's saver, saving at each epoch's end (here: after SAVED steps)."""
     train = types.SimpleNamespace(keep_checkpoints=0, checkpoint_every=1, checkpoint_steps=0)
-    return CheckpointSaver(out / "checkpoints", model, optimizer, dist, train, steps_per_epoch=SAVED,
-                           benchmark="probe", optimizer_shard=shard)
+    return CheckpointSaver(
+        out / "checkpoints",
+        model,
+        optimizer,
+        dist,
+        train,
+        steps_per_epoch=SAVED,
+        benchmark="probe",
+        optimizer_shard=shard,
+    )
 
 
 def _weights(model) -> dict:
@@ -98,20 +126,31 @@ def main() -> int:
             if variant == "sharded" and i + 1 == SAVED:
                 saver = _saver(out, model, optimizer, dist, shard)
                 saver.save(epoch=0, steps_done=SAVED, global_step=SAVED, wait=True)
-                dist.barrier()   # rank 0 has published it
+                dist.barrier()  # rank 0 has published it
                 folder = saver.folder(SAVED)
         arrays |= {f"{variant}/{k}": v for k, v in _weights(model).items()}
-        facts[variant] = {"slot_elements": _slot_elements(optimizer),
-                          "owned": shard.owned if shard is not None else None}
+        facts[variant] = {
+            "slot_elements": _slot_elements(optimizer),
+            "owned": shard.owned if shard is not None else None,
+        }
 
     for variant in ("resumed", "slots-lost"):
         tf_keras.backend.clear_session()
         model, optimizer, step, shard = _build(dist, mesh, sharded=True)
-        point = resume_point(_saver(out, model, optimizer, dist, shard).checkpointer, folder, model=model,
-                             rank=dist.rank, ranks=dist.size, steps_per_epoch=SAVED, accumulation=1,
-                             optimizer_shard=shard)
+        point = resume_point(
+            _saver(out, model, optimizer, dist, shard).checkpointer,
+            folder,
+            model=model,
+            rank=dist.rank,
+            ranks=dist.size,
+            steps_per_epoch=SAVED,
+            accumulation=1,
+            optimizer_shard=shard,
+        )
         facts[variant] = {"global_step": point.global_step}
-        if variant == "slots-lost" and shard.index > 0:   # this rank's part as if it had not been read
+        if (
+            variant == "slots-lost" and shard.index > 0
+        ):  # this rank's part as if it had not been read
             for v in optimizer.variables:
                 if v.shape.rank:
                     v.assign(tf.zeros_like(v))

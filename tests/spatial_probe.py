@@ -35,7 +35,7 @@ import tf_keras  # noqa: E402
 
 from common.parallel.distribution import Distribution  # noqa: E402
 
-GLOBAL_SAMPLES = 4          # the fixed global batch of `model` (split over the groups)
+GLOBAL_SAMPLES = 4  # the fixed global batch of `model` (split over the groups)
 EDGE = 64
 
 
@@ -48,16 +48,18 @@ def _without_halo(mesh):
         del name
         planes = tf.zeros_like(x[:, :halo])
         return NeighbourPlanes(below=planes, above=planes, sent=x)
+
     mesh.neighbour_planes = zeros
 
 
 def layer(mesh, overlap: bool) -> dict:
     from common.parallel.spatial import SpatialConv3D
+
     rng = np.random.default_rng(3)
     x = rng.integers(-3, 4, size=(2, 16, 6, 5, 3)).astype(np.float32)
     kernel = rng.integers(-2, 3, size=(3, 3, 3, 3, 4)).astype(np.float32)
     bias = rng.integers(-2, 3, size=4).astype(np.float32)
-    weights = rng.integers(-2, 3, size=(2, 16, 6, 5, 4)).astype(np.float32)   # d(loss)/d(output)
+    weights = rng.integers(-2, 3, size=(2, 16, 6, 5, 4)).astype(np.float32)  # d(loss)/d(output)
     planes = x.shape[1] // mesh.size
     z = slice(mesh.index * planes, (mesh.index + 1) * planes)
 
@@ -78,8 +80,16 @@ def layer(mesh, overlap: bool) -> dict:
     whole.set_weights([kernel, bias])
     out, d_x, d_k, d_b = run(split, x[:, z], weights[:, z])
     w_out, w_dx, w_dk, w_db = run(whole, x, weights)
-    return dict(out=out, d_input=d_x, d_kernel=d_k, d_bias=d_b, whole_out=w_out[:, z], whole_d_input=w_dx[:, z],
-                whole_d_kernel=w_dk, whole_d_bias=w_db)
+    return dict(
+        out=out,
+        d_input=d_x,
+        d_kernel=d_k,
+        d_bias=d_b,
+        whole_out=w_out[:, z],
+        whole_d_input=w_dx[:, z],
+        whole_d_kernel=w_dk,
+        whole_d_bias=w_db,
+    )
 
 
 def _with_halo(planes, slab):
@@ -92,11 +102,15 @@ def halo(mesh) -> dict:
     x = rng.integers(-100, 100, size=(2, 8, 3, 2, 2)).astype(np.float32)
     planes = x.shape[1] // mesh.size
     z = slice(mesh.index * planes, (mesh.index + 1) * planes + 2)
-    padded = np.pad(x, [(0, 0), (1, 1), (0, 0), (0, 0), (0, 0)])[:, z]   # the halo planes of the whole tensor
+    padded = np.pad(x, [(0, 0), (1, 1), (0, 0), (0, 0), (0, 0)])[
+        :, z
+    ]  # the halo planes of the whole tensor
     out = {"want": padded}
     for dtype in (tf.float32, tf.bfloat16):
-        slab = tf.cast(x[:, mesh.index * planes:(mesh.index + 1) * planes], dtype)
-        got = tf.function(lambda t: _with_halo(mesh.neighbour_planes(t, 1, name="probe.halo"), t))(slab)
+        slab = tf.cast(x[:, mesh.index * planes : (mesh.index + 1) * planes], dtype)
+        got = tf.function(lambda t: _with_halo(mesh.neighbour_planes(t, 1, name="probe.halo"), t))(
+            slab
+        )
         out[f"got_{dtype.name}"] = tf.cast(got, tf.float32).numpy()
         out[f"dtype_{dtype.name}"] = got.dtype.name
     return out
@@ -105,10 +119,18 @@ def halo(mesh) -> dict:
 def _model_config(spatial_ranks: int, batch_size: int, halo_overlap: bool):
     from common.base_config import ParallelConfig
     from cosmoflow.config import CosmoFlowConfig, DataConfig, ModelConfig
-    cfg = CosmoFlowConfig(data=DataConfig(data_dir="unused", batch_size=batch_size, sample_shape=(EDGE, EDGE, EDGE, 4),
-                                          n_train=GLOBAL_SAMPLES, n_valid=GLOBAL_SAMPLES),
-                          model=ModelConfig(conv_size=2, n_conv_layers=5, fc1_size=8, fc2_size=4, dropout=0.0),
-                          parallel=ParallelConfig(spatial_ranks=spatial_ranks, halo_overlap=halo_overlap))
+
+    cfg = CosmoFlowConfig(
+        data=DataConfig(
+            data_dir="unused",
+            batch_size=batch_size,
+            sample_shape=(EDGE, EDGE, EDGE, 4),
+            n_train=GLOBAL_SAMPLES,
+            n_valid=GLOBAL_SAMPLES,
+        ),
+        model=ModelConfig(conv_size=2, n_conv_layers=5, fc1_size=8, fc2_size=4, dropout=0.0),
+        parallel=ParallelConfig(spatial_ranks=spatial_ranks, halo_overlap=halo_overlap),
+    )
     cfg.validate()
     return cfg
 
@@ -117,11 +139,12 @@ def model(mesh, dist, overlap: bool) -> dict:
     from common.parallel.spatial import gradient_scales
     from common.run.steps import TrainStep
     from cosmoflow.task import CosmoFlowTask
+
     batch = GLOBAL_SAMPLES // mesh.groups
     task = CosmoFlowTask(_model_config(mesh.size, batch, overlap), mesh if mesh.is_split else None)
     net = task.build_model(None)
     rng = np.random.default_rng(5)
-    for v in net.trainable_variables:   # the same start on every rank and split, scaled by fan-in
+    for v in net.trainable_variables:  # the same start on every rank and split, scaled by fan-in
         fan_in = int(np.prod(v.shape[:-1])) if v.shape.rank > 1 else 100
         v.assign(rng.normal(0.0, 1.0 / np.sqrt(fan_in), v.shape).astype(np.float32))
     data = np.random.default_rng(11)
@@ -129,19 +152,32 @@ def model(mesh, dist, overlap: bool) -> dict:
     y_all = data.uniform(-1, 1, size=(GLOBAL_SAMPLES, 4)).astype(np.float32)
     samples = slice(mesh.group * batch, (mesh.group + 1) * batch)
     planes = EDGE // mesh.size
-    x = tf.constant(x_all[samples, mesh.index * planes:(mesh.index + 1) * planes])
+    x = tf.constant(x_all[samples, mesh.index * planes : (mesh.index + 1) * planes])
     y = tf.constant(y_all[samples])
     optimizer, _ = task.build_optimizer(GLOBAL_SAMPLES, steps_per_epoch=10)
-    step = TrainStep(net, optimizer, task.build_losses(), dist, preprocess=task.preprocess_batch,
-                     gradient_scales=gradient_scales(net))
+    step = TrainStep(
+        net,
+        optimizer,
+        task.build_losses(),
+        dist,
+        preprocess=task.preprocess_batch,
+        gradient_scales=gradient_scales(net),
+    )
     pred = net(task.preprocess_batch(x, y)[0], training=False).numpy()
-    loss, _, grads = step._loss_and_grads(x, y)   # (loss, inputs finite, gradients)
+    loss, _, grads = step._loss_and_grads(x, y)  # (loss, inputs finite, gradients)
     reduced = step.reduce_gradients(grads)
     step(iter([(x, y)]))
-    out = dict(pred=pred, loss=loss.numpy(), group=mesh.group, groups=mesh.groups,
-               scales=np.array(gradient_scales(net)),
-               layers=np.array([layer.name for layer in net.layers]),
-               overlapped=np.array([layer.name for layer in net.layers if getattr(layer, "overlaps", False)]))
+    out = dict(
+        pred=pred,
+        loss=loss.numpy(),
+        group=mesh.group,
+        groups=mesh.groups,
+        scales=np.array(gradient_scales(net)),
+        layers=np.array([layer.name for layer in net.layers]),
+        overlapped=np.array(
+            [layer.name for layer in net.layers if getattr(layer, "overlaps", False)]
+        ),
+    )
     for i, (g, v) in enumerate(zip(reduced, net.trainable_variables)):
         out[f"grad_{i}"] = g.numpy()
         out[f"weight_{i}"] = v.numpy()
@@ -149,15 +185,24 @@ def model(mesh, dist, overlap: bool) -> dict:
 
 
 def labels(mesh, data_dir: str) -> dict:
-    from cosmoflow.task import CosmoFlowTask
     from common.config_loading import load_config
-    cfg = load_config(CosmoFlowTask.config_class, Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
-                      {"data.data_dir": data_dir, "data.n_train": 16, "data.n_valid": 8, "data.batch_size": 2,
-                       "parallel.spatial_ranks": mesh.size})
+    from cosmoflow.task import CosmoFlowTask
+
+    cfg = load_config(
+        CosmoFlowTask.config_class,
+        Path(__file__).parent / "configs" / "cosmoflow_tiny.yaml",
+        {
+            "data.data_dir": data_dir,
+            "data.n_train": 16,
+            "data.n_valid": 8,
+            "data.batch_size": 2,
+            "parallel.spatial_ranks": mesh.size,
+        },
+    )
     task = CosmoFlowTask(cfg, mesh if mesh.is_split else None)
     shards = task.shard(mesh.group, mesh.groups)
     train, _ = task.build_inputs(shards, mesh.group, 1)
-    steps = 2 * len(shards.train_files) // cfg.data.batch_size   # two epochs
+    steps = 2 * len(shards.train_files) // cfg.data.batch_size  # two epochs
     ys, xs = [], []
     for (x, y), _ in zip(train, range(steps)):
         ys.append(y.numpy())
@@ -172,24 +217,29 @@ def main() -> int:
     parser.add_argument("--data-dir")
     args = parser.parse_args()
     dist = Distribution()
-    meshes = {}   # one per K: registering a group's process set twice is refused
+    meshes = {}  # one per K: registering a group's process set twice is refused
     for job in args.jobs:
         mode, k, *flags = job.split(":")
         if int(k) not in meshes:
             meshes[int(k)] = dist.spatial_mesh(int(k))
-        mesh = copy.copy(meshes[int(k)])   # a job's no-halo patch stays its own
+        mesh = copy.copy(meshes[int(k)])  # a job's no-halo patch stays its own
         if not set(flags) <= {"no-halo", "no-overlap"}:
             raise SystemExit(f"{job}: unknown flag(s) {flags}")
         if "no-halo" in flags:
             _without_halo(mesh)
         overlap = "no-overlap" not in flags
-        tf_keras.backend.clear_session()   # each job's layers get the names they would get alone
-        result = {"halo": lambda: halo(mesh), "layer": lambda: layer(mesh, overlap),
-                  "model": lambda: model(mesh, dist, overlap),
-                  "labels": lambda: labels(mesh, args.data_dir)}[mode]()
+        tf_keras.backend.clear_session()  # each job's layers get the names they would get alone
+        result = {
+            "halo": lambda m, o: halo(m),
+            "layer": lambda m, o: layer(m, o),
+            "model": lambda m, o: model(m, dist, o),
+            "labels": lambda m, o: labels(m, args.data_dir),
+        }[mode](mesh, overlap)
         out = Path(args.out) / job
         out.mkdir(parents=True, exist_ok=True)
-        np.savez(out / f"rank-{dist.rank:05d}.npz", index=mesh.index, described=mesh.describe(), **result)
+        np.savez(
+            out / f"rank-{dist.rank:05d}.npz", index=mesh.index, described=mesh.describe(), **result
+        )
         dist.barrier()
     return 0
 

@@ -11,7 +11,9 @@ def _address(a) -> int:
     return a.ctypes.data
 
 
-@pytest.mark.parametrize("shape, dtype", [((3, 5), np.float32), ((7,), np.uint8), ((2, 1, 3), np.int16)])
+@pytest.mark.parametrize(
+    "shape, dtype", [((3, 5), np.float32), ((7,), np.uint8), ((2, 1, 3), np.int16)]
+)
 def test_aligned_empty_is_aligned_and_contiguous(shape, dtype):
     for _ in range(5):
         a = aligned_empty(shape, dtype)
@@ -25,16 +27,20 @@ def test_a_buffer_is_reused_only_when_nothing_else_holds_it():
     first = _address(x)
     del x, y
     x1, y1 = pool.take(2)
-    assert _address(x1) == first and pool.pooled == 1          # released: reused
+    assert _address(x1) == first and pool.pooled == 1  # released: reused
     x2, y2 = pool.take(2)
-    assert _address(x2) != first and pool.pooled == 2          # x1 held: a new one
+    assert _address(x2) != first and pool.pooled == 2  # x1 held: a new one
     del y2
     x3, _ = pool.take(2)
-    assert _address(x3) not in (first, _address(x2))          # x2 alone still held: its batch stays busy
+    assert _address(x3) not in (first, _address(x2))  # x2 alone still held: its batch stays busy
     view = x1[1:]
     del x1, y1
     x4, _ = pool.take(2)
-    assert _address(x4) not in (first, _address(x2), _address(x3))   # a view of x1 keeps x1's batch busy
+    assert _address(x4) not in (
+        first,
+        _address(x2),
+        _address(x3),
+    )  # a view of x1 keeps x1's batch busy
     assert pool.pooled == 3
     del view
     x5, _ = pool.take(2)
@@ -62,11 +68,16 @@ def test_tensors_from_numpy_function_keep_their_buffer_until_freed():
         return x
 
     ds = tf.data.Dataset.range(8).map(
-        lambda i: tf.ensure_shape(tf.numpy_function(fill, [i], tf.float32, stateful=False), (2, 1000)))
+        lambda i: tf.ensure_shape(
+            tf.numpy_function(fill, [i], tf.float32, stateful=False), (2, 1000)
+        )
+    )
     held = list(ds)
     for i, x in enumerate(held):
         assert np.all(x.numpy() == i)
-    pooled = {_address(np.asarray(x)) for x in held[:4]}   # the first four batches: the pool's buffers
+    pooled = {
+        _address(np.asarray(x)) for x in held[:4]
+    }  # the first four batches: the pool's buffers
     assert pool.pooled == 4 and len({_address(np.asarray(x)) for x in held}) == 8
     del held
     # TensorFlow drops its references to numpy_function arrays under the GIL, at its next

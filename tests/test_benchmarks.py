@@ -27,21 +27,29 @@ printf '%s\\n' "$@" > "$SRUN_ARGS"
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "common.benchmarks", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "common.benchmarks", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _defines(spec: str, kind=ast.ClassDef) -> bool:
     """Whether the module file of a "module:name" spec defines that class or function (read, not imported)."""
     module, _, name = spec.partition(":")
     path = REPO / (module.replace(".", "/") + ".py")
-    return path.is_file() and any(isinstance(node, kind) and node.name == name
-                                  for node in ast.parse(path.read_text()).body)
+    return path.is_file() and any(
+        isinstance(node, kind) and node.name == name for node in ast.parse(path.read_text()).body
+    )
 
 
 def test_the_table_is_importable_without_tensorflow():
     code = "import sys; import common.benchmarks; print('tensorflow' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
 
 
@@ -66,13 +74,19 @@ def test_every_file_an_entry_names_exists(name):
     assert _defines(b.task_class), b.task_class
     # Functions the measurement tools call, and the input bench's options and variants.
     assert not b.one_core_reader or _defines(b.one_core_reader, ast.FunctionDef), b.one_core_reader
-    assert not b.input_bench or (_defines(f"{b.input_bench}:Options")
-                                 and _defines(f"{b.input_bench}:variants", ast.FunctionDef)), b.input_bench
+    assert not b.input_bench or (
+        _defines(f"{b.input_bench}:Options")
+        and _defines(f"{b.input_bench}:variants", ast.FunctionDef)
+    ), b.input_bench
     assert not b.full_model_config or REPO / b.full_model_config in closed, b.full_model_config
     assert bool(b.throughput_args) == bool(b.throughput_bench)
     assert dataclasses.is_dataclass(benchmarks.config_class(name))
     # The train script takes the flags the table gives it (make and sbatch pass them).
-    assert b.data_flag.startswith("--") and b.output_flag.startswith("--") and b.stage_flag.startswith("--")
+    assert (
+        b.data_flag.startswith("--")
+        and b.output_flag.startswith("--")
+        and b.stage_flag.startswith("--")
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -85,14 +99,18 @@ def test_closed_configs_give_their_global_batch_and_the_cli_finds_them(name):
         ranks = global_batch // local_batch
         assert benchmarks.closed_config_for_ranks(name, ranks) == path
         proc = cli("closed-config", name, str(ranks))
-        assert proc.returncode == 0 and proc.stdout.strip() == str(path.relative_to(REPO)), proc.stderr
-    proc = cli("closed-config", name, "7")   # no RCP global batch is 7 x a local batch of 2 or 4
+        assert proc.returncode == 0 and proc.stdout.strip() == str(path.relative_to(REPO)), (
+            proc.stderr
+        )
+    proc = cli("closed-config", name, "7")  # no RCP global batch is 7 x a local batch of 2 or 4
     assert proc.returncode == 1 and proc.stdout == "" and "set CONFIG" in proc.stderr
 
 
 def test_names_with_a_field_skip_the_entries_that_leave_it_empty(monkeypatch):
     first, second = benchmarks.BENCHMARKS[:2]
-    monkeypatch.setattr(benchmarks, "BENCHMARKS", (first, dataclasses.replace(second, throughput_bench="")))
+    monkeypatch.setattr(
+        benchmarks, "BENCHMARKS", (first, dataclasses.replace(second, throughput_bench=""))
+    )
     assert benchmarks.names_with("throughput_bench") == (first.name,)
     assert benchmarks.names_with("name") == (first.name, second.name)
 
@@ -110,9 +128,11 @@ def test_cli_prints_what_the_table_holds():
 
 
 def make_n(*args) -> str:
-    proc = subprocess.run(["make", "-n", "-C", str(REPO), *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["make", "-n", "-C", str(REPO), *args], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return " ".join(proc.stdout.replace("\\\n", " ").split())   # one line, single spaces
+    return " ".join(proc.stdout.replace("\\\n", " ").split())  # one line, single spaces
 
 
 # Each benchmark's run target and the prefix of its Makefile variables (<prefix>_DATA, <prefix>_CONFIG),
@@ -121,7 +141,9 @@ MAKE_RUN = {"cosmoflow": ("run", "COSMO"), "deepcam": ("run-deepcam", "DEEPCAM")
 
 
 def test_every_benchmark_has_makefile_rules():
-    assert sorted(MAKE_RUN) == sorted(NAMES), "a benchmark of the table without its block in the Makefile"
+    assert sorted(MAKE_RUN) == sorted(NAMES), (
+        "a benchmark of the table without its block in the Makefile"
+    )
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
@@ -130,10 +152,15 @@ def test_the_makefiles_rules_name_what_the_table_names(name):
     b = benchmarks.get(name)
     target, prefix = MAKE_RUN[name]
     run = make_n(target)
-    generate = re.search(rf"-m {re.escape(b.generator)} --output-dir (\S+) (.*?)(?= \S*python|$)", run)
+    generate = re.search(
+        rf"-m {re.escape(b.generator)} --output-dir (\S+) (.*?)(?= \S*python|$)", run
+    )
     assert generate and generate.group(2).split() == list(b.generator_args), run
     data = generate.group(1)
-    assert f"{b.train_script} {b.synthetic_config} {b.data_flag} {data} {b.output_flag} runs/{name}-" in run
+    assert (
+        f"{b.train_script} {b.synthetic_config} {b.data_flag} {data} {b.output_flag} runs/{name}-"
+        in run
+    )
     # The documented variables still override.
     run = make_n(target, f"{prefix}_DATA=/d", f"{prefix}_CONFIG=/c.yaml")
     assert f"{b.train_script} /c.yaml {b.data_flag} /d " in run
@@ -149,10 +176,16 @@ def test_the_makefiles_rules_name_what_the_table_names(name):
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_refuses_an_unknown_bench():
-    proc = subprocess.run(["make", "-n", "-C", str(REPO), "result-set", "BENCH=nope"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        ["make", "-n", "-C", str(REPO), "result-set", "BENCH=nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "BENCH=nope is not a benchmark" in proc.stderr
-    assert f"known: {' '.join(NAMES)}." in proc.stderr   # the Makefile's BENCHMARKS is the table's names
+    assert (
+        f"known: {' '.join(NAMES)}." in proc.stderr
+    )  # the Makefile's BENCHMARKS is the table's names
 
 
 @pytest.fixture
@@ -163,16 +196,29 @@ def fake_slurm(tmp_path) -> dict:
     (bin_dir / "srun").chmod(stat.S_IRWXU)
     (tmp_path / "config.yaml").write_text("mlperf: {org: reference}\n")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return environ | {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "REPO": str(REPO),
-                      "VENV": str(Path(sys.executable).parent.parent), "DATA_DIR": "/data/set",
-                      "CONFIG": str(tmp_path / "config.yaml"), "OUTPUT_DIR": str(tmp_path / "out"),
-                      "STAGE_DIR": "/local/stage", "SRUN_ARGS": str(tmp_path / "srun_args"), "SYSTEM": "testbox"}
+    return environ | {
+        "PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}",
+        "REPO": str(REPO),
+        "VENV": str(Path(sys.executable).parent.parent),
+        "DATA_DIR": "/data/set",
+        "CONFIG": str(tmp_path / "config.yaml"),
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "STAGE_DIR": "/local/stage",
+        "SRUN_ARGS": str(tmp_path / "srun_args"),
+        "SYSTEM": "testbox",
+    }
 
 
 def sbatch(script: str, environ: dict) -> list[str]:
     """Runs slurm/<script> with the fake srun; the arguments srun was given."""
-    proc = subprocess.run(["bash", str(REPO / "slurm" / script)], env=environ, cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", str(REPO / "slurm" / script)],
+        env=environ,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     args = Path(environ["SRUN_ARGS"])
     assert args.exists(), proc.stdout + proc.stderr
     return args.read_text().splitlines()
@@ -186,11 +232,21 @@ def _flag_value(args: list[str], flag: str) -> str:
 @pytest.mark.parametrize("name", NAMES)
 def test_env_sh_reads_each_benchmarks_script_and_flags(name):
     b = benchmarks.get(name)
-    script = 'source slurm/env.sh >/dev/null; read_benchmark "$1"; printf "%s\\n" "$TRAIN_SCRIPT" "$DATA_FLAG" ' \
-             '"$OUTPUT_FLAG" "$STAGE_FLAG"'
-    environ = dict(os.environ, REPO=str(REPO), DATA_DIR="/d", VENV=str(Path(sys.executable).parent.parent))
-    proc = subprocess.run(["bash", "-c", script, "bash", name], env=environ, cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    script = (
+        'source slurm/env.sh >/dev/null; read_benchmark "$1"; printf "%s\\n" "$TRAIN_SCRIPT" "$DATA_FLAG" '
+        '"$OUTPUT_FLAG" "$STAGE_FLAG"'
+    )
+    environ = dict(
+        os.environ, REPO=str(REPO), DATA_DIR="/d", VENV=str(Path(sys.executable).parent.parent)
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script, "bash", name],
+        env=environ,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [b.train_script, b.data_flag, b.output_flag, b.stage_flag]
 
@@ -205,23 +261,34 @@ def test_train_sbatch_passes_the_tables_flags(fake_slurm, name):
     assert _flag_value(args, b.stage_flag) == "/local/stage"
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "slurm").glob("*.sbatch")
-                                          if p.stem in NAMES))
+@pytest.mark.parametrize(
+    "script", sorted(p.name for p in (REPO / "slurm").glob("*.sbatch") if p.stem in NAMES)
+)
 def test_a_benchmarks_own_sbatch_runs_that_benchmark(fake_slurm, script):
     b = benchmarks.get(Path(script).stem)
-    args = sbatch(script, fake_slurm | {"BENCH": "not-this-one"})   # the script's own benchmark wins
+    args = sbatch(script, fake_slurm | {"BENCH": "not-this-one"})  # the script's own benchmark wins
     assert b.train_script in args and _flag_value(args, b.data_flag) == "/data/set"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_weak_scaling_sbatch_passes_the_tables_flags(fake_slurm, name):
     b = benchmarks.get(name)
-    args = sbatch("weak_scaling.sbatch", fake_slurm | {"BENCH": name, "INSTANCES": "1", "NODES_PER_INSTANCE": "1",
-                                                       "SLURM_NTASKS_PER_NODE": "1"})
+    args = sbatch(
+        "weak_scaling.sbatch",
+        fake_slurm
+        | {
+            "BENCH": name,
+            "INSTANCES": "1",
+            "NODES_PER_INSTANCE": "1",
+            "SLURM_NTASKS_PER_NODE": "1",
+        },
+    )
     assert b.train_script in args
     assert _flag_value(args, b.data_flag) == "/data/set"
     assert _flag_value(args, b.stage_flag) == "/local/stage/instance_0"
-    start_dir = Path(fake_slurm["OUTPUT_DIR"]) / "instances" / "start"   # where the instances meet before run_start
+    start_dir = (
+        Path(fake_slurm["OUTPUT_DIR"]) / "instances" / "start"
+    )  # where the instances meet before run_start
     assert f"mlperf.start_barrier_dir={start_dir}" in args
 
 
@@ -235,8 +302,8 @@ def test_result_set_sbatch_runs_the_tables_script(fake_slurm):
 # what only that benchmark has. A benchmark's throughput script (the table's throughput_bench) may name
 # its benchmark too.
 ONE_BENCHMARK_TOOLS = {
-    "bench/deepcam_vs_reference.py": "deepcam",     # our model's step against the PyTorch reference's
-    "bench/staging_throughput.py": "cosmoflow",     # its gzip TFRecords are the GUNZIP layout's sources
+    "bench/deepcam_vs_reference.py": "deepcam",  # our model's step against the PyTorch reference's
+    "bench/staging_throughput.py": "cosmoflow",  # its gzip TFRecords are the GUNZIP layout's sources
 }
 # The modules of the projection that rebuild a split network: each takes its benchmark from the table's
 # spatial_split (bench/spatial.py and bench/report.py take their rows from spatial_bench).
@@ -247,16 +314,30 @@ def _benchmark_names_in_code(source: str, names=NAMES) -> list[tuple[int, str, s
     """(line, benchmark, text) of every name or string of `source`'s code that holds a benchmark's name:
     docstrings and comments (which ast drops) do not count; `BENCHMARK = "<name>"` is reported as "BENCHMARK"."""
     tree = ast.parse(source)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr)
-                  and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)}
-    constants = {id(node.value): node.targets[0].id for node in ast.walk(tree)
-                 if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                 and isinstance(node.value, ast.Constant)}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+        and isinstance(node.body[0].value.value, str)
+    }
+    constants = {
+        id(node.value): node.targets[0].id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+    }
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
             text = node.value
         elif isinstance(node, ast.Name):
             text = node.id
@@ -281,16 +362,23 @@ def _benchmark_names_in_code(source: str, names=NAMES) -> list[tuple[int, str, s
 def test_the_benchmark_scan_finds_names_in_code_only():
     # The negative control: a name in a string, an import and an identifier are found; in docstrings and
     # comments they are not.
-    source = ('"""cosmoflow: the module docstring."""\n'
-              'import cosmoflow.data  # deepcam\n'
-              'def deepcam_rows(x):\n'
-              '    """deepcam: a docstring."""\n'
-              '    return {"benchmark": "cosmoflow"}\n'
-              'BENCHMARK = "cosmoflow"\n'
-              'batch = args.deepcam_batch\n')
+    source = (
+        '"""cosmoflow: the module docstring."""\n'
+        "import cosmoflow.data  # deepcam\n"
+        "def deepcam_rows(x):\n"
+        '    """deepcam: a docstring."""\n'
+        '    return {"benchmark": "cosmoflow"}\n'
+        'BENCHMARK = "cosmoflow"\n'
+        "batch = args.deepcam_batch\n"
+    )
     found = _benchmark_names_in_code(source, names=("cosmoflow", "deepcam"))
-    assert sorted((line, name) for line, name, _ in found) == [(2, "cosmoflow"), (3, "deepcam"), (5, "cosmoflow"),
-                                                               (6, "cosmoflow"), (7, "deepcam")], found
+    assert sorted((line, name) for line, name, _ in found) == [
+        (2, "cosmoflow"),
+        (3, "deepcam"),
+        (5, "cosmoflow"),
+        (6, "cosmoflow"),
+        (7, "deepcam"),
+    ], found
     assert (6, "cosmoflow", "BENCHMARK") in found and (7, "deepcam", "deepcam_batch") in found
     assert not _benchmark_names_in_code('"""cosmoflow, deepcam."""\n# cosmoflow\nx = 1\n')
 
@@ -301,8 +389,14 @@ def test_bench_and_offline_take_every_benchmark_from_the_table():
     for b in benchmarks.BENCHMARKS:
         if b.throughput_bench:
             allowed[b.throughput_bench] = b.name
-    files = sorted(p for folder in ("bench", "offline", "offline/projection") for p in (REPO / folder).glob("*.py"))
-    assert {REPO / m for m in SPLIT_MODULES} <= set(files) and REPO / "bench" / "input_pipeline.py" in files
+    files = sorted(
+        p
+        for folder in ("bench", "offline", "offline/projection")
+        for p in (REPO / folder).glob("*.py")
+    )
+    assert {REPO / m for m in SPLIT_MODULES} <= set(
+        files
+    ) and REPO / "bench" / "input_pipeline.py" in files
     stray, constants = [], []
     for path in files:
         rel = path.relative_to(REPO).as_posix()
@@ -312,19 +406,23 @@ def test_bench_and_offline_take_every_benchmark_from_the_table():
             elif allowed.get(rel) != name:
                 stray.append(f"{rel}:{line}: {text!r}")
     assert not stray, "bench/ and offline/ name a benchmark by hand:\n" + "\n".join(stray)
-    assert constants == [], constants    # no `BENCHMARK = "<name>"`: the split modules read the table
+    assert constants == [], constants  # no `BENCHMARK = "<name>"`: the split modules read the table
 
 
 def test_the_projection_splits_each_benchmark_along_its_table_axis():
     """spatial_split picks the rebuilt network: every axis a benchmark names has a projection, and each
     split module's BENCHMARK is the benchmark the table splits along its axis."""
     from offline.projection import cli, height_split, spatial
+
     axes = {b.name: b.spatial_split for b in benchmarks.BENCHMARKS if b.spatial_split}
     assert set(axes.values()) <= set(benchmarks.SPLIT_AXES) == set(cli.SPLIT_PROJECTIONS)
-    assert {spatial.AXIS: spatial.BENCHMARK, height_split.AXIS: height_split.BENCHMARK} == \
-        {axis: name for name, axis in axes.items()}
-    assert [benchmarks.split_along(axis) for axis in benchmarks.SPLIT_AXES] == [spatial.BENCHMARK,
-                                                                                height_split.BENCHMARK]
+    assert {spatial.AXIS: spatial.BENCHMARK, height_split.AXIS: height_split.BENCHMARK} == {
+        axis: name for name, axis in axes.items()
+    }
+    assert [benchmarks.split_along(axis) for axis in benchmarks.SPLIT_AXES] == [
+        spatial.BENCHMARK,
+        height_split.BENCHMARK,
+    ]
     with pytest.raises(KeyError, match="0 benchmarks split along 'width'"):
         benchmarks.split_along("width")
 
@@ -333,6 +431,8 @@ def test_the_spatial_bench_configs_are_their_benchmarks_own():
     """bench/spatial.py's rows: each config lives in its benchmark's folder, and at least one benchmark splits."""
     assert benchmarks.names_with("spatial_bench")
     for b in benchmarks.BENCHMARKS:
-        assert b.spatial_split or not b.spatial_bench, b.name   # rows only of a benchmark that splits
+        assert b.spatial_split or not b.spatial_bench, (
+            b.name
+        )  # rows only of a benchmark that splits
         for config in b.spatial_bench:
             assert config.startswith(f"{b.name}/configs/") and (REPO / config).is_file(), config

@@ -24,15 +24,19 @@ from tests import helpers
 FIXTURES = helpers.REPO / "tests" / "fixtures" / "checkpoints_c5be9f3"
 # DeepCAM's epoch-end case is slow (20 s): what it adds to its mid-epoch case (the restore of the
 # model and LAMB, the rank file's losses and batch-norm statistics) is CosmoFlow's epoch-end case's.
-CASES = [("cosmoflow", "step-0000000004"), ("cosmoflow", "step-0000000006"),
-         pytest.param("deepcam", "step-0000000008", marks=pytest.mark.slow),
-         ("deepcam", "step-0000000012")]
+CASES = [
+    ("cosmoflow", "step-0000000004"),
+    ("cosmoflow", "step-0000000006"),
+    pytest.param("deepcam", "step-0000000008", marks=pytest.mark.slow),
+    ("deepcam", "step-0000000012"),
+]
 
 
 def _data_digest(data_dir: Path) -> str:
     """SHA-256 of the samples' contents (not of the files' bytes: the writer's compression may
     vary)."""
     import h5py
+
     h = hashlib.sha256()
     samples = sorted(p for p in data_dir.rglob("*") if p.is_file() and p.parent != data_dir)
     for f in samples:
@@ -53,6 +57,7 @@ def fixtures(tmp_path_factory):
     """bench -> (its unpacked fixture folder, fixture.json, the regenerated data set)."""
     from cosmoflow import synthetic as cosmo_synthetic
     from deepcam import synthetic as deepcam_synthetic
+
     root = tmp_path_factory.mktemp("fixtures_c5be9f3")
     found = {}
     for bench in ("cosmoflow", "deepcam"):
@@ -64,7 +69,12 @@ def fixtures(tmp_path_factory):
         s = spec["synthetic"]
         if bench == "cosmoflow":
             cosmo_synthetic.generate(
-                data, s["size"], s["n_train"], s["n_valid"], seed=s["seed"], workers=1,
+                data,
+                s["size"],
+                s["n_train"],
+                s["n_valid"],
+                seed=s["seed"],
+                workers=1,
                 progress=lambda msg: None,
             )
         else:
@@ -123,6 +133,7 @@ def _rename_layer(src: Path, dst: Path, edge: str, new: str) -> None:
     renamed. Without the second, the restore would find the layer by `layer-M`."""
     import tensorflow as tf
     from tensorflow.core.protobuf import trackable_object_graph_pb2
+
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("ckpt.*"))
     reader = tf.train.load_checkpoint(str(src / "ckpt"))
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
@@ -138,15 +149,17 @@ def _rename_layer(src: Path, dst: Path, edge: str, new: str) -> None:
         for attribute in node.attributes:
             old = attribute.checkpoint_key
             if old.startswith(f"model/{edge}/"):
-                attribute.checkpoint_key = f"model/{new}/" + old[len(f"model/{edge}/"):]
+                attribute.checkpoint_key = f"model/{new}/" + old[len(f"model/{edge}/") :]
             keys[old] = attribute.checkpoint_key
     names = [n for n in reader.get_variable_to_shape_map() if n != GRAPH]
     tensors = {keys.get(n, n): reader.get_tensor(n) for n in names}
-    assert sum(k.startswith(f"model/{new}/") for k in tensors) == 2   # its kernel and bias
+    assert sum(k.startswith(f"model/{new}/") for k in tensors) == 2  # its kernel and bias
     tensors[GRAPH] = graph.SerializeToString()
     tf.raw_ops.SaveV2(
-        prefix=str(dst / "ckpt"), tensor_names=list(tensors),
-        shape_and_slices=[""] * len(tensors), tensors=list(tensors.values()),
+        prefix=str(dst / "ckpt"),
+        tensor_names=list(tensors),
+        shape_and_slices=[""] * len(tensors),
+        tensors=list(tensors.values()),
     )
 
 

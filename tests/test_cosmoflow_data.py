@@ -28,8 +28,13 @@ def make_files(directory, n, gzip=True, seed=0):
 def test_reads_public_layout_gzip_and_plain(tmp_path, gzip):
     files, samples = make_files(tmp_path / "d", 4, gzip=gzip)
     assert data.detect_compression(files[0]) == ("GZIP" if gzip else "")
-    ds = data.make_dataset(files, SHAPE, batch_size=2, compression=data.resolve_compression("auto", files),
-                           training=False)
+    ds = data.make_dataset(
+        files,
+        SHAPE,
+        batch_size=2,
+        compression=data.resolve_compression("auto", files),
+        training=False,
+    )
     xs, ys = zip(*[(x.numpy(), y.numpy()) for x, y in ds])
     x = np.concatenate(xs)
     y = np.concatenate(ys)
@@ -57,12 +62,22 @@ def test_the_task_transforms_inside_the_step(tmp_path):
     # The pipeline yields int16; CosmoFlowTask.preprocess_batch makes the model's float32 input.
     from cosmoflow.config import CosmoFlowConfig
     from cosmoflow.task import CosmoFlowTask
+
     counts = np.arange(2 * 8 * 8 * 8 * 4, dtype=np.int16).reshape(2, 8, 8, 8, 4) % 50
     x = tf.constant(counts)
     per_sample_mean = counts.astype(np.float64).mean(axis=(1, 2, 3, 4), keepdims=True)
-    for transform, expected in (("log", np.log1p(counts.astype(np.float32))), ("mean", counts / per_sample_mean)):
-        cfg = CosmoFlowConfig(data=dataclasses.replace(CosmoFlowConfig().data, data_dir=str(tmp_path),
-                                                       sample_shape=(8, 8, 8, 4), transform=transform))
+    for transform, expected in (
+        ("log", np.log1p(counts.astype(np.float32))),
+        ("mean", counts / per_sample_mean),
+    ):
+        cfg = CosmoFlowConfig(
+            data=dataclasses.replace(
+                CosmoFlowConfig().data,
+                data_dir=str(tmp_path),
+                sample_shape=(8, 8, 8, 4),
+                transform=transform,
+            )
+        )
         task = CosmoFlowTask(cfg)
         assert task.input_specs()[0].dtype == tf.int16
         y = tf.zeros((2, 4))
@@ -75,23 +90,38 @@ def test_the_task_transforms_inside_the_step(tmp_path):
 @pytest.mark.parametrize("cache", [False, True])
 def test_training_pipeline_shuffles_repeats_and_covers_every_sample(tmp_path, cache):
     files, samples = make_files(tmp_path / "d", 8)
-    index = {tuple(np.round(y, 5)): i for i, (_, y) in enumerate(samples)}   # targets name the samples
+    index = {
+        tuple(np.round(y, 5)): i for i, (_, y) in enumerate(samples)
+    }  # targets name the samples
     assert len(index) == 8
 
     def orders(seed, n_epochs=3):
         """The sample indices each epoch gives, in order (in-order reading: the order is the seed's)."""
-        ds = data.make_dataset(files, SHAPE, batch_size=4, compression="GZIP", training=True, seed=seed,
-                               cache=cache, deterministic=True)
+        ds = data.make_dataset(
+            files,
+            SHAPE,
+            batch_size=4,
+            compression="GZIP",
+            training=True,
+            seed=seed,
+            cache=cache,
+            deterministic=True,
+        )
         it = iter(ds)
-        return [[index[tuple(np.round(v, 5))] for v in np.concatenate([next(it)[1].numpy() for _ in range(2)])]
-                for _ in range(n_epochs)]
+        return [
+            [
+                index[tuple(np.round(v, 5))]
+                for v in np.concatenate([next(it)[1].numpy() for _ in range(2)])
+            ]
+            for _ in range(n_epochs)
+        ]
 
     epochs = orders(seed=3)
-    for order in epochs:   # each epoch is one pass: every sample exactly once
+    for order in epochs:  # each epoch is one pass: every sample exactly once
         assert sorted(order) == list(range(8)), epochs
     # A new order every epoch (8! orders: equal by chance with probability 1/40320).
     assert len({tuple(order) for order in epochs}) == 3, epochs
-    assert epochs[0] != list(range(8))   # not the file order either
+    assert epochs[0] != list(range(8))  # not the file order either
     # The order is the seed's: the same again with seed 3, another with seed 4.
     assert orders(seed=3) == epochs
     other = orders(seed=4)
@@ -102,7 +132,9 @@ def test_training_pipeline_shuffles_repeats_and_covers_every_sample(tmp_path, ca
 def test_cache_gives_same_samples(tmp_path):
     files, _ = make_files(tmp_path / "d", 4)
     plain = [y.numpy() for _, y in data.make_dataset(files, SHAPE, 2, "GZIP", training=False)]
-    cached = [y.numpy() for _, y in data.make_dataset(files, SHAPE, 2, "GZIP", training=False, cache=True)]
+    cached = [
+        y.numpy() for _, y in data.make_dataset(files, SHAPE, 2, "GZIP", training=False, cache=True)
+    ]
     np.testing.assert_array_equal(np.concatenate(plain), np.concatenate(cached))
 
 

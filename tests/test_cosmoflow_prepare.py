@@ -20,18 +20,21 @@ def test_universes_become_subvolume_records(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     universes = {f"univ_{i}": write_universe(raw / f"univ_{i}.h5", 16, i) for i in range(4)}
-    counts = prepare.prepare(raw, tmp_path / "out", sub=8, valid_fraction=0.5, workers=2,
-                             progress=lambda m: None)
+    counts = prepare.prepare(
+        raw, tmp_path / "out", sub=8, valid_fraction=0.5, workers=2, progress=lambda m: None
+    )
     assert counts["train"] + counts["validation"] == 4 * 8
     for split in ("train", "validation"):
         for path in sorted((tmp_path / "out" / split).glob("*.tfrecord")):
             name, idx = path.stem.rsplit("_", 1)
             full, par = universes[name]
             assert prepare.assign_split(name, 0.5) == split
-            (x, y), = [(x.numpy(), y.numpy()) for x, y in
-                       data.make_dataset([str(path)], (8, 8, 8, 4), 1, "GZIP", training=False)]
+            ((x, y),) = [
+                (x.numpy(), y.numpy())
+                for x, y in data.make_dataset([str(path)], (8, 8, 8, 4), 1, "GZIP", training=False)
+            ]
             i, j, k = int(idx) // 4, (int(idx) // 2) % 2, int(idx) % 2
-            cube = full[i * 8:(i + 1) * 8, j * 8:(j + 1) * 8, k * 8:(k + 1) * 8]
+            cube = full[i * 8 : (i + 1) * 8, j * 8 : (j + 1) * 8, k * 8 : (k + 1) * 8]
             np.testing.assert_array_equal(x[0], cube)
             np.testing.assert_allclose(y[0], par)
 

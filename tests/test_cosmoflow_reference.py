@@ -20,7 +20,9 @@ from tests import helpers
 SMALL = dict(sample_shape=(16, 16, 16, 4), conv_size=2, n_conv_layers=2, fc1_size=8, fc2_size=4)
 
 
-def reference_model(sample_shape, conv_size, n_conv_layers, fc1_size, fc2_size, seed=3) -> tf_keras.Model:
+def reference_model(
+    sample_shape, conv_size, n_conv_layers, fc1_size, fc2_size, seed=3
+) -> tf_keras.Model:
     """The reference's layer structure (mlcommons/hpc cosmoflow/models/cosmoflow.py), with random weights."""
     layers = tf_keras.layers
     model = tf_keras.Sequential()
@@ -28,7 +30,7 @@ def reference_model(sample_shape, conv_size, n_conv_layers, fc1_size, fc2_size, 
     model.add(layers.LeakyReLU())
     model.add(layers.MaxPool3D(pool_size=2))
     for i in range(1, n_conv_layers):
-        model.add(layers.Conv3D(conv_size * 2 ** i, 3, padding="same"))
+        model.add(layers.Conv3D(conv_size * 2**i, 3, padding="same"))
         model.add(layers.LeakyReLU())
         model.add(layers.MaxPool3D(pool_size=2))
     model.add(layers.Flatten())
@@ -52,10 +54,20 @@ def scale_1p2(x):
 
 
 def write_config(path, sample_shape, conv_size, n_conv_layers, fc1_size, fc2_size):
-    path.write_text(yaml.safe_dump({
-        "data": {"sample_shape": list(sample_shape)},
-        "model": {"conv_size": conv_size, "n_conv_layers": n_conv_layers, "fc1_size": fc1_size,
-                  "fc2_size": fc2_size, "dropout": 0.5}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"sample_shape": list(sample_shape)},
+                "model": {
+                    "conv_size": conv_size,
+                    "n_conv_layers": n_conv_layers,
+                    "fc1_size": fc1_size,
+                    "fc2_size": fc2_size,
+                    "dropout": 0.5,
+                },
+            }
+        )
+    )
     return path
 
 
@@ -66,27 +78,45 @@ def reference_files(tmp_path_factory):
     # other tests of this process built before.
     tf_keras.backend.clear_session()
     model = reference_model(**SMALL)
-    model.save(d / "checkpoint-001.h5")        # what the reference's ModelCheckpoint writes
+    model.save(d / "checkpoint-001.h5")  # what the reference's ModelCheckpoint writes
     model.save_weights(d / "weights.h5")
     x = np.random.default_rng(4).uniform(0.0, 2.0, (3, *SMALL["sample_shape"])).astype(np.float32)
-    return {"full": d / "checkpoint-001.h5", "weights": d / "weights.h5",
-            "config": write_config(d / "small.yaml", **SMALL), "x": x, "y": model(x, training=False).numpy()}
+    return {
+        "full": d / "checkpoint-001.h5",
+        "weights": d / "weights.h5",
+        "config": write_config(d / "small.yaml", **SMALL),
+        "x": x,
+        "y": model(x, training=False).numpy(),
+    }
 
 
 @pytest.mark.parametrize("kind", ["full", "weights"])
 def test_imported_model_predicts_as_the_reference(reference_files, tmp_path, kind, capsys):
     out = tmp_path / "imported"
-    code = import_reference.main([str(reference_files[kind]), str(out), "--config", str(reference_files["config"])])
+    code = import_reference.main(
+        [str(reference_files[kind]), str(out), "--config", str(reference_files["config"])]
+    )
     assert code == 0, capsys.readouterr().err
     record = json.loads((out / "import.json").read_text())
-    assert record["tensors"] == 10 and record["format"] == {"full": "full model", "weights": "weights"}[kind]
-    assert record["layers"] == {"conv1": "conv3d", "conv2": "conv3d_1", "fc1": "dense", "fc2": "dense_1",
-                                "head": "dense_2"}
+    assert (
+        record["tensors"] == 10
+        and record["format"] == {"full": "full model", "weights": "weights"}[kind]
+    )
+    assert record["layers"] == {
+        "conv1": "conv3d",
+        "conv2": "conv3d_1",
+        "fc1": "dense",
+        "fc2": "dense_1",
+        "head": "dense_2",
+    }
     # Read back as predict does: the folder's own config.yaml builds the model.
     ours, cfg = predict.load_model(out)
     assert cfg.model.conv_size == 2 and cfg.data.data_dir is None
     y = ours(reference_files["x"], training=False).numpy()
-    assert np.abs(reference_files["y"]).max() < 1.1 and np.ptp(reference_files["y"], axis=0).min() > 1e-3
+    assert (
+        np.abs(reference_files["y"]).max() < 1.1
+        and np.ptp(reference_files["y"], axis=0).min() > 1e-3
+    )
     np.testing.assert_allclose(y, reference_files["y"], rtol=1e-5, atol=1e-6)
 
 
@@ -106,15 +136,23 @@ def _damage(path, how):
             del f["dense/dense/bias:0"]
 
 
-@pytest.mark.parametrize("how, culprit", [
-    ("missing_layer", "no Conv3D layer for conv2"),
-    ("extra_layer", "extra Dense layer 'dense_9'"),
-    ("wrong_shape", "'/dense_1/dense_1/bias:0' has shape (5,)"),
-    ("missing_tensor", "'/dense/dense/bias:0' is listed in weight_names but missing"),
-    ("config_mismatch", "'/conv3d/conv3d/kernel:0' has shape (3, 3, 3, 4, 2), but conv1 kernel"),
-    ("not_hdf5", "not a readable HDF5 file"),
-])
-def test_a_file_that_does_not_fit_is_rejected_naming_the_culprit(reference_files, tmp_path, capsys, how, culprit):
+@pytest.mark.parametrize(
+    "how, culprit",
+    [
+        ("missing_layer", "no Conv3D layer for conv2"),
+        ("extra_layer", "extra Dense layer 'dense_9'"),
+        ("wrong_shape", "'/dense_1/dense_1/bias:0' has shape (5,)"),
+        ("missing_tensor", "'/dense/dense/bias:0' is listed in weight_names but missing"),
+        (
+            "config_mismatch",
+            "'/conv3d/conv3d/kernel:0' has shape (3, 3, 3, 4, 2), but conv1 kernel",
+        ),
+        ("not_hdf5", "not a readable HDF5 file"),
+    ],
+)
+def test_a_file_that_does_not_fit_is_rejected_naming_the_culprit(
+    reference_files, tmp_path, capsys, how, culprit
+):
     weights = tmp_path / "weights.h5"
     shutil.copy(reference_files["weights"], weights)
     config = reference_files["config"]
@@ -135,9 +173,11 @@ def test_a_file_that_does_not_fit_is_rejected_naming_the_culprit(reference_files
 def test_command_line_exit_code_with_the_default_config(tmp_path):
     bad = tmp_path / "checkpoint-003.h5"
     bad.write_bytes(b"\x89HDF\r\n" + b"\0" * 100)
-    proc = helpers.run([helpers.PYTHON, "-m", "cosmoflow.import_reference", bad, tmp_path / "out"], timeout=120)
+    proc = helpers.run(
+        [helpers.PYTHON, "-m", "cosmoflow.import_reference", bad, tmp_path / "out"], timeout=120
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    (line,) = helpers.own_lines(proc.stderr)   # one line of ours, besides TensorFlow's own log
+    (line,) = helpers.own_lines(proc.stderr)  # one line of ours, besides TensorFlow's own log
     assert helpers.error_lines(proc.stderr) == [line] and str(bad) in line
 
 
@@ -146,8 +186,12 @@ def _write_samples(folder, n, seed, gzip=True):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     for i in range(n):
-        helpers.write_tfrecord(folder / f"univ-{i:03d}.tfrecord", rng.integers(0, 30, (32, 32, 32, 4)),
-                               rng.uniform(-1, 1, 4), gzip=gzip)
+        helpers.write_tfrecord(
+            folder / f"univ-{i:03d}.tfrecord",
+            rng.integers(0, 30, (32, 32, 32, 4)),
+            rng.uniform(-1, 1, 4),
+            gzip=gzip,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -157,27 +201,56 @@ def imported_run(tmp_path_factory, tiny_config):
     _write_samples(root / "data" / "train", 16, seed=1)
     _write_samples(root / "data" / "validation", 8, seed=2)
     cfg = predict.load_model_config(tiny_config)
-    tf_keras.utils.set_random_seed(99)           # not the run's seed: its own init would differ
+    tf_keras.utils.set_random_seed(99)  # not the run's seed: its own init would differ
     imported = model_lib.from_config(cfg)
     save_model_weights(imported, root / "imported")
-    proc = helpers.run(helpers.train_cmd(
-        "cosmoflow", tiny_config, "--data-dir", root / "data", "--output-dir", root / "run",
-        "--checkpoint", root / "imported", "--n-epochs", "1", "--n-train", "16", "--n-valid", "8",
-        # So small a step that the weights after the epoch are still the imported ones.
-        "--set", "optimizer.base_learning_rate=1e-12", "--set", "runtime.check_log=false"), timeout=300)
-    return {"root": root, "proc": proc, "cfg": cfg, "imported": [v.numpy() for v in imported.variables]}
+    proc = helpers.run(
+        helpers.train_cmd(
+            "cosmoflow",
+            tiny_config,
+            "--data-dir",
+            root / "data",
+            "--output-dir",
+            root / "run",
+            "--checkpoint",
+            root / "imported",
+            "--n-epochs",
+            "1",
+            "--n-train",
+            "16",
+            "--n-valid",
+            "8",
+            # So small a step that the weights after the epoch are still the imported ones.
+            "--set",
+            "optimizer.base_learning_rate=1e-12",
+            "--set",
+            "runtime.check_log=false",
+        ),
+        timeout=300,
+    )
+    return {
+        "root": root,
+        "proc": proc,
+        "cfg": cfg,
+        "imported": [v.numpy() for v in imported.variables],
+    }
 
 
 def test_training_starts_from_a_model_only_folder(imported_run):
     proc, root = imported_run["proc"], imported_run["root"]
     assert (root / "run" / "summary.json").exists(), helpers.failure_output(proc)
-    assert f"[init] model weights from {root / 'imported'} (model-only folder" in proc.stdout, proc.stdout
+    assert f"[init] model weights from {root / 'imported'} (model-only folder" in proc.stdout, (
+        proc.stdout
+    )
     assert "resumed from" not in proc.stdout
     summary = json.loads((root / "run" / "summary.json").read_text())
-    assert summary["epochs"] == 1 and len(summary["history"]) == 1     # epoch 1: started at epoch 0
+    assert summary["epochs"] == 1 and len(summary["history"]) == 1  # epoch 1: started at epoch 0
     # Started from trained weights: no benchmark result, and the log says so.
-    assert summary["resumed_from"] == {"checkpoint": str((root / "imported").resolve()), "epoch": 0,
-                                       "weights_only": True}
+    assert summary["resumed_from"] == {
+        "checkpoint": str((root / "imported").resolve()),
+        "epoch": 0,
+        "weights_only": True,
+    }
     assert '"key": "resumed_from"' in (root / "run" / "mlperf.log").read_text()
     trained = model_lib.from_config(imported_run["cfg"])
     fresh = [v.numpy() for v in trained.variables]
@@ -191,14 +264,20 @@ def test_predict_command_on_a_training_checkpoint(imported_run, tmp_path):
     root = imported_run["root"]
     sample = root / "data" / "validation" / "univ-003.tfrecord"
     checkpoint = helpers.checkpoint_after_epoch(root / "run", 1)
-    proc = helpers.run([helpers.PYTHON, "-m", "cosmoflow.predict", checkpoint, sample, "--out", tmp_path / "pred"],
-                       timeout=120)
+    proc = helpers.run(
+        [helpers.PYTHON, "-m", "cosmoflow.predict", checkpoint, sample, "--out", tmp_path / "pred"],
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "pred" / "univ-003.prediction.json").read_text())
     [s] = report["samples"]
     # The oracle: the checkpoint's model on the file's sample, log(1 + counts) as in training.
-    example = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(str(sample), "GZIP"))).numpy())
-    x = np.frombuffer(example.features.feature["x"].bytes_list.value[0], np.int16).reshape(1, 32, 32, 32, 4)
+    example = tf.train.Example.FromString(
+        next(iter(tf.data.TFRecordDataset(str(sample), "GZIP"))).numpy()
+    )
+    x = np.frombuffer(example.features.feature["x"].bytes_list.value[0], np.int16).reshape(
+        1, 32, 32, 32, 4
+    )
     target = list(example.features.feature["y"].float_list.value)
     model = model_lib.from_config(imported_run["cfg"])
     restore_model_weights(model, checkpoint)
@@ -211,11 +290,16 @@ def test_predict_command_on_a_training_checkpoint(imported_run, tmp_path):
 
 
 def test_predict_reads_uncompressed_files_and_names_a_bad_one(imported_run, tmp_path, capsys):
-    checkpoint = imported_run["root"] / "imported"   # a model-only folder: no config.yaml in or above it
+    checkpoint = (
+        imported_run["root"] / "imported"
+    )  # a model-only folder: no config.yaml in or above it
     _write_samples(tmp_path / "plain", 2, seed=5, gzip=False)
     sample = tmp_path / "plain" / "univ-001.tfrecord"
     config = str(helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml")
-    assert predict.main([str(checkpoint), str(sample), "--out", str(tmp_path), "--config", config]) == 0
+    assert (
+        predict.main([str(checkpoint), str(sample), "--out", str(tmp_path), "--config", config])
+        == 0
+    )
     assert len(json.loads((tmp_path / "univ-001.prediction.json").read_text())["samples"]) == 1
     capsys.readouterr()
 
@@ -223,7 +307,9 @@ def test_predict_reads_uncompressed_files_and_names_a_bad_one(imported_run, tmp_
     assert "no config.yaml" in capsys.readouterr().err
     bad = tmp_path / "broken.tfrecord.gz"
     bad.write_bytes(sample.read_bytes()[:5000])
-    assert predict.main([str(checkpoint), str(bad), "--out", str(tmp_path), "--config", config]) == 2
+    assert (
+        predict.main([str(checkpoint), str(bad), "--out", str(tmp_path), "--config", config]) == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(bad) in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "broken.prediction.json").exists()
@@ -232,10 +318,24 @@ def test_predict_reads_uncompressed_files_and_names_a_bad_one(imported_run, tmp_
 def test_evaluate_an_imported_model_without_training(imported_run, tmp_path):
     # --checkpoint FOLDER --evaluate: one validation pass with the imported weights, no log.
     root, cfg = imported_run["root"], imported_run["cfg"]
-    proc = helpers.run(helpers.train_cmd(
-        "cosmoflow", helpers.REPO / "tests/configs/cosmoflow_tiny.yaml", "--data-dir", root / "data",
-        "--output-dir", tmp_path / "eval", "--checkpoint", root / "imported", "--evaluate",
-        "--n-train", "16", "--n-valid", "8"), timeout=300)
+    proc = helpers.run(
+        helpers.train_cmd(
+            "cosmoflow",
+            helpers.REPO / "tests/configs/cosmoflow_tiny.yaml",
+            "--data-dir",
+            root / "data",
+            "--output-dir",
+            tmp_path / "eval",
+            "--checkpoint",
+            root / "imported",
+            "--evaluate",
+            "--n-train",
+            "16",
+            "--n-valid",
+            "8",
+        ),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert summary["status"] == "evaluated" and summary["history"] == []
@@ -245,8 +345,12 @@ def test_evaluate_an_imported_model_without_training(imported_run, tmp_path):
     restore_model_weights(model, root / "imported")
     errors = []
     for path in sorted((root / "data" / "validation").iterdir()):
-        example = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(str(path), "GZIP"))).numpy())
-        x = np.frombuffer(example.features.feature["x"].bytes_list.value[0], np.int16).reshape(1, 32, 32, 32, 4)
+        example = tf.train.Example.FromString(
+            next(iter(tf.data.TFRecordDataset(str(path), "GZIP"))).numpy()
+        )
+        x = np.frombuffer(example.features.feature["x"].bytes_list.value[0], np.int16).reshape(
+            1, 32, 32, 32, 4
+        )
         pred = model(np.log1p(x.astype(np.float32)), training=False).numpy()[0]
         errors.append(np.abs(pred - np.array(example.features.feature["y"].float_list.value)))
     assert summary["metric"] == pytest.approx(float(np.mean(errors)), rel=1e-4)

@@ -14,12 +14,15 @@ AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512_vnni"}
 SAPPHIRE_RAPIDS = AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
 
 
-@pytest.mark.parametrize("flags, isa, bf16", [
-    (AVX2, "AVX2", False),
-    (AVX512, "AVX-512", False),
-    (AVX512 | {"avx512_bf16"}, "AVX-512", True),
-    (SAPPHIRE_RAPIDS, "AMX", True),
-])
+@pytest.mark.parametrize(
+    "flags, isa, bf16",
+    [
+        (AVX2, "AVX2", False),
+        (AVX512, "AVX-512", False),
+        (AVX512 | {"avx512_bf16"}, "AVX-512", True),
+        (SAPPHIRE_RAPIDS, "AMX", True),
+    ],
+)
 def test_isa_and_native_bf16_from_cpu_flags(flags, isa, bf16):
     assert cpu.isa(flags) == isa
     assert cpu.has_native_bf16(flags) is bf16
@@ -28,9 +31,13 @@ def test_isa_and_native_bf16_from_cpu_flags(flags, isa, bf16):
 def test_onednn_is_preferred_on_x86_64_only_and_a_user_choice_is_kept(tmp_path):
     no_gpu = str(tmp_path / "absent")
     env = {}
-    assert cpu.prefer_onednn(env, machine="x86_64", gpus_dir=no_gpu) and env == {cpu.ONEDNN_ENV: "1"}
+    assert cpu.prefer_onednn(env, machine="x86_64", gpus_dir=no_gpu) and env == {
+        cpu.ONEDNN_ENV: "1"
+    }
     env = {cpu.ONEDNN_ENV: "0"}
-    assert not cpu.prefer_onednn(env, machine="x86_64", gpus_dir=no_gpu) and env == {cpu.ONEDNN_ENV: "0"}
+    assert not cpu.prefer_onednn(env, machine="x86_64", gpus_dir=no_gpu) and env == {
+        cpu.ONEDNN_ENV: "0"
+    }
     env = {}
     assert not cpu.prefer_onednn(env, machine="aarch64", gpus_dir=no_gpu) and env == {}
 
@@ -41,18 +48,25 @@ def test_onednn_is_left_to_tensorflow_where_a_gpu_is_visible(tmp_path):
     (gpus / "0000:07:00.0").mkdir(parents=True)
     env = {}
     assert not cpu.prefer_onednn(env, machine="x86_64", gpus_dir=str(gpus)) and env == {}
-    for hidden in ("", "-1"):   # CUDA_VISIBLE_DEVICES hiding every GPU: a CPU run, oneDNN on
+    for hidden in ("", "-1"):  # CUDA_VISIBLE_DEVICES hiding every GPU: a CPU run, oneDNN on
         env = {"CUDA_VISIBLE_DEVICES": hidden}
-        assert cpu.prefer_onednn(env, machine="x86_64", gpus_dir=str(gpus)) and env[cpu.ONEDNN_ENV] == "1"
-    (gpus / "0000:07:00.0").rmdir()   # the driver loaded, no GPU: the control
+        assert (
+            cpu.prefer_onednn(env, machine="x86_64", gpus_dir=str(gpus))
+            and env[cpu.ONEDNN_ENV] == "1"
+        )
+    (gpus / "0000:07:00.0").rmdir()  # the driver loaded, no GPU: the control
     env = {}
-    assert cpu.prefer_onednn(env, machine="x86_64", gpus_dir=str(gpus)) and env == {cpu.ONEDNN_ENV: "1"}
+    assert cpu.prefer_onednn(env, machine="x86_64", gpus_dir=str(gpus)) and env == {
+        cpu.ONEDNN_ENV: "1"
+    }
 
 
 PROBE = "import common, tensorflow; from common import cpu; print('onednn', cpu.onednn_enabled())"
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN is turned on for x86-64 CPUs only")
+@pytest.mark.skipif(
+    platform.machine() != "x86_64", reason="oneDNN is turned on for x86-64 CPUs only"
+)
 @pytest.mark.parametrize("user_value, expected", [(None, "True"), ("0", "False")])
 def test_tensorflow_runs_onednn_unless_the_user_turned_it_off(user_value, expected):
     env = helpers.env()
@@ -89,19 +103,27 @@ print("loss", float(loss), "onednn", cpu.onednn_enabled(), cpu.describe()["onedn
 _ONEDNN_BY_DEFAULT = {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"}
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or bool(_ONEDNN_BY_DEFAULT & cpu._cpuinfo()[1]),
-                    reason="TensorFlow's own default is oneDNN off on this CPU only")
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or bool(_ONEDNN_BY_DEFAULT & cpu._cpuinfo()[1]),
+    reason="TensorFlow's own default is oneDNN off on this CPU only",
+)
 @pytest.mark.parametrize("variable", [None, "1"])
 def test_importing_tensorflow_first_trains_and_says_what_it_costs(deepcam_data, variable):
     env = helpers.env()
-    env.pop(cpu.ONEDNN_ENV, None)   # the tests' own process set it (conftest imports common)
-    if variable is not None:        # the control: set before Python starts, it is TensorFlow's choice
+    env.pop(cpu.ONEDNN_ENV, None)  # the tests' own process set it (conftest imports common)
+    if variable is not None:  # the control: set before Python starts, it is TensorFlow's choice
         env[cpu.ONEDNN_ENV] = variable
-    proc = helpers.run([helpers.PYTHON, "-c", TENSORFLOW_FIRST % deepcam_data], timeout=300, environ=env)
+    proc = helpers.run(
+        [helpers.PYTHON, "-c", TENSORFLOW_FIRST % deepcam_data], timeout=300, environ=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     words = proc.stdout.split("loss", 1)[1].split()
     assert np.isfinite(float(words[0]))
-    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: TensorFlow was imported")]
+    warnings = [
+        line
+        for line in proc.stderr.splitlines()
+        if line.startswith("warning: TensorFlow was imported")
+    ]
     if variable is None:
         assert words[2] == "False" and "imported before this project" in proc.stdout
         assert len(warnings) == 1 and "slower" in warnings[0] and "before tensorflow" in warnings[0]
@@ -113,16 +135,20 @@ def rt(amp=True, amp_dtype="auto"):
     return types.SimpleNamespace(amp=amp, amp_dtype=amp_dtype)
 
 
-@pytest.mark.parametrize("runtime, device, native, precision, says_why", [
-    (rt(amp=False), "cpu", False, "float32", False),
-    (rt(), "cpu", True, "mixed_bfloat16", False),
-    (rt(), "cpu", False, "float32", True),                      # emulated bf16: stays fp32, says so
-    (rt(amp_dtype="bfloat16"), "cpu", False, "mixed_bfloat16", False),   # forced
-    (rt(), "gpu", False, "mixed_float16", False),
-    (rt(amp_dtype="bfloat16"), "gpu", False, "mixed_bfloat16", False),
-])
+@pytest.mark.parametrize(
+    "runtime, device, native, precision, says_why",
+    [
+        (rt(amp=False), "cpu", False, "float32", False),
+        (rt(), "cpu", True, "mixed_bfloat16", False),
+        (rt(), "cpu", False, "float32", True),  # emulated bf16: stays fp32, says so
+        (rt(amp_dtype="bfloat16"), "cpu", False, "mixed_bfloat16", False),  # forced
+        (rt(), "gpu", False, "mixed_float16", False),
+        (rt(amp_dtype="bfloat16"), "gpu", False, "mixed_bfloat16", False),
+    ],
+)
 def test_amp_precision_follows_the_hardware(runtime, device, native, precision, says_why):
     from common.runtime import choose_precision
+
     chosen, why = choose_precision(runtime, device, native_bf16=native)
     assert chosen == precision
     assert bool(why) is says_why

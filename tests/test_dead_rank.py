@@ -7,19 +7,36 @@ import pytest
 from common import launchers
 from tests import helpers
 
-pytestmark = pytest.mark.slow   # two 2-rank jobs
+pytestmark = pytest.mark.slow  # two 2-rank jobs
 
-EXIT_BOUND_S = 30   # measured here: gloo 10.3 s (horovodrun SIGKILLs after SIGTERM), mpirun 2.1 s (2-core AMD EPYC)
+EXIT_BOUND_S = 30  # measured here: gloo 10.3 s (horovodrun SIGKILLs after SIGTERM), mpirun 2.1 s (2-core AMD EPYC)
 
 
 def long_run(data, config, out):
-    return helpers.train_cmd("cosmoflow", config, "--data-dir", data, "--output-dir", out, "--n-train", "1024",
-                             "--n-valid", "256", "--n-epochs", "100", "--set", "train.stop_at_target=false",
-                             "--set", "runtime.check_log=false")
+    return helpers.train_cmd(
+        "cosmoflow",
+        config,
+        "--data-dir",
+        data,
+        "--output-dir",
+        out,
+        "--n-train",
+        "1024",
+        "--n-valid",
+        "256",
+        "--n-epochs",
+        "100",
+        "--set",
+        "train.stop_at_target=false",
+        "--set",
+        "runtime.check_log=false",
+    )
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
-def test_killing_one_rank_ends_every_rank_and_closes_the_log(cosmo_data, tiny_config, tmp_path, launcher):
+def test_killing_one_rank_ends_every_rank_and_closes_the_log(
+    cosmo_data, tiny_config, tmp_path, launcher
+):
     if launcher == "mpi" and not helpers.horovod_has_mpi():
         pytest.skip("Horovod without MPI or no mpirun")
     out = tmp_path / "run"

@@ -16,7 +16,9 @@ from common.config_loading import dump_config
 from deepcam import import_reference, model, predict, task
 from tests import helpers
 
-TINY_CONFIG = helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"   # width 0.125, one middle block
+TINY_CONFIG = (
+    helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"
+)  # width 0.125, one middle block
 
 
 def count(m):
@@ -71,21 +73,34 @@ def test_initialization_follows_pytorch_per_layer(full_model):
     for name, (variable, layout) in mapping.items():
         value = variable.numpy()
         suffix = name.rsplit(".", 1)[1]
-        if suffix in ("running_mean", "running_var") or ".bn." in name or ".global_average_pool.2." in name:
+        if (
+            suffix in ("running_mean", "running_var")
+            or ".bn." in name
+            or ".global_average_pool.2." in name
+        ):
             # Batch norm and TrainableAffine: scale 1, shift 0; running statistics 0 and 1.
             expected = 1.0 if suffix in ("weight", "weights", "running_var") else 0.0
             np.testing.assert_array_equal(value, expected, err_msg=name)
             continue
         weight = name.rsplit(".", 1)[0] + ".weight"
         torch_shape = layout.reference_shape(variable.shape)
-        kind, law, std = pytorch_initial_distribution(name, torch_shape,
-                                                      mapping[weight][1].reference_shape(mapping[weight][0].shape))
+        kind, law, std = pytorch_initial_distribution(
+            name, torch_shape, mapping[weight][1].reference_shape(mapping[weight][0].shape)
+        )
         z = value.ravel() / std
         if z.size >= 4096:
             assert abs(z.std() - 1) < 0.1, f"{name}: std {value.std():.4g}, PyTorch's {std:.4g}"
         pooled.setdefault((kind, law), []).append(z)
-    assert set(kind for kind, _ in pooled) == {"entry conv", "entry 3x3 conv", "depthwise", "pointwise and skip",
-                                               "ASPP and 3x3 conv", "default-init conv", "transposed conv", "bias"}
+    assert set(kind for kind, _ in pooled) == {
+        "entry conv",
+        "entry 3x3 conv",
+        "depthwise",
+        "pointwise and skip",
+        "ASPP and 3x3 conv",
+        "default-init conv",
+        "transposed conv",
+        "bias",
+    }
     for (kind, law), parts in pooled.items():
         z = np.concatenate(parts)
         assert abs(z.std() - 1) < 0.1, f"{kind}: std {z.std():.3f} x PyTorch's"
@@ -93,8 +108,8 @@ def test_initialization_follows_pytorch_per_layer(full_model):
             # Not truncated: a normal has 1.24% beyond 2.5 sigma, Keras' truncated he_normal none.
             assert 0.006 < np.mean(np.abs(z) > 2.5) < 0.02, kind
         else:
-            assert np.abs(z).max() <= math.sqrt(3) * (1 + 1e-6), kind    # within the uniform bound
-            assert np.abs(z).max() > 0.95 * math.sqrt(3), kind          # and reaching it
+            assert np.abs(z).max() <= math.sqrt(3) * (1 + 1e-6), kind  # within the uniform bound
+            assert np.abs(z).max() > 0.95 * math.sqrt(3), kind  # and reaching it
 
 
 def write_sample(path, x, y):
@@ -143,7 +158,11 @@ def test_predict_writes_logits_mask_and_picture(tmp_path, capsys):
     expected = same(((x - lo) / (hi - lo))[None].astype(np.float32), training=False).numpy()[0]
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
     line = capsys.readouterr().out.strip()
-    assert "\n" not in line and f"IoU {numpy_iou(labels, mask):.4f}" in line and str(out / "mask.npy") in line
+    assert (
+        "\n" not in line
+        and f"IoU {numpy_iou(labels, mask):.4f}" in line
+        and str(out / "mask.npy") in line
+    )
 
 
 def test_predict_without_a_config_is_an_input_error(tmp_path, capsys):
@@ -166,7 +185,7 @@ def test_loss_weights_classes_by_inverse_frequency_power():
     labels = tf.constant([[[0, 2]]])
     logits = tf.zeros([1, 1, 2, 3])
     w = task.CLASS_WEIGHTS
-    assert w[0] == pytest.approx(0.986267818390377 ** -0.125)
+    assert w[0] == pytest.approx(0.986267818390377**-0.125)
     expected = np.log(3) * (w[0] + w[2]) / 2
     assert float(task.weighted_cross_entropy(labels, logits)) == pytest.approx(expected, rel=1e-6)
     # A confident correct pixel costs almost nothing, whatever its weight.
@@ -189,7 +208,8 @@ def test_iou_by_hand_including_absent_classes():
     score = task.per_sample_iou(tf.constant([[[0, 0]]]), one_hot_logits([[[0, 0]]]))
     assert float(score[0]) == pytest.approx(1.0)
     # Per sample, then averaged: the metric's sums over a batch of both.
-    both = task.mean_iou().update(tf.constant([[label[0]], [[0, 0, 0, 0]]]),
-                                    one_hot_logits([[pred[0]], [[0, 0, 0, 0]]]))
+    both = task.mean_iou().update(
+        tf.constant([[label[0]], [[0, 0, 0, 0]]]), one_hot_logits([[pred[0]], [[0, 0, 0, 0]]])
+    )
     assert both.numpy() == pytest.approx([(1 / 3 + 1 / 2) / 3 + 1.0, 2.0])
     assert task.mean_iou().finalize(both.numpy()) == pytest.approx(((1 / 3 + 1 / 2) / 3 + 1.0) / 2)

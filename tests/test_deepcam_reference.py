@@ -21,7 +21,9 @@ from common.checkpoints.model_weights import restore_model_weights
 from deepcam import import_reference, model
 from tests import helpers
 
-TINY_CONFIG = helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"   # width 0.125, one middle block
+TINY_CONFIG = (
+    helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"
+)  # width 0.125, one middle block
 TINY = dict(width=0.125, middle_blocks=1)
 
 
@@ -38,8 +40,11 @@ def torch_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
     for i in range(kh):
         for j in range(kw):
             # Output (r, s) reads padded input (stride * r + dilation * i, stride * s + dilation * j).
-            patch = xp[:, dilation * i: dilation * i + stride * (ho - 1) + 1: stride,
-                       dilation * j: dilation * j + stride * (wo - 1) + 1: stride]
+            patch = xp[
+                :,
+                dilation * i : dilation * i + stride * (ho - 1) + 1 : stride,
+                dilation * j : dilation * j + stride * (wo - 1) + 1 : stride,
+            ]
             if groups == 1:
                 out += np.einsum("oc,chw->ohw", w[:, :, i, j], patch)
             else:
@@ -58,12 +63,15 @@ def torch_conv_transpose2d(x, w, stride=2, padding=1, output_padding=1):
     _, o, kh, kw = w.shape
     ho = (h - 1) * stride - 2 * padding + kh + output_padding
     wo = (wd - 1) * stride - 2 * padding + kw + output_padding
-    full = np.zeros((o, (h - 1) * stride + kh + output_padding, (wd - 1) * stride + kw + output_padding))
+    full = np.zeros(
+        (o, (h - 1) * stride + kh + output_padding, (wd - 1) * stride + kw + output_padding)
+    )
     for i in range(kh):
         for j in range(kw):
-            full[:, i: i + stride * (h - 1) + 1: stride, j: j + stride * (wd - 1) + 1: stride] += \
-                np.einsum("co,chw->ohw", w[:, :, i, j], x)
-    return full[:, padding: padding + ho, padding: padding + wo]
+            full[
+                :, i : i + stride * (h - 1) + 1 : stride, j : j + stride * (wd - 1) + 1 : stride
+            ] += np.einsum("co,chw->ohw", w[:, :, i, j], x)
+    return full[:, padding : padding + ho, padding : padding + wo]
 
 
 def relu(a):
@@ -78,24 +86,42 @@ def reference_forward(x, param, n_classes=3, width=1.0, middle_blocks=16):
     scale as our config's model.width does; middle blocks are block4..
     block(3 + middle_blocks), the exit block the next (block20 in the reference).
     """
+
     def ch(c):
         return max(1, int(round(c * width)))
 
-    def bn(a, name):   # GBN wraps BatchNorm2d as `.bn`; eval mode: running statistics, eps 1e-5
+    def bn(a, name):  # GBN wraps BatchNorm2d as `.bn`; eval mode: running statistics, eps 1e-5
         c = a.shape[0]
         name = f"{name}.bn"
         param(f"{name}.num_batches_tracked", ())
         mean, var = param(f"{name}.running_mean", (c,)), param(f"{name}.running_var", (c,))
         gamma, beta = param(f"{name}.weight", (c,)), param(f"{name}.bias", (c,))
-        return ((a - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5) * gamma[:, None, None]
-                + beta[:, None, None])
+        return (a - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5) * gamma[
+            :, None, None
+        ] + beta[:, None, None]
 
-    def separable(a, name, cin, cout, stride=1, dilation=1):   # SeparableConv2d_same
-        a = torch_conv2d(a, param(f"{name}.conv1.weight", (cin, 1, 3, 3)), stride, padding=dilation,
-                         dilation=dilation, groups=cin)
+    def separable(a, name, cin, cout, stride=1, dilation=1):  # SeparableConv2d_same
+        a = torch_conv2d(
+            a,
+            param(f"{name}.conv1.weight", (cin, 1, 3, 3)),
+            stride,
+            padding=dilation,
+            dilation=dilation,
+            groups=cin,
+        )
         return torch_conv2d(a, param(f"{name}.pointwise.weight", (cout, cin, 1, 1)))
 
-    def block(a, name, planes, reps, stride=1, dilation=1, end_with_relu=True, grow_first=True, is_last=False):
+    def block(
+        a,
+        name,
+        planes,
+        reps,
+        stride=1,
+        dilation=1,
+        end_with_relu=True,
+        grow_first=True,
+        is_last=False,
+    ):
         inplanes, planes = a.shape[0], ch(planes)
         # The reference's nn.Sequential `rep`, entry by entry.
         rep, filters = [], inplanes
@@ -120,8 +146,10 @@ def reference_forward(x, param, n_classes=3, width=1.0, middle_blocks=16):
             else:
                 y = relu(y)
         if planes != inplanes or stride != 1:
-            skip = bn(torch_conv2d(a, param(f"{name}.skip.weight", (planes, inplanes, 1, 1)), stride),
-                      f"{name}.skipbn")
+            skip = bn(
+                torch_conv2d(a, param(f"{name}.skip.weight", (planes, inplanes, 1, 1)), stride),
+                f"{name}.skipbn",
+            )
         else:
             skip = a
         y = y + skip
@@ -131,7 +159,12 @@ def reference_forward(x, param, n_classes=3, width=1.0, middle_blocks=16):
     p = "xception_features"
     a = torch_conv2d(x, param(f"{p}.conv1.weight", (ch(32), x.shape[0], 3, 3)), stride=2, padding=1)
     a = relu(bn(a, f"{p}.bn1"))
-    a = relu(bn(torch_conv2d(a, param(f"{p}.conv2.weight", (ch(64), ch(32), 3, 3)), padding=1), f"{p}.bn2"))
+    a = relu(
+        bn(
+            torch_conv2d(a, param(f"{p}.conv2.weight", (ch(64), ch(32), 3, 3)), padding=1),
+            f"{p}.bn2",
+        )
+    )
     a = block(a, f"{p}.block1", 128, reps=2, stride=2, end_with_relu=False)
     # `low_level_feat = x; x = self.relu(x)` with an in-place ReLU: both are ReLU(block1).
     a = low_level = relu(a)
@@ -139,8 +172,15 @@ def reference_forward(x, param, n_classes=3, width=1.0, middle_blocks=16):
     a = block(a, f"{p}.block3", 728, reps=2, stride=2, is_last=True)
     for i in range(middle_blocks):
         a = block(a, f"{p}.block{4 + i}", 728, reps=3)
-    a = block(a, f"{p}.block{4 + middle_blocks}", 1024, reps=2, end_with_relu=False, grow_first=False,
-              is_last=True)
+    a = block(
+        a,
+        f"{p}.block{4 + middle_blocks}",
+        1024,
+        reps=2,
+        end_with_relu=False,
+        grow_first=False,
+        is_last=True,
+    )
     for k, (cin, cout) in zip((3, 4, 5), ((1024, 1536), (1536, 1536), (1536, 2048))):
         a = relu(bn(separable(a, f"{p}.conv{k}", ch(cin), ch(cout), dilation=2), f"{p}.bn{k}"))
 
@@ -149,11 +189,17 @@ def reference_forward(x, param, n_classes=3, width=1.0, middle_blocks=16):
     branches = []
     for k, rate in enumerate((1, 6, 12, 18), start=1):
         size, pad = (1, 0) if rate == 1 else (3, rate)
-        y = torch_conv2d(a, param(f"bottleneck.aspp{k}.atrous_convolution.weight", (c, cin, size, size)),
-                         padding=pad, dilation=rate)
+        y = torch_conv2d(
+            a,
+            param(f"bottleneck.aspp{k}.atrous_convolution.weight", (c, cin, size, size)),
+            padding=pad,
+            dilation=rate,
+        )
         branches.append(relu(bn(y, f"bottleneck.aspp{k}.bn")))
     g = "bottleneck.global_avg_pool.global_average_pool"
-    pooled = torch_conv2d(a.mean(axis=(1, 2), keepdims=True), param(f"{g}.1.weight", (c, cin, 1, 1)))
+    pooled = torch_conv2d(
+        a.mean(axis=(1, 2), keepdims=True), param(f"{g}.1.weight", (c, cin, 1, 1))
+    )
     pooled = relu(param(f"{g}.2.weights", (c, 1, 1)) * pooled + param(f"{g}.2.bias", (c, 1, 1)))
     # torch.tile to (48, 72): the feature size at 768x1152; here, the feature size.
     branches.append(np.broadcast_to(pooled, (c,) + a.shape[1:]))
@@ -163,13 +209,38 @@ def reference_forward(x, param, n_classes=3, width=1.0, middle_blocks=16):
     # Low-level features and the decoder
     low = relu(bn(torch_conv2d(low_level, param("conv2.weight", (ch(48), ch(128), 1, 1))), "bn2"))
     u = "upsample"
-    a = relu(bn(torch_conv_transpose2d(a, param(f"{u}.deconv1.0.weight", (c, c, 3, 3))), f"{u}.deconv1.1"))
-    a = relu(bn(torch_conv_transpose2d(a, param(f"{u}.deconv1.3.weight", (c, c, 3, 3))), f"{u}.deconv1.4"))
+    a = relu(
+        bn(
+            torch_conv_transpose2d(a, param(f"{u}.deconv1.0.weight", (c, c, 3, 3))),
+            f"{u}.deconv1.1",
+        )
+    )
+    a = relu(
+        bn(
+            torch_conv_transpose2d(a, param(f"{u}.deconv1.3.weight", (c, c, 3, 3))),
+            f"{u}.deconv1.4",
+        )
+    )
     a = np.concatenate([a, low])
-    a = relu(bn(torch_conv2d(a, param(f"{u}.conv1.0.weight", (c, c + ch(48), 3, 3)), padding=1), f"{u}.conv1.1"))
-    a = relu(bn(torch_conv2d(a, param(f"{u}.conv1.3.weight", (c, c, 3, 3)), padding=1), f"{u}.conv1.4"))
-    a = torch_conv2d(a, param(f"{u}.conv1.6.weight", (c, c, 1, 1))) + param(f"{u}.conv1.6.bias", (c,))[:, None, None]
-    a = relu(bn(torch_conv_transpose2d(a, param(f"{u}.deconv2.0.weight", (c, c, 3, 3))), f"{u}.deconv2.1"))
+    a = relu(
+        bn(
+            torch_conv2d(a, param(f"{u}.conv1.0.weight", (c, c + ch(48), 3, 3)), padding=1),
+            f"{u}.conv1.1",
+        )
+    )
+    a = relu(
+        bn(torch_conv2d(a, param(f"{u}.conv1.3.weight", (c, c, 3, 3)), padding=1), f"{u}.conv1.4")
+    )
+    a = (
+        torch_conv2d(a, param(f"{u}.conv1.6.weight", (c, c, 1, 1)))
+        + param(f"{u}.conv1.6.bias", (c,))[:, None, None]
+    )
+    a = relu(
+        bn(
+            torch_conv_transpose2d(a, param(f"{u}.deconv2.0.weight", (c, c, 3, 3))),
+            f"{u}.deconv2.1",
+        )
+    )
     return torch_conv_transpose2d(a, param(f"{u}.last_deconv.0.weight", (c, n_classes, 3, 3)))
 
 
@@ -194,11 +265,11 @@ def random_state(shapes, seed=0) -> dict:
             value = np.array(7, np.int64)
         elif name.endswith("running_var"):
             value = rng.uniform(0.5, 1.5, shape)
-        elif name.endswith(("bn.weight", ".weights")):            # batch norm and TrainableAffine scales
+        elif name.endswith(("bn.weight", ".weights")):  # batch norm and TrainableAffine scales
             value = rng.uniform(0.7, 1.3, shape)
         elif name.endswith(("running_mean", "bias")):
             value = rng.normal(0.0, 0.1, shape)
-        else:                                                      # convolution weights
+        else:  # convolution weights
             value = rng.normal(0.0, 1.0, shape) / np.sqrt(np.prod(shape[1:]))
         state[name] = value.astype(np.float32) if value.dtype == np.float64 else value
     return state
@@ -214,7 +285,9 @@ def assert_close(ours, oracle, rel=1e-4):
     scale = np.abs(oracle).max()
     assert scale > 0.1, "degenerate oracle output"
     assert ours.shape == oracle.shape
-    assert np.abs(ours - oracle).max() <= rel * scale, f"max diff {np.abs(ours - oracle).max():.3g} of {scale:.3g}"
+    assert np.abs(ours - oracle).max() <= rel * scale, (
+        f"max diff {np.abs(ours - oracle).max():.3g} of {scale:.3g}"
+    )
 
 
 # ------------------------------------------------------------------ single layers
@@ -232,7 +305,7 @@ def test_entry_conv_pads_one_on_each_side_as_pytorch():
 def test_transposed_conv_places_taps_as_pytorch():
     rng = np.random.default_rng(2)
     x = rng.normal(size=(3, 5, 7))
-    w = rng.normal(size=(3, 4, 3, 3))          # PyTorch [in, out, kh, kw]
+    w = rng.normal(size=(3, 4, 3, 3))  # PyTorch [in, out, kh, kw]
     inputs = tf_keras.Input((5, 7, 3))
     net = tf_keras.Model(inputs, model.transposed_conv(inputs, 4, name="deconv"))
     net.get_layer("deconv").kernel.assign(import_reference.CONV.to_keras(w))
@@ -244,8 +317,10 @@ def test_transposed_conv_places_taps_as_pytorch():
 def test_decoder_low_level_branch_reads_relu_of_block1():
     net = model.build_model(32, 48, 3, width_multiplier=0.125, middle_blocks=1)
     # The 48-channel reduction's input against block 1's sum (before any ReLU).
-    probe = tf_keras.Model(net.input, [net.get_layer("xception_features.block1_add").output,
-                                       net.get_layer("conv2").input])
+    probe = tf_keras.Model(
+        net.input,
+        [net.get_layer("xception_features.block1_add").output, net.get_layer("conv2").input],
+    )
     block1, low = probe(tf.random.normal([1, 32, 48, 3]), training=False)
     assert float(tf.reduce_min(block1)) < 0
     np.testing.assert_array_equal(low.numpy(), np.maximum(block1.numpy(), 0))
@@ -264,7 +339,9 @@ def reference_npz(tmp_path_factory):
 
 def test_imported_model_computes_the_reference_function(reference_npz, tmp_path):
     path, state = reference_npz
-    out = import_reference.import_reference(path, tmp_path / "imported", TINY_CONFIG, print_fn=lambda *a: None)
+    out = import_reference.import_reference(
+        path, tmp_path / "imported", TINY_CONFIG, print_fn=lambda *a: None
+    )
     record = json.loads((out / "import.json").read_text())
     n_counters = sum(name.endswith("num_batches_tracked") for name in state)
     assert record["tensors"] == len(state) - n_counters and record["input_channels"] == 5
@@ -279,11 +356,14 @@ def test_imported_model_computes_the_reference_function(reference_npz, tmp_path)
     assert_close(keras_nchw(net, x), oracle)
 
 
-@pytest.mark.parametrize("change, named", [
-    ("missing", "upsample.conv1.6.bias"),
-    ("extra", "bottleneck.aspp5.bn.bn.weight"),
-    ("misshaped", "xception_features.block4.rep.3.conv1.weight"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ("missing", "upsample.conv1.6.bias"),
+        ("extra", "bottleneck.aspp5.bn.bn.weight"),
+        ("misshaped", "xception_features.block4.rep.3.conv1.weight"),
+    ],
+)
 def test_import_rejects_a_tensor_named_in_one_line(reference_npz, tmp_path, capsys, change, named):
     _, state = reference_npz
     state = dict(state)
@@ -295,14 +375,18 @@ def test_import_rejects_a_tensor_named_in_one_line(reference_npz, tmp_path, caps
         state[named] = np.ones((12, 1, 5, 5), np.float32)
     bad = tmp_path / "bad.npz"
     np.savez(bad, **state)
-    assert import_reference.main([str(bad), str(tmp_path / "out"), "--config", str(TINY_CONFIG)]) == 2
+    assert (
+        import_reference.main([str(bad), str(tmp_path / "out"), "--config", str(TINY_CONFIG)]) == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and named in err and "\n" not in err
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
-                    reason="torch is installed here: the .pt file would be read")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is not None,
+    reason="torch is installed here: the .pt file would be read",
+)
 def test_pytorch_file_without_torch_says_how_to_convert(tmp_path, capsys):
     pt = tmp_path / "model.pt"
     pt.write_bytes(b"not read")

@@ -24,13 +24,21 @@ from deepcam import data as deepcam_data
 from tests import helpers
 from tests.fake_distribution import OneRankDistribution
 
-SIZE = 8   # CosmoFlow samples of SIZE^3 x 4; the probe reads them at this size
+SIZE = 8  # CosmoFlow samples of SIZE^3 x 4; the probe reads them at this size
 H, W = 16, 24
 
 
-@pytest.mark.parametrize("setting,device,target", [
-    ("auto", "gpu", "/gpu:0"), ("auto", "cpu", "off"), ("on", "gpu", "/gpu:0"), ("on", "cpu", "/cpu:0"),
-    ("off", "gpu", "off"), ("off", "cpu", "off")])
+@pytest.mark.parametrize(
+    "setting,device,target",
+    [
+        ("auto", "gpu", "/gpu:0"),
+        ("auto", "cpu", "off"),
+        ("on", "gpu", "/gpu:0"),
+        ("on", "cpu", "/cpu:0"),
+        ("off", "gpu", "off"),
+        ("off", "cpu", "off"),
+    ],
+)
 def test_where_batches_go_by_setting_and_device(setting, device, target):
     assert device_prefetch.target_device(setting, device) == target
 
@@ -44,8 +52,12 @@ def _cosmoflow_files(directory, n, size=SIZE):
     directory.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for i in range(n):
-        helpers.write_tfrecord(directory / f"s{i}.tfrecord", rng.integers(0, 50, (size, size, size, 4)),
-                               rng.uniform(-1, 1, 4), gzip=False)
+        helpers.write_tfrecord(
+            directory / f"s{i}.tfrecord",
+            rng.integers(0, 50, (size, size, size, 4)),
+            rng.uniform(-1, 1, 4),
+            gzip=False,
+        )
     return sorted(str(p) for p in directory.iterdir())
 
 
@@ -69,16 +81,38 @@ def _stage_chain(ds) -> list:
 
 
 def test_the_stage_is_last_and_hands_over_the_compact_batches_unchanged(tmp_path):
-    cosmo = cosmoflow_data.make_dataset(_cosmoflow_files(tmp_path / "c", 4), (SIZE, SIZE, SIZE, 4), 2, "",
-                                        training=True, seed=0, deterministic=True)
-    deepcam = deepcam_data.make_dataset(_deepcam_files(tmp_path / "d", 4), channels=range(16), height=H, width=W,
-                                        batch_size=2, training=True, seed=0, deterministic=True)
+    cosmo = cosmoflow_data.make_dataset(
+        _cosmoflow_files(tmp_path / "c", 4),
+        (SIZE, SIZE, SIZE, 4),
+        2,
+        "",
+        training=True,
+        seed=0,
+        deterministic=True,
+    )
+    deepcam = deepcam_data.make_dataset(
+        _deepcam_files(tmp_path / "d", 4),
+        channels=range(16),
+        height=H,
+        width=W,
+        batch_size=2,
+        training=True,
+        seed=0,
+        deterministic=True,
+    )
     for host, dtypes in ((cosmo, (tf.int16, tf.float32)), (deepcam, (tf.float32, tf.uint8))):
         staged = device_prefetch.prefetch_to(host, "/cpu:0")
         assert _stage_chain(staged) == ["_PrefetchDataset", "_CopyToDeviceDataset"]
         assert staged._input_dataset._target_device == "/cpu:0"
-        assert staged.element_spec == host.element_spec and tuple(s.dtype for s in staged.element_spec) == dtypes
-        step = tf.function(lambda x, y: tf.reduce_sum(tf.cast(x, tf.float64)) + tf.reduce_sum(tf.cast(y, tf.float64)))
+        assert (
+            staged.element_spec == host.element_spec
+            and tuple(s.dtype for s in staged.element_spec) == dtypes
+        )
+        step = tf.function(
+            lambda x, y: (
+                tf.reduce_sum(tf.cast(x, tf.float64)) + tf.reduce_sum(tf.cast(y, tf.float64))
+            )
+        )
         expected = [float(step(*b)) for b in host.take(3)]
         it = iter(staged)
         assert [float(step(*next(it))) for _ in range(3)] == expected
@@ -91,15 +125,28 @@ def test_batches_arrive_on_the_target_device_and_the_steps_take_them(tmp_path):
     cosmo_dir, deepcam_dir = tmp_path / "c", tmp_path / "d"
     _cosmoflow_files(cosmo_dir, 4)
     _deepcam_files(deepcam_dir, 4)
-    proc = subprocess.run([helpers.PYTHON, helpers.REPO / "tests" / "device_prefetch_probe.py", cosmo_dir,
-                           deepcam_dir], cwd=helpers.REPO, env=helpers.env(), capture_output=True, text=True,
-                          check=False, timeout=300)
+    proc = subprocess.run(
+        [
+            helpers.PYTHON,
+            helpers.REPO / "tests" / "device_prefetch_probe.py",
+            cosmo_dir,
+            deepcam_dir,
+        ],
+        cwd=helpers.REPO,
+        env=helpers.env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     found = {r["name"]: r for r in map(json.loads, proc.stdout.strip().splitlines())}
     for name, dtypes in (("cosmoflow", ["int16", "float32"]), ("deepcam", ["float32", "uint8"])):
         r = found[name]
         assert r["devices"] == ["/job:localhost/replica:0/task:0/device:CPU:1"], r
-        assert r["host_devices"] == ["/job:localhost/replica:0/task:0/device:CPU:0"], r   # without the stage
+        assert r["host_devices"] == ["/job:localhost/replica:0/task:0/device:CPU:0"], (
+            r
+        )  # without the stage
         assert r["dtypes"] == r["host_dtypes"] == dtypes and r["same_values"], r
         assert np.isfinite(r["step_loss"]), r
 
@@ -111,7 +158,9 @@ def _tiny_cosmoflow(root):
 
 
 @pytest.mark.parametrize("setting,staged", [("on", True), ("off", False)])
-def test_the_trainer_puts_the_stage_last_on_the_datasets_a_run_mode_reads(tmp_path, monkeypatch, setting, staged):
+def test_the_trainer_puts_the_stage_last_on_the_datasets_a_run_mode_reads(
+    tmp_path, monkeypatch, setting, staged
+):
     read = {}
     real = trainer_module.run_benchmark
 
@@ -120,28 +169,56 @@ def test_the_trainer_puts_the_stage_last_on_the_datasets_a_run_mode_reads(tmp_pa
         return real(ctx, train_ds)
 
     monkeypatch.setattr(trainer_module, "run_benchmark", spy)
-    cfg = load_config(CosmoFlowTask.config_class, helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml", {
-        **CosmoFlowTask.tiny_overrides(None), "data.data_dir": str(_tiny_cosmoflow(tmp_path / "data")),
-        "data.sample_shape": [16, 16, 16, 4], "runtime.prefetch_to_device": setting, "train.benchmark_steps": 2,
-        "train.benchmark_warmup_steps": 0, "train.warmup_steps": 0})
+    cfg = load_config(
+        CosmoFlowTask.config_class,
+        helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml",
+        {
+            **CosmoFlowTask.tiny_overrides(None),
+            "data.data_dir": str(_tiny_cosmoflow(tmp_path / "data")),
+            "data.sample_shape": [16, 16, 16, 4],
+            "runtime.prefetch_to_device": setting,
+            "train.benchmark_steps": 2,
+            "train.benchmark_warmup_steps": 0,
+            "train.warmup_steps": 0,
+        },
+    )
     dist = OneRankDistribution()
     runtime = configure(cfg.runtime, dist)
     assert runtime["prefetch_to_device"] == ("/cpu:0" if staged else "off")
     trainer_module.Trainer(CosmoFlowTask(cfg), dist, Events([]), tmp_path / "run", runtime).run()
-    assert (_stage_chain(read["train"])[:2] == ["_PrefetchDataset", "_CopyToDeviceDataset"]) == staged
+    assert (
+        _stage_chain(read["train"])[:2] == ["_PrefetchDataset", "_CopyToDeviceDataset"]
+    ) == staged
 
 
 def test_a_tiny_run_trains_with_the_stage_on_and_says_where_batches_go(tmp_path):
     data = _tiny_cosmoflow(tmp_path / "data")
     out = tmp_path / "run"
-    proc = helpers.run(helpers.train_cmd("cosmoflow", helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml",
-                                         "--data-dir", data, "--output-dir", out, "--tiny",
-                                         "--set", "data.sample_shape=16,16,16,4",
-                                         "--set", "runtime.prefetch_to_device=on"), timeout=300)
-    assert proc.returncode in (0, 3), helpers.failure_output(proc)   # 3: target not reached
-    runtime_line = next(line for line in proc.stdout.splitlines()
-                        if line.startswith("[init]") and "; runtime {" in line)
+    proc = helpers.run(
+        helpers.train_cmd(
+            "cosmoflow",
+            helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml",
+            "--data-dir",
+            data,
+            "--output-dir",
+            out,
+            "--tiny",
+            "--set",
+            "data.sample_shape=16,16,16,4",
+            "--set",
+            "runtime.prefetch_to_device=on",
+        ),
+        timeout=300,
+    )
+    assert proc.returncode in (0, 3), helpers.failure_output(proc)  # 3: target not reached
+    runtime_line = next(
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith("[init]") and "; runtime {" in line
+    )
     assert "'prefetch_to_device': '/cpu:0'" in runtime_line, runtime_line
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runtime"]["prefetch_to_device"] == "/cpu:0"
-    assert [h["epoch"] for h in summary["history"]] == [1] and np.isfinite(summary["history"][0]["loss"])
+    assert [h["epoch"] for h in summary["history"]] == [1] and np.isfinite(
+        summary["history"][0]["loss"]
+    )

@@ -3,6 +3,7 @@ README.md and docs/*.md resolves to a file (and to a heading of it, where the li
 every `make TARGET` they name is a Makefile target, every module they name (`common.x.y`,
 `common/x/y.py`) exists, and README.md stays a first page: at most 110 lines, none over 200
 characters."""
+
 import re
 from pathlib import Path
 
@@ -16,7 +17,9 @@ LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 # `make [VAR=value ...] target`: the target is the first word after make that is not an assignment.
-MAKE = re.compile(r"(?:^|[\s;&|(])make((?:\s+[A-Za-z_][A-Za-z0-9_]*=\S*)*)\s+([a-z][A-Za-z0-9_.-]*)")
+MAKE = re.compile(
+    r"(?:^|[\s;&|(])make((?:\s+[A-Za-z_][A-Za-z0-9_]*=\S*)*)\s+([a-z][A-Za-z0-9_.-]*)"
+)
 # A module of common/ named in prose: common.run.trainer, common/run/trainer.py (not a file such as
 # mlperf_logging's common.yaml, nor a path inside another repository: a/common/x.py).
 MODULE_NAME = re.compile(r"(?<![\w/.-])(common(?:\.[a-z_][a-z0-9_]*)+)\b(?!\.\w)")
@@ -27,7 +30,9 @@ RULE = re.compile(r"^([A-Za-z0-9_.%-][A-Za-z0-9_.%\- ]*?)\s*:(?![=:])")
 
 def relative_links(text):
     """(line number, target) of every link that is neither a URL nor a bare #anchor."""
-    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)  # links in code blocks are code
+    prose = FENCE.sub(
+        lambda m: "\n" * m.group(0).count("\n"), text
+    )  # links in code blocks are code
     for m in LINK.finditer(prose):
         target = m.group(1)
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
@@ -83,12 +88,14 @@ def missing_modules(text):
         parts = m.group(1).split(".")
         if parts[-1] in FILE_SUFFIXES:
             continue
-        found = any((ROOT.joinpath(*parts[:n]).with_suffix(".py")).is_file()
-                    or (ROOT.joinpath(*parts[:n]) / "__init__.py").is_file()
-                    for n in range(2, len(parts) + 1))
+        found = any(
+            (ROOT.joinpath(*parts[:n]).with_suffix(".py")).is_file()
+            or (ROOT.joinpath(*parts[:n]) / "__init__.py").is_file()
+            for n in range(2, len(parts) + 1)
+        )
         if not found:
             missing.append(m.group(1))
-    for m in MODULE_PATH.finditer(text):   # common/run/trainer.py, or common/run/context.RunContext
+    for m in MODULE_PATH.finditer(text):  # common/run/trainer.py, or common/run/context.RunContext
         if not (ROOT / m.group(1)).with_suffix(".py").is_file():
             missing.append(m.group(1) + (".py" if m.group(2) == ".py" else ""))
     return missing
@@ -113,7 +120,11 @@ def makefile_targets():
 def test_readme_is_a_first_page():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 110, f"README.md has {len(lines)} lines; the manual belongs in docs/"
-    long = [f"README.md:{i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 200]
+    long = [
+        f"README.md:{i}: {len(line)} characters"
+        for i, line in enumerate(lines, 1)
+        if len(line) > 200
+    ]
     assert not long, "lines over 200 characters:\n" + "\n".join(long)
 
 
@@ -123,9 +134,11 @@ def test_pages_exist():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page):
-    broken = [f"{page.relative_to(ROOT)}:{line}: {target}"
-              for line, target in relative_links(page.read_text())
-              if target and not (page.parent / target).exists()]
+    broken = [
+        f"{page.relative_to(ROOT)}:{line}: {target}"
+        for line, target in relative_links(page.read_text())
+        if target and not (page.parent / target).exists()
+    ]
     assert not broken, "links to nothing:\n" + "\n".join(broken)
 
 
@@ -144,21 +157,35 @@ def test_anchors_resolve(page):
 def test_makefile_targets_parsed():
     targets = makefile_targets()
     # shared ones and each benchmark's
-    assert {"install", "test", "test-all", "bench", "run", "data", "run-deepcam", "bench-deepcam"} <= targets
+    assert {
+        "install",
+        "test",
+        "test-all",
+        "bench",
+        "run",
+        "data",
+        "run-deepcam",
+        "bench-deepcam",
+    } <= targets
 
 
 def test_make_targets_named_exist():
     targets = makefile_targets()
-    missing = sorted(f"{page.relative_to(ROOT)}: make {name}"
-                     for page in PAGES for name in make_targets_named(page.read_text())
-                     if name not in targets)
+    missing = sorted(
+        f"{page.relative_to(ROOT)}: make {name}"
+        for page in PAGES
+        for name in make_targets_named(page.read_text())
+        if name not in targets
+    )
     assert not missing, "make targets the docs name but the Makefile lacks:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_names_exist(page):
     missing = missing_modules(page.read_text())
-    assert not missing, f"{page.relative_to(ROOT)} names modules that do not exist: {sorted(set(missing))}"
+    assert not missing, (
+        f"{page.relative_to(ROOT)} names modules that do not exist: {sorted(set(missing))}"
+    )
 
 
 def test_checks_can_fail():
@@ -170,8 +197,12 @@ def test_checks_can_fail():
     page = "# Title\n## What a run writes (`--output-dir`)\n## Tiers\n## Tiers\n```\n# not a heading\n```\n"
     assert heading_anchors(page) == {"title", "what-a-run-writes---output-dir", "tiers", "tiers-1"}
     assert "b" not in heading_anchors(page)
-    assert make_targets_named("`VARIANT=gpu make install` and `make run NP=2`") == {"install", "run"}
+    assert make_targets_named("`VARIANT=gpu make install` and `make run NP=2`") == {
+        "install",
+        "run",
+    }
     assert "frobnicate" not in makefile_targets()
-    assert missing_modules("common.launch, common/trainer.py and common/run_context.RunContext, not "
-                           "common.run.steps.TrainStep nor common/run/context.RunContext") == \
-        ["common.launch", "common/trainer.py", "common/run_context"]
+    assert missing_modules(
+        "common.launch, common/trainer.py and common/run_context.RunContext, not "
+        "common.run.steps.TrainStep nor common/run/context.RunContext"
+    ) == ["common.launch", "common/trainer.py", "common/run_context"]

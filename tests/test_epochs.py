@@ -4,18 +4,26 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.inputs import epochs
 from common.config_loading import load_config
 from common.errors import ConfigError, InputError
-from cosmoflow.task import CosmoFlowTask
+from common.inputs import epochs
 from cosmoflow.config import CosmoFlowConfig
+from cosmoflow.task import CosmoFlowTask
 from deepcam.config import DeepCAMConfig
 from tests.helpers import REPO
 
 
-@pytest.mark.parametrize("shard, batch, accumulation, expected", [
-    (16, 4, 1, 4), (18, 4, 1, 4), (18, 4, 3, 3), (7, 4, 2, 0), (121266 // 1024, 2, 1, 59), (118, 2, 2, 58),
-])
+@pytest.mark.parametrize(
+    "shard, batch, accumulation, expected",
+    [
+        (16, 4, 1, 4),
+        (18, 4, 1, 4),
+        (18, 4, 3, 3),
+        (7, 4, 2, 0),
+        (121266 // 1024, 2, 1, 59),
+        (118, 2, 2, 58),
+    ],
+)
 def test_batches_per_epoch_are_whole_steps_of_full_batches(shard, batch, accumulation, expected):
     assert epochs.batches_per_epoch(shard, batch, accumulation) == expected
 
@@ -27,8 +35,15 @@ def _numbers(paths: tf.data.Dataset) -> tf.data.Dataset:
 
 def _batches(start, cache, n=None):
     files = [f"f{i}" for i in range(11)]
-    ds = epochs.training_dataset(files, _numbers, batch_size=3, n_batches=epochs.batches_per_epoch(11, 3, 2),
-                                 seed=5, cache=cache, start=start)
+    ds = epochs.training_dataset(
+        files,
+        _numbers,
+        batch_size=3,
+        n_batches=epochs.batches_per_epoch(11, 3, 2),
+        seed=5,
+        cache=cache,
+        start=start,
+    )
     return [b.numpy() for b in ds.take(n)]
 
 
@@ -36,17 +51,21 @@ def _batches(start, cache, n=None):
 def test_each_epoch_is_one_reshuffled_pass(cache):
     # 11 samples, batch 3: 3 full batches per pass; keep 2 (accumulation 2): 6 samples an epoch,
     # all distinct, drawn from the whole shard, a new order each epoch.
-    batches = _batches(epochs.Position(), cache, 6)   # 3 epochs x 2 batches
-    seen = [np.concatenate(batches[i:i + 2]) for i in (0, 2, 4)]
+    batches = _batches(epochs.Position(), cache, 6)  # 3 epochs x 2 batches
+    seen = [np.concatenate(batches[i : i + 2]) for i in (0, 2, 4)]
     for epoch in seen:
         assert len(epoch) == 6 and len(set(epoch.tolist())) == 6
-    assert len({tuple(e) for e in seen}) == 3             # reshuffled every pass
-    assert len(set(np.concatenate(seen).tolist())) > 6   # the dropped samples change from pass to pass
+    assert len({tuple(e) for e in seen}) == 3  # reshuffled every pass
+    assert (
+        len(set(np.concatenate(seen).tolist())) > 6
+    )  # the dropped samples change from pass to pass
 
 
 @pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize("epoch,batch", [(1, 1), (2, 0), (3, 1)])
-def test_a_run_started_at_a_position_reads_what_an_uninterrupted_run_reads_next(cache, epoch, batch):
+def test_a_run_started_at_a_position_reads_what_an_uninterrupted_run_reads_next(
+    cache, epoch, batch
+):
     whole = _batches(epochs.Position(), cache, 8)
     index = (epoch - 1) * 2 + batch
     resumed = _batches(epochs.Position(epoch, batch), cache, 8 - index)
@@ -54,15 +73,28 @@ def test_a_run_started_at_a_position_reads_what_an_uninterrupted_run_reads_next(
 
 
 def test_cosmoflow_divisibility_counts_gradient_accumulation():
-    cfg = load_config(CosmoFlowConfig, REPO / "tests/configs/cosmoflow_tiny.yaml",
-                      {"data.data_dir": "/data", "data.n_train": "48", "data.batch_size": "4",
-                       "train.gradient_accumulation_frequency": "4"})
-    with pytest.raises(InputError, match=r"n_train=48 is not divisible by ranks x local batch x accumulation "
-                                         r"= 2 x 4 x 4 = 32"):
+    cfg = load_config(
+        CosmoFlowConfig,
+        REPO / "tests/configs/cosmoflow_tiny.yaml",
+        {
+            "data.data_dir": "/data",
+            "data.n_train": "48",
+            "data.batch_size": "4",
+            "train.gradient_accumulation_frequency": "4",
+        },
+    )
+    with pytest.raises(
+        InputError,
+        match=r"n_train=48 is not divisible by ranks x local batch x accumulation "
+        r"= 2 x 4 x 4 = 32",
+    ):
         CosmoFlowTask(cfg).shard(0, 2)
 
 
 def test_xla_with_group_batch_norm_is_rejected():
     with pytest.raises(ConfigError, match="runtime.xla.*batchnorm_group_size"):
-        load_config(DeepCAMConfig, REPO / "tests/configs/deepcam_tiny.yaml",
-                    {"data.data_dir": "/data", "runtime.xla": "true", "model.batchnorm_group_size": "2"})
+        load_config(
+            DeepCAMConfig,
+            REPO / "tests/configs/deepcam_tiny.yaml",
+            {"data.data_dir": "/data", "runtime.xla": "true", "model.batchnorm_group_size": "2"},
+        )

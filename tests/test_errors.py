@@ -1,4 +1,5 @@
 """common.errors: the one table of exit codes, and the tools' main wrapper."""
+
 import re
 import subprocess
 import sys
@@ -17,11 +18,15 @@ def test_exit_codes_are_distinct_and_the_sbatch_scripts_requeue_on_preempted():
 
 def test_no_module_defines_an_exit_code_of_its_own():
     """Exit codes come from the table: no `EXIT_x = <number>` constants elsewhere."""
-    own = re.compile(r"^EXIT_(?!FLOW_)[A-Z_]+ = \d", re.M)   # not Xception's exit flow
-    found = [str(p.relative_to(REPO)) for folder in ("common", "cosmoflow", "deepcam", "offline", "bench")
-             for p in (REPO / folder).rglob("*.py") if own.search(p.read_text())]
+    own = re.compile(r"^EXIT_(?!FLOW_)[A-Z_]+ = \d", re.M)  # not Xception's exit flow
+    found = [
+        str(p.relative_to(REPO))
+        for folder in ("common", "cosmoflow", "deepcam", "offline", "bench")
+        for p in (REPO / folder).rglob("*.py")
+        if own.search(p.read_text())
+    ]
     assert not found, found
-    assert own.search("EXIT_CRASH = 1\n")   # the check sees one
+    assert own.search("EXIT_CRASH = 1\n")  # the check sees one
 
 
 def test_tool_main_turns_an_input_error_into_one_line_and_exit_2(capsys):
@@ -45,8 +50,15 @@ def test_tool_main_lets_other_exceptions_through():
 
 def test_a_tool_exits_2_with_one_error_line():
     """A real tool under the wrapper, in its own process: one `error:` line, no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "offline.scoring", "/no/such/folder"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "offline.scoring", "/no/such/folder"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "/no/such/folder" in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "/no/such/folder" in lines[0], (
+        proc.stderr
+    )

@@ -31,7 +31,7 @@ def test_every_listener_event_is_a_method_of_events():
 
 def test_a_misspelled_listener_method_is_refused_at_construction():
     class Typo(Listener):
-        def on_epoch_stopp(self, epoch, train, site):   # would never run
+        def on_epoch_stopp(self, epoch, train, site):  # would never run
             pass
 
     with pytest.raises(TypeError, match="on_epoch_stopp"):
@@ -51,9 +51,19 @@ def test_listeners_get_the_event_and_the_callers_line_in_order():
 
 
 def _info():
-    return RunInfo(benchmark="cosmoflow", seed=1, num_nodes=1, ranks=1, accelerators_per_node=0,
-                   global_batch_size=8, train_samples=64, eval_samples=8, hyperparameters={"opt_name": "sgd"},
-                   target_name="eval_error", target=0.124)
+    return RunInfo(
+        benchmark="cosmoflow",
+        seed=1,
+        num_nodes=1,
+        ranks=1,
+        accelerators_per_node=0,
+        global_batch_size=8,
+        train_samples=64,
+        eval_samples=8,
+        hyperparameters={"opt_name": "sgd"},
+        target_name="eval_error",
+        target=0.124,
+    )
 
 
 def _emit(events):
@@ -63,40 +73,79 @@ def _emit(events):
     events.on_run_start()
     events.on_epoch_start(1, 0)
     events.on_step(StepInfo(1, 8, 8, 8))
-    events.on_epoch_stop(1, EpochTrain(global_step=8, loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0))
+    events.on_epoch_stop(
+        1, EpochTrain(global_step=8, loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0)
+    )
     events.on_eval_start(1)
     events.on_eval_stop(1, 8, 0.3, 0.7)
-    events.on_run_stop("aborted", 1, None, Failure(reason=NON_FINITE_LOSS, exit_code=ExitCode.NON_FINITE_LOSS,
-                                                message="", step_num=8, loss="nan"))
+    events.on_run_stop(
+        "aborted",
+        1,
+        None,
+        Failure(
+            reason=NON_FINITE_LOSS,
+            exit_code=ExitCode.NON_FINITE_LOSS,
+            message="",
+            step_num=8,
+            loss="nan",
+        ),
+    )
     return inspect.getsourcelines(_emit)[1]
 
 
 def test_mlperf_lines_name_the_line_that_raised_the_event(tmp_path):
-    logger = MLPerfLogger(tmp_path, {k: "x" for k in ("benchmark", "org", "division", "status", "platform")},
-                          metric_key="eval_error")
+    logger = MLPerfLogger(
+        tmp_path,
+        {k: "x" for k in ("benchmark", "org", "division", "status", "platform")},
+        metric_key="eval_error",
+    )
     events = Events([logger])
     first_line = _emit(events)
     events.close()
-    records = [json.loads(line[len(":::MLLOG "):]) for line in (tmp_path / "mlperf.log").read_text().splitlines()]
+    records = [
+        json.loads(line[len(":::MLLOG ") :])
+        for line in (tmp_path / "mlperf.log").read_text().splitlines()
+    ]
     by_key = {r["key"]: r for r in records}
-    body = {"init_start": 3, "seed": 4, "init_stop": 4, "run_start": 5, "epoch_start": 6, "epoch_stop": 8,
-            "train_loss": 8, "learning_rate": 8, "eval_start": 9, "eval_stop": 10, "eval_error": 10,
-            "eval_loss": 10, "run_stop": 11}
+    body = {
+        "init_start": 3,
+        "seed": 4,
+        "init_stop": 4,
+        "run_start": 5,
+        "epoch_start": 6,
+        "epoch_stop": 8,
+        "train_loss": 8,
+        "learning_rate": 8,
+        "eval_start": 9,
+        "eval_stop": 10,
+        "eval_error": 10,
+        "eval_loss": 10,
+        "run_stop": 11,
+    }
     for key, offset in body.items():
         assert by_key[key]["metadata"]["file"] == "tests/test_events.py", key
         assert by_key[key]["metadata"]["lineno"] == first_line + offset - 1, key
     assert by_key["epoch_start"]["metadata"]["epoch_num"] == 1
     # As the references log them: the step count with the epoch's end and the evaluation.
     assert by_key["epoch_start"]["metadata"]["step_num"] == 0
-    assert all(by_key[k]["metadata"]["step_num"] == 8 for k in ("epoch_stop", "train_loss", "eval_error", "eval_loss"))
+    assert all(
+        by_key[k]["metadata"]["step_num"] == 8
+        for k in ("epoch_stop", "train_loss", "eval_error", "eval_loss")
+    )
     assert by_key["eval_loss"]["value"] == 0.7 and by_key["learning_rate"]["value"] == 0.01
     stop = by_key["run_stop"]["metadata"]
-    assert (stop["status"], stop["reason"], stop["step_num"], stop["loss"]) == ("aborted", "non-finite loss", 8, "nan")
+    assert (stop["status"], stop["reason"], stop["step_num"], stop["loss"]) == (
+        "aborted",
+        "non-finite loss",
+        8,
+        "nan",
+    )
     assert not (tmp_path / "mlperf.log.partial").exists()
 
 
 def test_lines_are_encoded_as_mllog_encodes_them():
     from mlperf_logging.mllog.mllog import _encode_log
+
     metadata = {"file": "a.py", "lineno": 3, "epoch_num": 2}
     ours = encode_line("INTERVAL_START", "epoch_start", None, metadata, time_ms=123)
     assert ours == _encode_log("", 123, "INTERVAL_START", "epoch_start", None, metadata)
@@ -105,15 +154,29 @@ def test_lines_are_encoded_as_mllog_encodes_them():
 def test_the_log_writes_the_step_the_events_carry_and_counts_none_of_its_own(tmp_path):
     # A resumed epoch whose steps the logger never saw (no on_step): every step_num is the one its
     # event carries. A logger that counted on_step calls would write 0 here.
-    logger = MLPerfLogger(tmp_path, {k: "x" for k in ("benchmark", "org", "division", "status", "platform")},
-                          metric_key="eval_error")
+    logger = MLPerfLogger(
+        tmp_path,
+        {k: "x" for k in ("benchmark", "org", "division", "status", "platform")},
+        metric_key="eval_error",
+    )
     events = Events([logger])
     events.on_init_stop(_info())
     events.on_epoch_start(3, 13)
-    events.on_epoch_stop(3, EpochTrain(global_step=24, loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0))
+    events.on_epoch_stop(
+        3, EpochTrain(global_step=24, loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0)
+    )
     events.on_eval_stop(3, 24, 0.3, 0.7)
     events.close()
-    records = [json.loads(line[len(":::MLLOG "):]) for line in (tmp_path / "mlperf.log").read_text().splitlines()]
+    records = [
+        json.loads(line[len(":::MLLOG ") :])
+        for line in (tmp_path / "mlperf.log").read_text().splitlines()
+    ]
     steps = {r["key"]: r["metadata"]["step_num"] for r in records if "step_num" in r["metadata"]}
-    assert steps == {"epoch_start": 13, "epoch_stop": 24, "train_loss": 24, "learning_rate": 24,
-                     "eval_error": 24, "eval_loss": 24}
+    assert steps == {
+        "epoch_start": 13,
+        "epoch_stop": 24,
+        "train_loss": 24,
+        "learning_rate": 24,
+        "eval_error": 24,
+        "eval_loss": 24,
+    }

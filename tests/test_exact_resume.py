@@ -22,20 +22,50 @@ import pytest
 from common import launchers
 from tests import helpers
 
-pytestmark = pytest.mark.slow   # three short trainings per case
+pytestmark = pytest.mark.slow  # three short trainings per case
 
 
 def _cosmoflow(data, config, out, *extra):
-    return helpers.train_cmd("cosmoflow", config, "--data-dir", data, "--output-dir", out,
-                             *helpers.COSMOFLOW_EXACT_ARGS, *extra)
+    return helpers.train_cmd(
+        "cosmoflow",
+        config,
+        "--data-dir",
+        data,
+        "--output-dir",
+        out,
+        *helpers.COSMOFLOW_EXACT_ARGS,
+        *extra,
+    )
 
 
 def _deepcam(data, config, out, *extra):
-    return helpers.train_cmd("deepcam", config, "--data_dir_prefix", data, "--output_dir", out,
-                             "--local_batch_size", "2", "--max_epochs", "2", "--checkpoint_steps", "3",
-                             "--deterministic", "--set", "data.n_train=32", "--set", "data.n_valid=8",
-                             "--target_iou", "0", "--set", "train.stop_at_target=false",
-                             *helpers.DEEPCAM_NARROW, "--set", "runtime.check_log=false", *extra)
+    return helpers.train_cmd(
+        "deepcam",
+        config,
+        "--data_dir_prefix",
+        data,
+        "--output_dir",
+        out,
+        "--local_batch_size",
+        "2",
+        "--max_epochs",
+        "2",
+        "--checkpoint_steps",
+        "3",
+        "--deterministic",
+        "--set",
+        "data.n_train=32",
+        "--set",
+        "data.n_valid=8",
+        "--target_iou",
+        "0",
+        "--set",
+        "train.stop_at_target=false",
+        *helpers.DEEPCAM_NARROW,
+        "--set",
+        "runtime.check_log=false",
+        *extra,
+    )
 
 
 def _launch(ranks: int, cmd) -> list:
@@ -43,10 +73,14 @@ def _launch(ranks: int, cmd) -> list:
 
 
 def _published_steps(out: Path) -> list:
-    return sorted(int(p.name[len("step-"):]) for p in (out / "checkpoints").glob("step-??????????"))
+    return sorted(
+        int(p.name[len("step-") :]) for p in (out / "checkpoints").glob("step-??????????")
+    )
 
 
-def _kill_at_random(cmd, out: Path, total_steps: int, rng: random.Random, timeout: float = 600) -> str:
+def _kill_at_random(
+    cmd, out: Path, total_steps: int, rng: random.Random, timeout: float = 600
+) -> str:
     """Starts `cmd` and SIGKILLs a random rank at a random moment between two checkpoints.
 
     The moment is drawn in steps and in time, not in seconds alone: a checkpoint step is
@@ -54,38 +88,52 @@ def _kill_at_random(cmd, out: Path, total_steps: int, rng: random.Random, timeou
     comes uniform(0, one save interval, as measured on this machine) later. So the kill lands
     before the run ends on a fast machine as on a slow one, mid-step, mid-save or between.
     """
-    every = 3   # --checkpoint-steps
+    every = 3  # --checkpoint-steps
     target = rng.choice(range(2 * every, total_steps - 2 * every + 1, every))
-    proc = subprocess.Popen(cmd, cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=helpers.REPO,
+        env=helpers.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + timeout
-    first_seen = {}   # step -> when its folder appeared
+    first_seen = {}  # step -> when its folder appeared
     while len(first_seen) < 2 or max(first_seen) < target:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError(f"no checkpoint at step {target} before the kill:\n"
-                                 + proc.communicate()[0][-3000:])
+            raise AssertionError(
+                f"no checkpoint at step {target} before the kill:\n" + proc.communicate()[0][-3000:]
+            )
         for step in _published_steps(out):
             first_seen.setdefault(step, time.monotonic())
         time.sleep(0.02)
     seen = sorted(first_seen.items())
     # The typical pace: an interval holding a validation pass is longer, and two folders
     # seen in one poll make a zero one.
-    save_interval = every * statistics.median((t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(seen, seen[1:]))
+    save_interval = every * statistics.median(
+        (t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(seen, seen[1:])
+    )
     s1 = seen[-1][0]
     delay = rng.uniform(0.0, save_interval)
     time.sleep(delay)
-    victim = proc.pid if cmd[0] != launchers.HOROVODRUN else helpers._rank_pid(rng.randrange(2), out)
+    victim = (
+        proc.pid if cmd[0] != launchers.HOROVODRUN else helpers._rank_pid(rng.randrange(2), out)
+    )
     if victim is not None and proc.poll() is None:
         os.kill(victim, signal.SIGKILL)
     output = proc.communicate(timeout=timeout)[0]
-    return (f"killed {delay:.2f} s after the checkpoint of step {s1} of {total_steps} "
-            f"(saves {save_interval:.2f} s apart; exit {proc.returncode})\n" + output[-2000:])
+    return (
+        f"killed {delay:.2f} s after the checkpoint of step {s1} of {total_steps} "
+        f"(saves {save_interval:.2f} s apart; exit {proc.returncode})\n" + output[-2000:]
+    )
 
 
 @pytest.fixture(scope="module")
 def runs(cosmo_data, tiny_config, deepcam_data, deepcam_config, tmp_path_factory):
     """make(bench, out, *extra) -> train.py command; whole(bench, ranks) -> an uninterrupted run's folder."""
+
     def make(bench, out, *extra):
         if bench == "cosmoflow":
             return _cosmoflow(cosmo_data, tiny_config, out, *extra)
@@ -130,7 +178,9 @@ def test_killed_and_resumed_run_ends_bitwise_equal(bench, ranks, runs, tmp_path)
     total_steps = {"cosmoflow": 96 // (4 * ranks) * 3, "deepcam": 32 // (2 * ranks) * 2}[bench]
     story = _kill_at_random(_launch(ranks, make(bench, broken)), broken, total_steps, rng)
     print(story.splitlines()[0])
-    assert not (broken / "summary.json").exists(), "the run finished before it was killed:\n" + story
+    assert not (broken / "summary.json").exists(), (
+        "the run finished before it was killed:\n" + story
+    )
     _resume_and_compare(runs, bench, ranks, broken)
 
 
@@ -143,8 +193,14 @@ def test_a_signal_on_one_rank_stops_every_rank_with_a_checkpoint(signum, rank, r
     whole("cosmoflow", 2)
     out = tmp_path / "stopped"
     cmd = _launch(2, make("cosmoflow", out, "--set", "train.stop_check_steps=1"))
-    proc = subprocess.Popen(cmd, cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=helpers.REPO,
+        env=helpers.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     # The signal comes once the first checkpoint (step 3 of 36) is published: mid-run by steps, not by
     # a delay in seconds, which a fast stack (these 3 epochs take 3.4 s on TF 2.21) outran to the end.
     while not _published_steps(out):
@@ -156,15 +212,18 @@ def test_a_signal_on_one_rank_stops_every_rank_with_a_checkpoint(signum, rank, r
     output = proc.communicate(timeout=300)[0]
     seconds = time.monotonic() - start
     print(f"{signal.Signals(signum).name} on rank {rank}: job ended {seconds:.1f} s later")
-    assert "Exit code: 75" in output, output[-3000:]   # horovodrun names the first rank's exit code
+    assert "Exit code: 75" in output, output[-3000:]  # horovodrun names the first rank's exit code
     assert "[done] stopped on request" in output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "preempted"
-    assert Path(summary["checkpoint"]).is_dir() and Path(summary["checkpoint"]).parent == out / "checkpoints"
+    assert (
+        Path(summary["checkpoint"]).is_dir()
+        and Path(summary["checkpoint"]).parent == out / "checkpoints"
+    )
     last = (out / "mlperf.log").read_text().splitlines()[-1]
     assert '"key": "run_stop"' in last and '"status": "aborted"' in last
-    if signum == signal.SIGTERM:   # the log closed at once, before the checkpoint existed
+    if signum == signal.SIGTERM:  # the log closed at once, before the checkpoint existed
         assert "terminated (SIGTERM)" in output
-        return   # the checkpoint is like SIGUSR1's: resumed and compared there
+        return  # the checkpoint is like SIGUSR1's: resumed and compared there
     assert summary["checkpoint"] in last
     _resume_and_compare(runs, "cosmoflow", 2, out)

@@ -16,10 +16,14 @@ def test_fingerprint_is_sum_abs_sum_and_a_fixed_random_projection_in_float64():
     w = np.concatenate([a.numpy().ravel(), b.numpy()]).astype(np.float64)
     got = fingerprint([a, b])
     assert got.dtype == np.float64 and got.shape == (3,)
-    assert got[0] == pytest.approx(w.sum(), rel=1e-15) and got[1] == pytest.approx(np.abs(w).sum(), rel=1e-15)
+    assert got[0] == pytest.approx(w.sum(), rel=1e-15) and got[1] == pytest.approx(
+        np.abs(w).sum(), rel=1e-15
+    )
     # The direction is fixed (the same on every rank and in every run), not drawn anew.
     np.testing.assert_array_equal(fingerprint([a, b]), got)
-    assert got[2] == pytest.approx(w @ np.random.default_rng(1234).standard_normal(w.size), rel=1e-12)
+    assert got[2] == pytest.approx(
+        w @ np.random.default_rng(1234).standard_normal(w.size), rel=1e-12
+    )
 
 
 def test_fingerprint_holds_one_variable_at_a_time():
@@ -35,11 +39,14 @@ def test_fingerprint_holds_one_variable_at_a_time():
             return got, tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
+
     (by_piece, piece_peak), (at_once, whole_peak) = peak_bytes(pieces), peak_bytes(whole)
     np.testing.assert_allclose(by_piece, at_once, rtol=1e-12)
     one_in_float64 = 2**18 * 8
     assert piece_peak <= 4 * one_in_float64, piece_peak
-    assert whole_peak >= 16 * 2 * one_in_float64, whole_peak   # the control: a copy and the direction, 16x
+    assert whole_peak >= 16 * 2 * one_in_float64, (
+        whole_peak
+    )  # the control: a copy and the direction, 16x
 
 
 class _OneRank:
@@ -57,13 +64,15 @@ def test_one_rank_is_in_sync_with_itself_and_counts_every_value():
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    return helpers.probe_on_two_ranks("fingerprint_probe.py", tmp_path_factory.mktemp("fingerprint_probe"))
+    return helpers.probe_on_two_ranks(
+        "fingerprint_probe.py", tmp_path_factory.mktemp("fingerprint_probe")
+    )
 
 
 def _answers(two_ranks, case):
     """Both ranks' (in sync, values compared) for a case; every rank must give the same answer."""
     r0, r1 = (r["results"][case] for r in two_ranks)
-    assert r0 == r1, case   # answer, count and the gathered fingerprints
+    assert r0 == r1, case  # answer, count and the gathered fingerprints
     return r0
 
 
@@ -71,12 +80,16 @@ def test_identical_ranks_are_in_sync(two_ranks):
     r0 = two_ranks[0]
     for case in ("identical", "restored"):
         answer = _answers(two_ranks, case)
-        assert answer["in_sync"] is True and answer["n_values"] == r0["n_variables"] == 6 * 5 + 5 + 4 * 5 + 5 * 3 + 3
+        assert (
+            answer["in_sync"] is True
+            and answer["n_values"] == r0["n_variables"] == 6 * 5 + 5 + 4 * 5 + 5 * 3 + 3
+        )
         assert answer["fingerprints"][0] == answer["fingerprints"][1]
 
 
-@pytest.mark.parametrize("case", ["kernel_one_ulp", "kernel_two_values_swapped", "moving_variance_one_ulp",
-                                  "own_data"])
+@pytest.mark.parametrize(
+    "case", ["kernel_one_ulp", "kernel_two_values_swapped", "moving_variance_one_ulp", "own_data"]
+)
 def test_one_changed_value_on_one_rank_is_out_of_sync(two_ranks, case):
     answer = _answers(two_ranks, case)
     assert answer["in_sync"] is False, answer

@@ -68,18 +68,20 @@ PLAN = (
     ("deepcam", "sample", "inf", 0, 1),
     ("deepcam", "stats", "nan", 1, 2),
 )
-NON_FINITE = ("nan", "inf")   # damages that keep the file well-formed and put in one such value
+NON_FINITE = ("nan", "inf")  # damages that keep the file well-formed and put in one such value
 N_TRAIN = {"cosmoflow": 16, "deepcam": 8}
 N_VALID = {"cosmoflow": 8, "deepcam": 4}
 SUFFIX = {"cosmoflow": ".tfrecord", "deepcam": ".h5"}
-CONFIG = {"cosmoflow": helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml",
-          "deepcam": helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"}
+CONFIG = {
+    "cosmoflow": helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml",
+    "deepcam": helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     bench: str
-    target: str    # tfrecord, sample, stats or config
+    target: str  # tfrecord, sample, stats or config
     damage: str
     seed: int
     fast: bool
@@ -94,7 +96,7 @@ def plan_cases() -> list[Case]:
     seed = SEED
     for bench, target, damage, n_fast, n_seeds in PLAN:
         for i in range(n_seeds):
-            if i < max(n_fast, 1):   # the fast tier's, else the slow tier's one
+            if i < max(n_fast, 1):  # the fast tier's, else the slow tier's one
                 cases.append(Case(bench, target, damage, seed=seed, fast=i < n_fast))
             seed += 1
     return cases
@@ -117,7 +119,7 @@ def damage_bytes(raw: bytes, damage: str, rng: random.Random, config: bool) -> t
     if damage == "zero":
         start = rng.randrange(size)
         n = rng.randint(1, max(1, (size - start) // 2))
-        return raw[:start] + bytes(n) + raw[start + n:], f"zeroed [{start}, {start + n}) of {size}"
+        return raw[:start] + bytes(n) + raw[start + n :], f"zeroed [{start}, {start + n}) of {size}"
     if damage == "append":
         n = rng.randint(1, 4096)
         return raw + rng.randbytes(n), f"appended {n} random bytes to {size}"
@@ -135,7 +137,7 @@ def put_non_finite(case: Case, victim: Path, rng: random.Random) -> str:
         key, channel = rng.choice(("climate/minval", "climate/maxval")), rng.randrange(16)
         helpers.spoil_deepcam_stats(victim, value, key, channel)
         return f"{key}[{channel}] = {value}"
-    where = (rng.randrange(64), rng.randrange(96), rng.randrange(16))   # the tests' 64x96x16 samples
+    where = (rng.randrange(64), rng.randrange(96), rng.randrange(16))  # the tests' 64x96x16 samples
     helpers.spoil_deepcam_sample(victim, value, where)
     return f"climate/data{list(where)} = {value}"
 
@@ -156,17 +158,44 @@ def prepare(case: Case, source: Path, root: Path) -> tuple[dict, Path, str]:
     if case.damage in NON_FINITE:
         done = put_non_finite(case, victim, rng)
     else:
-        raw, done = damage_bytes(victim.read_bytes(), case.damage, rng, config=case.target == "config")
+        raw, done = damage_bytes(
+            victim.read_bytes(), case.damage, rng, config=case.target == "config"
+        )
         victim.write_bytes(raw)
     if case.bench == "cosmoflow":
-        argv = [config, "--data-dir", data, "--output-dir", root / "run", "--n-train", N_TRAIN["cosmoflow"],
-                "--n-valid", N_VALID["cosmoflow"], "--n-epochs", 1, "--checkpoint-every", 0]
+        argv = [
+            config,
+            "--data-dir",
+            data,
+            "--output-dir",
+            root / "run",
+            "--n-train",
+            N_TRAIN["cosmoflow"],
+            "--n-valid",
+            N_VALID["cosmoflow"],
+            "--n-epochs",
+            1,
+            "--checkpoint-every",
+            0,
+        ]
     else:
-        argv = [config, "--data_dir_prefix", data, "--output_dir", root / "run", "--max_epochs", 1,
-                "--save_frequency", 0]
+        argv = [
+            config,
+            "--data_dir_prefix",
+            data,
+            "--output_dir",
+            root / "run",
+            "--max_epochs",
+            1,
+            "--save_frequency",
+            0,
+        ]
     argv += ["--set", "runtime.check_log=false"]
-    return ({"id": case.id, "bench": case.bench, "argv": [str(a) for a in argv], "timeout": TIMEOUT_S},
-            victim, done)
+    return (
+        {"id": case.id, "bench": case.bench, "argv": [str(a) for a in argv], "timeout": TIMEOUT_S},
+        victim,
+        done,
+    )
 
 
 # ----------------------------------------------------------------- verdict
@@ -208,20 +237,29 @@ def run_driver(prepared: list[dict], tmp_path: Path) -> dict:
     cases_file, results_file = tmp_path / "cases.json", tmp_path / "results.json"
     cases_file.write_text(json.dumps(prepared))
     budget = 120 + sum(c["timeout"] for c in prepared)
-    proc = helpers.run([helpers.PYTHON, helpers.REPO / "tests" / "train_driver.py", cases_file, results_file],
-                       timeout=budget)
+    proc = helpers.run(
+        [helpers.PYTHON, helpers.REPO / "tests" / "train_driver.py", cases_file, results_file],
+        timeout=budget,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return {r["id"]: r for r in json.loads(results_file.read_text())}
 
 
 def table(rows) -> str:
     """Outcomes by (file kind, damage): counts of trained / named / FAIL."""
-    counts = Counter((f"{case.bench}/{case.target}", case.damage, outcome) for case, outcome, _ in rows)
+    counts = Counter(
+        (f"{case.bench}/{case.target}", case.damage, outcome) for case, outcome, _ in rows
+    )
     kinds = sorted({(k, d) for k, d, _ in counts})
     lines = [f"{'file':<20}{'damage':<10}{'trained':>8}{'named':>7}{'FAIL':>6}"]
     for kind, damage in kinds:
-        lines.append(f"{kind:<20}{damage:<10}" + "".join(
-            f"{counts[(kind, damage, o)]:>{w}}" for o, w in (("trained", 8), ("named", 7), ("FAIL", 6))))
+        lines.append(
+            f"{kind:<20}{damage:<10}"
+            + "".join(
+                f"{counts[(kind, damage, o)]:>{w}}"
+                for o, w in (("trained", 8), ("named", 7), ("FAIL", 6))
+            )
+        )
     total = Counter(outcome for _, outcome, _ in rows)
     lines.append(f"{'total':<30}{total['trained']:>8}{total['named']:>7}{total['FAIL']:>6}")
     return "\n".join(lines)
@@ -252,18 +290,26 @@ def test_damaged_input_trains_or_names_the_file(tier, cosmo_data, deepcam_data, 
         outcome, why = verdict(case, victim, tmp_path / case.id / "data", results[case.id])
         rows.append((case, outcome, why))
         if outcome == "FAIL":
-            failures.append(f"{case.id}: {why}\n  reproduce: seed {case.seed}, {case.target} "
-                            f"{victim.relative_to(tmp_path / case.id)}, {done}\n  stderr tail: "
-                            f"{results[case.id]['stderr'][-1500:]}")
-    report = (f"{tier} tier: {len(cases)} cases in {seconds:.0f} s\n{table(rows)}\n" +
-              "\n".join(f"  {c.id}: {outcome}: {why[:160]}" for c, outcome, why in rows))
+            failures.append(
+                f"{case.id}: {why}\n  reproduce: seed {case.seed}, {case.target} "
+                f"{victim.relative_to(tmp_path / case.id)}, {done}\n  stderr tail: "
+                f"{results[case.id]['stderr'][-1500:]}"
+            )
+    report = f"{tier} tier: {len(cases)} cases in {seconds:.0f} s\n{table(rows)}\n" + "\n".join(
+        f"  {c.id}: {outcome}: {why[:160]}" for c, outcome, why in rows
+    )
     with capsys.disabled():
         print("\n" + report)
     assert not failures, "\n".join(failures)
 
 
 # The real entry point, as a subprocess: same exit code and error line as the driver's child.
-REAL = ("cosmoflow-tfrecord-truncate", "cosmoflow-config-flip", "deepcam-sample-flip", "deepcam-stats-zero")
+REAL = (
+    "cosmoflow-tfrecord-truncate",
+    "cosmoflow-config-flip",
+    "deepcam-sample-flip",
+    "deepcam-stats-zero",
+)
 
 
 @pytest.mark.slow
@@ -275,5 +321,9 @@ def test_train_py_ends_as_the_driver_says(cosmo_data, deepcam_data, tmp_path):
     for spec in prepared:
         proc = helpers.run(helpers.train_cmd(spec["bench"], *spec["argv"]), timeout=TIMEOUT_S)
         mine = driven[spec["id"]]
-        assert proc.returncode == mine["exit_code"], (spec["id"], proc.stderr[-2000:], mine["stderr"][-2000:])
+        assert proc.returncode == mine["exit_code"], (
+            spec["id"],
+            proc.stderr[-2000:],
+            mine["stderr"][-2000:],
+        )
         assert error_lines(proc.stderr) == error_lines(mine["stderr"]), spec["id"]

@@ -17,7 +17,9 @@ from tests import helpers
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     out = tmp_path_factory.mktemp("overlap")
-    proc = helpers.horovodrun(2, [helpers.PYTHON, helpers.REPO / "tests" / "overlap_probe.py", "--out", out])
+    proc = helpers.horovodrun(
+        2, [helpers.PYTHON, helpers.REPO / "tests" / "overlap_probe.py", "--out", out]
+    )
     assert proc.returncode == 0, helpers.failure_output(proc)
     return out
 
@@ -25,8 +27,14 @@ def probe(tmp_path_factory):
 def test_allreduces_start_while_backward_still_produces_gradients(probe):
     # The gradients' collectives only: the other rank's barrier after a variant may reach rank 0's
     # timeline before rank 0 stops it (seen once in a CI rehearsal).
-    overlap, grouped = ({name: t for name, t in activities(probe / variant / "timeline.json").items()
-                         if "gradient" in name} for variant in ("overlap", "grouped"))
+    overlap, grouped = (
+        {
+            name: t
+            for name, t in activities(probe / variant / "timeline.json").items()
+            if "gradient" in name
+        }
+        for variant in ("overlap", "grouped")
+    )
     # Overlap: a tensor each, handed to Horovod as backward produces it: the head's gradient first,
     # the first layer's last. Horovod's timeline says so by when its background thread took each
     # request (its negotiation's begin), which a loaded CPU delays and batches into few cycles.
@@ -46,12 +54,20 @@ def test_allreduces_start_while_backward_still_produces_gradients(probe):
 
 
 def test_overlapped_and_grouped_allreduces_give_the_same_weights_bit_for_bit(probe):
-    weights = {v: [np.load(probe / v / f"rank-{r:05d}.npz") for r in (0, 1)]
-               for v in ("overlap", "grouped", "overlap-fp16")}
+    weights = {
+        v: [np.load(probe / v / f"rank-{r:05d}.npz") for r in (0, 1)]
+        for v in ("overlap", "grouped", "overlap-fp16")
+    }
     names = weights["overlap"][0].files
     assert len(names) == 14
     for rank in (0, 1):
-        assert all(np.array_equal(weights["overlap"][rank][n], weights["grouped"][rank][n]) for n in names)
-        assert all(np.array_equal(weights["overlap"][rank][n], weights["overlap"][0][n]) for n in names)
+        assert all(
+            np.array_equal(weights["overlap"][rank][n], weights["grouped"][rank][n]) for n in names
+        )
+        assert all(
+            np.array_equal(weights["overlap"][rank][n], weights["overlap"][0][n]) for n in names
+        )
     # The negative control: fp16 on the wire rounds the averages, and the comparison sees it.
-    assert not any(np.array_equal(weights["overlap"][0][n], weights["overlap-fp16"][0][n]) for n in names)
+    assert not any(
+        np.array_equal(weights["overlap"][0][n], weights["overlap-fp16"][0][n]) for n in names
+    )

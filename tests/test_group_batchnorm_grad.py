@@ -7,7 +7,6 @@ allreduce's own gradient carries the other ranks' part back); with respect to ga
 beta, the gradient of the rank's own loss, which the gradient allreduce then sums.
 """
 
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -51,20 +50,27 @@ def test_the_oracle_is_keras_batch_norm():
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    return helpers.probe_on_two_ranks("group_bn_grad_probe.py", tmp_path_factory.mktemp("group_bn_grad"))
+    return helpers.probe_on_two_ranks(
+        "group_bn_grad_probe.py", tmp_path_factory.mktemp("group_bn_grad")
+    )
 
 
 def _close(got, expected, what):
     # float32 forward and backward (moments from E[x] and E[x^2] of O(1) data, a few
     # 12- and 24-term sums) against float64: errors of a few float32 ulps of the largest value.
     expected = np.asarray(expected)
-    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max(),
-                               err_msg=what)
+    np.testing.assert_allclose(
+        np.asarray(got), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max(), err_msg=what
+    )
 
 
 def test_gradients_equal_batch_norm_of_the_concatenated_batch(two_ranks):
     r0, r1 = two_ranks
-    assert r0["size"] == r0["group_size"] == 2 and r0["gamma"] == r1["gamma"] and r0["beta"] == r1["beta"]
+    assert (
+        r0["size"] == r0["group_size"] == 2
+        and r0["gamma"] == r1["gamma"]
+        and r0["beta"] == r1["beta"]
+    )
     gamma, beta, eps = np.array(r0["gamma"]), np.array(r0["beta"]), r0["epsilon"]
     x = np.concatenate([r0["x"], r1["x"]])
     c = np.concatenate([r0["c"], r1["c"]])
@@ -86,8 +92,9 @@ def test_per_rank_batch_norm_would_fail_this_oracle(two_ranks):
     outputs and input gradients: the test above tells group statistics from local ones."""
     r0, r1 = two_ranks
     gamma, beta, eps = np.array(r0["gamma"]), np.array(r0["beta"]), r0["epsilon"]
-    _, dx, _, _ = batchnorm_oracle(np.concatenate([r0["x"], r1["x"]]), np.concatenate([r0["c"], r1["c"]]),
-                                   gamma, beta, eps)
+    _, dx, _, _ = batchnorm_oracle(
+        np.concatenate([r0["x"], r1["x"]]), np.concatenate([r0["c"], r1["c"]]), gamma, beta, eps
+    )
     for r, rows in ((r0, slice(0, 3)), (r1, slice(3, 6))):
         _, dx_local, _, _ = batchnorm_oracle(r["x"], r["c"], gamma, beta, eps)
         assert np.abs(dx_local - dx[rows]).max() > 0.1

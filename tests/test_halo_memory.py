@@ -17,10 +17,14 @@ from tests import helpers
 
 def test_the_exchange_traces_no_zeros_like_and_no_sum_of_three(tmp_path):
     out = tmp_path / "ops.json"
-    proc = helpers.run([helpers.PYTHON, helpers.REPO / "tests" / "halo_memory_probe.py", out], timeout=300)
+    proc = helpers.run(
+        [helpers.PYTHON, helpers.REPO / "tests" / "halo_memory_probe.py", out], timeout=300
+    )
     assert proc.returncode == 0, helpers.failure_output(proc)
     traced = json.loads(out.read_text())
-    assert traced["exchange"]["zeros_like"] == 0 and traced["exchange"]["addn_inputs"] <= 2, traced["exchange"]
+    assert traced["exchange"]["zeros_like"] == 0 and traced["exchange"]["addn_inputs"] <= 2, traced[
+        "exchange"
+    ]
     # The control: the check sees both in the old construction.
     control = traced["sliced_and_where"]
     assert control["zeros_like"] >= 1 and control["addn_inputs"] == 3, control

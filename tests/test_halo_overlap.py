@@ -17,7 +17,9 @@ from tests import helpers
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     out = tmp_path_factory.mktemp("halo_overlap")
-    proc = helpers.horovodrun(2, [helpers.PYTHON, helpers.REPO / "tests" / "halo_overlap_probe.py", "--out", out])
+    proc = helpers.horovodrun(
+        2, [helpers.PYTHON, helpers.REPO / "tests" / "halo_overlap_probe.py", "--out", out]
+    )
     assert proc.returncode == 0, helpers.failure_output(proc)
     return {v: json.loads((out / f"{v}.json").read_text()) for v in ("overlap", "exchange-first")}
 
@@ -25,7 +27,9 @@ def traces(tmp_path_factory):
 def test_the_interior_convolution_runs_while_the_alltoall_is_in_flight(traces):
     t = traces["overlap"]
     (sent, arrived), convolutions = t["alltoall"], t["convolutions"]
-    assert arrived - sent > 0.5e6, t   # rank 1 came DELAY_S (3 s) late: the exchange was in flight that long
+    assert arrived - sent > 0.5e6, (
+        t
+    )  # rank 1 came DELAY_S (3 s) late: the exchange was in flight that long
     assert sorted(convolutions) == ["boundary_above", "boundary_below", "interior"], t
     # The interior did not wait for the halo: done before it came (3 s of rank 1's delay), where the
     # control convolves only after it; only the planes next to each neighbour waited for it. Whether
@@ -33,7 +37,9 @@ def test_the_interior_convolution_runs_while_the_alltoall_is_in_flight(traces):
     # cores it once ran first (interior [998, 11490] us, the alltoall's start at 11551 us).
     begin, end = convolutions["interior"]
     assert begin < arrived and end < arrived, t
-    assert convolutions["boundary_below"][0] > arrived and convolutions["boundary_above"][0] > arrived, t
+    assert (
+        convolutions["boundary_below"][0] > arrived and convolutions["boundary_above"][0] > arrived
+    ), t
 
 
 def test_exchange_first_convolves_the_slab_after_the_halo_came(traces):
@@ -47,7 +53,10 @@ def test_exchange_first_convolves_the_slab_after_the_halo_came(traces):
 # ------------------------------------------------------------------ bench/spatial.py, without running a step
 def test_the_bench_refuses_a_busy_machine_with_one_line(monkeypatch, capsys):
     from bench import machine_load, spatial
-    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (3.0 * (machine_load.os.cpu_count() or 1), 0, 0))
+
+    monkeypatch.setattr(
+        machine_load.os, "getloadavg", lambda: (3.0 * (machine_load.os.cpu_count() or 1), 0, 0)
+    )
     assert spatial.main(["--out-dir", "/nonexistent"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: load average 3.00 per core"), err
@@ -59,24 +68,38 @@ def test_the_bench_refuses_a_busy_machine_with_one_line(monkeypatch, capsys):
 
 def test_a_row_waits_for_the_previous_row_s_load_to_fall(monkeypatch):
     from bench import machine_load
+
     cores = machine_load.os.cpu_count() or 1
-    loads = iter([2.0, 1.5, 0.9, 0.3, 0.3])   # per core, as the previous row's load decays
+    loads = iter([2.0, 1.5, 0.9, 0.3, 0.3])  # per core, as the previous row's load decays
     monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (next(loads) * cores, 0, 0))
     slept = []
     assert machine_load.settle(sleep=slept.append) == 0.3 and len(slept) == 3
     # A machine that stays busy: it gives up after max_wait_s and says the load it measured at.
     monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (2.0 * cores, 0, 0))
     slept.clear()
-    assert machine_load.settle(max_wait_s=20, poll_s=5, sleep=slept.append) == 2.0 and len(slept) == 4
+    assert (
+        machine_load.settle(max_wait_s=20, poll_s=5, sleep=slept.append) == 2.0 and len(slept) == 4
+    )
 
 
 def test_the_bench_rows_come_from_the_table():
     from bench import spatial
     from common import benchmarks
+
     rows = spatial.plan(None, [1, 2], [True, False])
-    configs = [c for name in benchmarks.names_with("spatial_bench") for c in benchmarks.get(name).spatial_bench]
-    assert [r["config"] for r in rows] == [c for c in configs for _ in range(3)]   # K=1, K=2 on and off
-    assert [(r["spatial_ranks"], r["halo_overlap"]) for r in rows[:3]] == [(1, None), (2, True), (2, False)]
+    configs = [
+        c
+        for name in benchmarks.names_with("spatial_bench")
+        for c in benchmarks.get(name).spatial_bench
+    ]
+    assert [r["config"] for r in rows] == [
+        c for c in configs for _ in range(3)
+    ]  # K=1, K=2 on and off
+    assert [(r["spatial_ranks"], r["halo_overlap"]) for r in rows[:3]] == [
+        (1, None),
+        (2, True),
+        (2, False),
+    ]
     with pytest.raises(SystemExit, match="not a spatial_bench config"):
         spatial.plan(["deepcam/configs/deepcam_synthetic_cpu.yaml"], [2], [True])
 
@@ -86,25 +109,55 @@ def test_the_slab_control_is_the_unsplit_model_on_a_slab_each():
     benchmark's split axis; its ratios are against the one-rank row, never taken for it."""
     from bench import spatial
     from common import benchmarks
+
     rows = spatial.plan(None, [1, 2], [True], slab_control=True)
-    configs = [c for name in benchmarks.names_with("spatial_bench") for c in benchmarks.get(name).spatial_bench]
+    configs = [
+        c
+        for name in benchmarks.names_with("spatial_bench")
+        for c in benchmarks.get(name).spatial_bench
+    ]
     controls = [r for r in rows if r.get("slab_control")]
     assert [r["config"] for r in controls] == configs
     assert all((r["spatial_ranks"], r["ranks"], r["slab_control"]) == (1, 2, 2) for r in controls)
-    assert not [r for r in spatial.plan(None, [1, 2], [True]) if r.get("slab_control")]   # the negative control
+    assert not [
+        r for r in spatial.plan(None, [1, 2], [True]) if r.get("slab_control")
+    ]  # the negative control
 
-    def extent(row):   # the sample's extent along its benchmark's split axis
+    def extent(row):  # the sample's extent along its benchmark's split axis
         data = spatial.row_config(row, []).data
-        return data.sample_shape[0] if benchmarks.get(row["benchmark"]).spatial_split == "depth" else data.height
+        return (
+            data.sample_shape[0]
+            if benchmarks.get(row["benchmark"]).spatial_split == "depth"
+            else data.height
+        )
+
     whole = {r["config"]: extent(r) for r in rows if r["ranks"] == 1}
     assert {r["config"]: extent(r) for r in controls} == {c: e // 2 for c, e in whole.items()}
     assert all(spatial.row_config(r, []).parallel.spatial_ranks == 1 for r in controls)
     # Ratios: against the one-rank row of the same config and sample, the control included.
-    measured = [{"config": "c", "sample_name": "8^3", "spatial_ranks": 1, "ranks": 1, "samples_per_s": 2.0,
-                 "peak_rss_above_import_gib": 4.0},
-                {"config": "c", "sample_name": "8^3", "spatial_ranks": 1, "ranks": 2, "slab_control": 2,
-                 "samples_per_s": 1.5, "peak_rss_above_import_gib": 1.0}]
-    ratios = [(r["speed_vs_unsplit"], r["above_import_vs_unsplit"]) for r in spatial.with_unsplit_ratios(measured)]
+    measured = [
+        {
+            "config": "c",
+            "sample_name": "8^3",
+            "spatial_ranks": 1,
+            "ranks": 1,
+            "samples_per_s": 2.0,
+            "peak_rss_above_import_gib": 4.0,
+        },
+        {
+            "config": "c",
+            "sample_name": "8^3",
+            "spatial_ranks": 1,
+            "ranks": 2,
+            "slab_control": 2,
+            "samples_per_s": 1.5,
+            "peak_rss_above_import_gib": 1.0,
+        },
+    ]
+    ratios = [
+        (r["speed_vs_unsplit"], r["above_import_vs_unsplit"])
+        for r in spatial.with_unsplit_ratios(measured)
+    ]
     assert ratios == [(1.0, 1.0), (0.75, 0.25)]
 
 
@@ -113,35 +166,58 @@ def test_shard_optimizer_shards_the_split_rows_only():
     common.run.trainer.optimizer_shard), and say so; K = 1 and the slab control, which have no group to
     shard over, do not (the config refuses it at K = 1)."""
     from bench import spatial
+
     rows = spatial.plan(None, [1, 2], [True, False], slab_control=True, shard_optimizer=True)
     sharded = [r for r in rows if spatial.row_config(r, []).parallel.shard_optimizer]
     assert sharded and sharded == [r for r in rows if r["spatial_ranks"] > 1]
-    assert not [r for r in spatial.plan(None, [1, 2], [True, False], slab_control=True)
-                if spatial.row_config(r, []).parallel.shard_optimizer]   # the negative control
+    assert not [
+        r
+        for r in spatial.plan(None, [1, 2], [True, False], slab_control=True)
+        if spatial.row_config(r, []).parallel.shard_optimizer
+    ]  # the negative control
     assert spatial.halo_label(sharded[0], overlapping_layers=3) == "overlapped; optimizer sharded"
-    assert spatial.halo_label(sharded[0] | {"halo_overlap": False}, 0) == "exchanged first; optimizer sharded"
+    assert (
+        spatial.halo_label(sharded[0] | {"halo_overlap": False}, 0)
+        == "exchanged first; optimizer sharded"
+    )
     unsharded = {k: v for k, v in sharded[0].items() if k != "shard_optimizer"}
-    assert spatial.halo_label(unsharded, overlapping_layers=0) == "exchanged first (nothing overlaps)"
+    assert (
+        spatial.halo_label(unsharded, overlapping_layers=0) == "exchanged first (nothing overlaps)"
+    )
 
 
 def test_the_table_says_horovod_s_fusion_buffer():
     """Its size moves a split rank's peak RSS on the CPU (docs/figures.md)."""
     from bench import spatial
+
     assert spatial.fusion_buffer({}) == "128 MiB (Horovod's default)"
-    assert spatial.fusion_buffer({"HOROVOD_FUSION_THRESHOLD": "8388608"}) == "HOROVOD_FUSION_THRESHOLD=8388608 B"
+    assert (
+        spatial.fusion_buffer({"HOROVOD_FUSION_THRESHOLD": "8388608"})
+        == "HOROVOD_FUSION_THRESHOLD=8388608 B"
+    )
 
 
 def test_the_halo_share_is_the_union_of_the_alltoalls_in_flight(tmp_path):
     from bench import spatial
-    events = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}
-              for p, n in ((1, "conv1/conv1.halo"), (2, "conv2/conv2.halo"), (3, "gradient_0"))]
-    for pid, (submitted, begin, end) in {1: (0, 100, 300), 2: (200, 400, 500), 3: (0, 10, 900)}.items():
-        kind = "ALLREDUCE" if pid == 3 else "ALLTOALL"   # an allreduce is no halo
-        events += [{"ph": "B", "name": f"NEGOTIATE_{kind}", "ts": submitted, "pid": pid},
-                   {"ph": "E", "ts": begin, "pid": pid},
-                   {"ph": "B", "name": kind, "ts": begin, "pid": pid}, {"ph": "E", "ts": end, "pid": pid}]
+
+    events = [
+        {"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}
+        for p, n in ((1, "conv1/conv1.halo"), (2, "conv2/conv2.halo"), (3, "gradient_0"))
+    ]
+    for pid, (submitted, begin, end) in {
+        1: (0, 100, 300),
+        2: (200, 400, 500),
+        3: (0, 10, 900),
+    }.items():
+        kind = "ALLREDUCE" if pid == 3 else "ALLTOALL"  # an allreduce is no halo
+        events += [
+            {"ph": "B", "name": f"NEGOTIATE_{kind}", "ts": submitted, "pid": pid},
+            {"ph": "E", "ts": begin, "pid": pid},
+            {"ph": "B", "name": kind, "ts": begin, "pid": pid},
+            {"ph": "E", "ts": end, "pid": pid},
+        ]
     path = tmp_path / "timeline.json"
-    path.write_text(json.dumps(events)[:-1] + ",")   # as a stopped timeline leaves it: no "]"
-    shares = spatial.halo_shares(path, step_seconds=1e-3)   # 1000 us
+    path.write_text(json.dumps(events)[:-1] + ",")  # as a stopped timeline leaves it: no "]"
+    shares = spatial.halo_shares(path, step_seconds=1e-3)  # 1000 us
     # In flight: [0, 300] and [200, 500] overlap: 500 us; transferring: [100, 300] and [400, 500]: 300 us.
     assert shares == {"alltoalls": 2, "halo_in_flight_share": 0.5, "halo_transfer_share": 0.3}

@@ -16,9 +16,15 @@ tf_keras = pytest.importorskip("tf_keras")
 @pytest.fixture(scope="module")
 def real():
     from deepcam import model
+
     tf_keras.backend.clear_session()
-    net = model.build_model(height_split.HEIGHT, height_split.WIDTH, height_split.IN_CHANNELS, height_split.N_CLASSES,
-                            middle_blocks=height_split.MIDDLE_BLOCKS)
+    net = model.build_model(
+        height_split.HEIGHT,
+        height_split.WIDTH,
+        height_split.IN_CHANNELS,
+        height_split.N_CLASSES,
+        middle_blocks=height_split.MIDDLE_BLOCKS,
+    )
     yield net
     tf_keras.backend.clear_session()
 
@@ -34,10 +40,21 @@ def _weighted(layers):
 
 def test_the_constants_are_the_model_s():
     from deepcam import config, model
-    assert (height_split.ASPP_RATES, height_split.EXIT_FLOW_DILATION) == (model.ASPP_RATES, model.EXIT_FLOW_DILATION)
+
+    assert (height_split.ASPP_RATES, height_split.EXIT_FLOW_DILATION) == (
+        model.ASPP_RATES,
+        model.EXIT_FLOW_DILATION,
+    )
     d, m = config.DataConfig(), config.ModelConfig()
-    assert (height_split.HEIGHT, height_split.WIDTH, height_split.IN_CHANNELS) == (d.height, d.width, config.N_CHANNELS)
-    assert (height_split.OUTPUT_STRIDE, height_split.MIDDLE_BLOCKS) == (m.output_stride, m.middle_blocks)
+    assert (height_split.HEIGHT, height_split.WIDTH, height_split.IN_CHANNELS) == (
+        d.height,
+        d.width,
+        config.N_CHANNELS,
+    )
+    assert (height_split.OUTPUT_STRIDE, height_split.MIDDLE_BLOCKS) == (
+        m.output_stride,
+        m.middle_blocks,
+    )
 
 
 def test_the_rebuilt_layers_are_the_real_model_s(real):
@@ -51,25 +68,33 @@ def test_the_rebuilt_layers_are_the_real_model_s(real):
         assert ours[name].in_shape == tuple(layer.input.shape[1:]), name
         assert ours[name].out_shape == tuple(layer.output.shape[1:]), name
     # Spot checks a reader can follow: the padded entry, a middle block, the widest ASPP branch, the last layer.
-    for name, shape in (("xception_features.conv1", (770, 1154, 16)),
-                        ("xception_features.block11.rep.3.conv1", (48, 72, 728)),
-                        ("bottleneck.aspp4.atrous_convolution", (48, 72, 2048)),
-                        ("upsample.last_deconv.0", (384, 576, 256))):
+    for name, shape in (
+        ("xception_features.conv1", (770, 1154, 16)),
+        ("xception_features.block11.rep.3.conv1", (48, 72, 728)),
+        ("bottleneck.aspp4.atrous_convolution", (48, 72, 2048)),
+        ("upsample.last_deconv.0", (384, 576, 256)),
+    ):
         assert ours[name].in_shape == tuple(layers[name].input.shape[1:]) == shape
 
 
 def test_halo_and_batch_norm_layers_are_the_real_model_s(real):
     """The layers that read beyond a slab are the convolutions of kernel 3 (3x3, depthwise, dilated,
     strided, transposed); their dilation is the halo of the stride-1 ones."""
-    convs = (tf_keras.layers.Conv2D, tf_keras.layers.DepthwiseConv2D)   # Conv2DTranspose is a Conv2D
-    wide = {layer.name: layer for layer in real.layers if isinstance(layer, convs) and layer.kernel_size[0] > 1}
+    convs = (tf_keras.layers.Conv2D, tf_keras.layers.DepthwiseConv2D)  # Conv2DTranspose is a Conv2D
+    wide = {
+        layer.name: layer
+        for layer in real.layers
+        if isinstance(layer, convs) and layer.kernel_size[0] > 1
+    }
     rebuilt = height_split.network_layers(1)
     halos = {layer.name: layer for layer in rebuilt if layer.halo}
     assert set(halos) == set(wide) and len(halos) == 74
     for name, layer in wide.items():
         if layer.strides == (1, 1) and not isinstance(layer, tf_keras.layers.Conv2DTranspose):
             assert halos[name].halo == layer.dilation_rate[0], name
-    bns = {layer.name for layer in real.layers if isinstance(layer, tf_keras.layers.BatchNormalization)}
+    bns = {
+        layer.name for layer in real.layers if isinstance(layer, tf_keras.layers.BatchNormalization)
+    }
     assert bns == {layer.name for layer in rebuilt if layer.kind == "bn"} and len(bns) == 76
 
 
@@ -79,11 +104,20 @@ def test_the_height_split_rule_is_the_config_s():
     from deepcam import config
 
     def accepted(k):
-        cfg = types.SimpleNamespace(parallel=types.SimpleNamespace(spatial_ranks=k), data=config.DataConfig(),
-                                    model=config.ModelConfig(), staging=types.SimpleNamespace(stage_dir=None))
+        cfg = types.SimpleNamespace(
+            parallel=types.SimpleNamespace(spatial_ranks=k),
+            data=config.DataConfig(),
+            model=config.ModelConfig(),
+            staging=types.SimpleNamespace(stage_dir=None),
+        )
         try:
             config.check_height_split(cfg)
         except ConfigError:
             return False
         return True
-    assert [k for k in range(2, 65) if accepted(k)] == height_split.valid_ranks() == [2, 3, 4, 6, 8, 12, 16, 24, 48]
+
+    assert (
+        [k for k in range(2, 65) if accepted(k)]
+        == height_split.valid_ranks()
+        == [2, 3, 4, 6, 8, 12, 16, 24, 48]
+    )

@@ -12,16 +12,39 @@ from tests.test_cosmoflow_end_to_end import copy_subset, shard_of, truncate
 @pytest.fixture(params=["gloo", "mpi"])
 def launcher(request):
     if request.param == "mpi" and not helpers.horovod_has_mpi():
-        pytest.skip("Horovod was built without MPI (install libopenmpi-dev, then `make install` rebuilds it)")
+        pytest.skip(
+            "Horovod was built without MPI (install libopenmpi-dev, then `make install` rebuilds it)"
+        )
     return request.param
 
 
-def test_two_ranks_disjoint_shards_identical_weights_one_log(cosmo_data, tiny_config, tmp_path, launcher):
+def test_two_ranks_disjoint_shards_identical_weights_one_log(
+    cosmo_data, tiny_config, tmp_path, launcher
+):
     out = tmp_path / "run"
-    proc = helpers.LAUNCHERS[launcher](2, helpers.train_cmd(
-        "cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out, "--n-train", "128",
-        "--n-valid", "32", "--n-epochs", "2", "--set", "runtime.record_shards=true",
-        "--set", "train.stop_at_target=false", "--stage-dir", tmp_path / "stage"))
+    proc = helpers.LAUNCHERS[launcher](
+        2,
+        helpers.train_cmd(
+            "cosmoflow",
+            tiny_config,
+            "--data-dir",
+            cosmo_data,
+            "--output-dir",
+            out,
+            "--n-train",
+            "128",
+            "--n-valid",
+            "32",
+            "--n-epochs",
+            "2",
+            "--set",
+            "runtime.record_shards=true",
+            "--set",
+            "train.stop_at_target=false",
+            "--stage-dir",
+            tmp_path / "stage",
+        ),
+    )
     assert (out / "summary.json").exists(), helpers.failure_output(proc)
     assert "2 rank(s) on 1 node(s)" in proc.stdout
 
@@ -52,9 +75,22 @@ def test_bad_file_on_one_rank_ends_both_ranks(cosmo_data, tiny_config, tmp_path,
     victim = shard_of(data, rank=1, size=2, n_train=64)[3]
     truncate(data / "train" / victim.split("/")[-1])
     start = time.time()
-    proc = helpers.LAUNCHERS[launcher](2, helpers.train_cmd(
-        "cosmoflow", tiny_config, "--data-dir", data, "--output-dir", tmp_path / "run",
-        "--n-train", "64", "--n-valid", "32"), timeout=240)
+    proc = helpers.LAUNCHERS[launcher](
+        2,
+        helpers.train_cmd(
+            "cosmoflow",
+            tiny_config,
+            "--data-dir",
+            data,
+            "--output-dir",
+            tmp_path / "run",
+            "--n-train",
+            "64",
+            "--n-valid",
+            "32",
+        ),
+        timeout=240,
+    )
     assert proc.returncode != 0
     assert time.time() - start < 200
     output = proc.stdout + proc.stderr
@@ -63,8 +99,9 @@ def test_bad_file_on_one_rank_ends_both_ranks(cosmo_data, tiny_config, tmp_path,
 
 
 def run_probe(launcher, ranks, out_dir):
-    proc = helpers.LAUNCHERS[launcher](ranks, [helpers.PYTHON, helpers.REPO / "tests" / "dist_probe.py", out_dir],
-                                       timeout=240)
+    proc = helpers.LAUNCHERS[launcher](
+        ranks, [helpers.PYTHON, helpers.REPO / "tests" / "dist_probe.py", out_dir], timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("rank-*.json"))]
 
@@ -78,8 +115,8 @@ def test_distribution_collectives(launcher, tmp_path):
         assert r["max"] == [1.0]
         assert r["gathered"] == [[0.0], [2.0]]
         assert r["object"] == {"from": 0}
-        assert r["broadcast"] == [1.0, 1.0, 1.0]   # rank 0's initial value everywhere
-        assert r["grad"] == [0.5, 0.5]             # average of 0 and 1
+        assert r["broadcast"] == [1.0, 1.0, 1.0]  # rank 0's initial value everywhere
+        assert r["grad"] == [0.5, 0.5]  # average of 0 and 1
 
 
 def test_rank_groups_and_group_batch_norm_over_process_sets(launcher, tmp_path):
@@ -87,6 +124,6 @@ def test_rank_groups_and_group_batch_norm_over_process_sets(launcher, tmp_path):
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     for r in results:
         pair = r["rank"] // 2
-        assert r["group_sum"] == [4.0 * pair + 1.0]          # {0, 1} -> 1, {2, 3} -> 5
+        assert r["group_sum"] == [4.0 * pair + 1.0]  # {0, 1} -> 1, {2, 3} -> 5
         assert r["group_bn"] == pytest.approx(-1.0 if r["rank"] % 2 == 0 else 1.0, abs=1e-3)
-        assert r["mean"] == [1.5, 10.0]                     # plain collectives still span all 4
+        assert r["mean"] == [1.5, 10.0]  # plain collectives still span all 4

@@ -26,8 +26,12 @@ def cmake_version_number(version):
 
 
 def pip_download(dest, *args):
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest), *args],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         pytest.skip(f"pip download {' '.join(args)} failed: {proc.stderr.strip()[-200:]}")
     return dest
@@ -38,39 +42,70 @@ def gpu_build(tmp_path_factory):
     """(edited source root, compiler flags) for a GPU build of mpi_ops.cc against this TensorFlow."""
     facts = hs.facts_of_this_machine()
     if facts.tensorflow < (2, 21):
-        pytest.skip(f"TensorFlow {facts.tensorflow} has no GPU-only edit (gpu-stream-handle is for >= 2.21)")
+        pytest.skip(
+            f"TensorFlow {facts.tensorflow} has no GPU-only edit (gpu-stream-handle is for >= 2.21)"
+        )
     tmp = tmp_path_factory.mktemp("hvd_gpu")
-    sdist = next(pip_download(tmp / "sdist", "--no-binary", ":all:", f"horovod=={hs.HOROVOD_VERSION}").iterdir())
+    sdist = next(
+        pip_download(
+            tmp / "sdist", "--no-binary", ":all:", f"horovod=={hs.HOROVOD_VERSION}"
+        ).iterdir()
+    )
     root = hs.unpack(sdist, tmp / "src")
     assert "gpu-stream-handle" in hs.apply_edits(root, facts, say=lambda line: None)
     cuda = []
     # The versions TensorFlow 2.21's [and-cuda] extra allows.
-    for wheel, sub in (("nvidia-cuda-runtime-cu12>=12.5.82,<13", "cuda_runtime"),
-                       ("nvidia-cuda-nvcc-cu12>=12.5.82,<13", "cuda_nvcc")):
+    for wheel, sub in (
+        ("nvidia-cuda-runtime-cu12>=12.5.82,<13", "cuda_runtime"),
+        ("nvidia-cuda-nvcc-cu12>=12.5.82,<13", "cuda_nvcc"),
+    ):
         folder = pip_download(tmp / sub, wheel)
         with zipfile.ZipFile(next(folder.glob("*.whl"))) as whl:
             whl.extractall(folder / "x")
         cuda += ["-isystem", str(folder / "x" / "nvidia" / sub / "include")]
     import tensorflow as tf
+
     tf_include = tf.sysconfig.get_include()
     third = root / "third_party"
-    flags = [*tf.sysconfig.get_compile_flags(), f"-DTENSORFLOW_VERSION={cmake_version_number(facts.tensorflow)}",
-             "-DEIGEN_MPL2_ONLY=1", "-DHAVE_GPU=1", "-DHAVE_CUDA=1",
-             "-isystem", f"{tf_include}/external/highwayhash", "-isystem", f"{tf_include}/external/farmhash_archive/src",
-             *cuda, f"-I{third}/flatbuffers/include", f"-I{third}/lbfgs/include", f"-I{third}/HTTPRequest/include",
-             f"-I{third}/gloo", "-DHAVE_GLOO=1", "-pthread", "-fPIC",
-             *[f"-I{p}" for p in sorted((third / "boost").glob("*/include"))]]
+    flags = [
+        *tf.sysconfig.get_compile_flags(),
+        f"-DTENSORFLOW_VERSION={cmake_version_number(facts.tensorflow)}",
+        "-DEIGEN_MPL2_ONLY=1",
+        "-DHAVE_GPU=1",
+        "-DHAVE_CUDA=1",
+        "-isystem",
+        f"{tf_include}/external/highwayhash",
+        "-isystem",
+        f"{tf_include}/external/farmhash_archive/src",
+        *cuda,
+        f"-I{third}/flatbuffers/include",
+        f"-I{third}/lbfgs/include",
+        f"-I{third}/HTTPRequest/include",
+        f"-I{third}/gloo",
+        "-DHAVE_GLOO=1",
+        "-pthread",
+        "-fPIC",
+        *[f"-I{p}" for p in sorted((third / "boost").glob("*/include"))],
+    ]
     # As the site's build: with MPI where OpenMPI's compiler wrapper says where its headers are.
-    mpi = subprocess.run(["mpicxx", "--showme:incdirs"], capture_output=True, text=True) \
-        if shutil.which("mpicxx") else None
+    mpi = (
+        subprocess.run(["mpicxx", "--showme:incdirs"], capture_output=True, text=True)
+        if shutil.which("mpicxx")
+        else None
+    )
     if mpi is not None and mpi.returncode == 0:
         flags += ["-DHAVE_MPI=1", *[f"-isystem{d}" for d in mpi.stdout.split()]]
     return root, flags
 
 
 def syntax_check(root, flags, source):
-    return subprocess.run([hs.cxx_compiler(), *flags, "-fsyntax-only", str(source)], cwd=source.parent,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [hs.cxx_compiler(), *flags, "-fsyntax-only", str(source)],
+        cwd=source.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_edited_gpu_code_compiles_against_tensorflow_and_cuda_headers(gpu_build):

@@ -27,13 +27,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.images, pytest.mark.system]
 
 LOCAL_DOCKER = helpers.REPO / "tools" / "local_docker.sh"
 BOOKWORM_MIRROR = "http://deb.debian.org/debian"
-IMAGE = "mlperf-hpc-tf:cpu"        # the tag docker/Dockerfile.cpu's header builds
-HOST_WHEELS = Path(sys.prefix) / "horovod-wheels"   # the Horovod wheels tools/install.sh kept in this venv
+IMAGE = "mlperf-hpc-tf:cpu"  # the tag docker/Dockerfile.cpu's header builds
+HOST_WHEELS = (
+    Path(sys.prefix) / "horovod-wheels"
+)  # the Horovod wheels tools/install.sh kept in this venv
 BASE = "mlperf-test/bookworm:debootstrap"
 
 
 def sh(cmd, environ, timeout, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], env=environ, capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        [str(c) for c in cmd], env=environ, capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 def must(proc: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
@@ -48,17 +52,25 @@ def engine(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("the Docker engine and debootstrap need root")
     if missing:
-        pytest.skip(f"{', '.join(missing)} not found (Debian: apt-get install docker.io debootstrap; .ci/run does)")
+        pytest.skip(
+            f"{', '.join(missing)} not found (Debian: apt-get install docker.io debootstrap; .ci/run does)"
+        )
     state = tmp_path_factory.mktemp("docker")
-    proc = subprocess.run(["bash", str(LOCAL_DOCKER), "start", str(state)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        ["bash", str(LOCAL_DOCKER), "start", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if proc.returncode != 0:
         pytest.skip(f"dockerd does not start here: {proc.stderr.strip()[-300:]}")
     try:
         yield dict(os.environ, DOCKER_HOST=f"unix://{state}/docker.sock")
     finally:
-        subprocess.run(["bash", str(LOCAL_DOCKER), "stop", str(state)], capture_output=True, timeout=120)
-        shutil.rmtree(state / "root", ignore_errors=True)   # the images: GBs
+        subprocess.run(
+            ["bash", str(LOCAL_DOCKER), "stop", str(state)], capture_output=True, timeout=120
+        )
+        shutil.rmtree(state / "root", ignore_errors=True)  # the images: GBs
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +78,9 @@ def context(tmp_path_factory):
     """A build context: the repository's files and a wheelhouse made by tools/wheelhouse.sh for Python 3.11."""
     python311 = shutil.which("python3.11")
     if python311 is None:
-        pytest.skip("no python3.11 to make the wheelhouse for the image's Python (Debian bookworm: 3.11)")
+        pytest.skip(
+            "no python3.11 to make the wheelhouse for the image's Python (Debian bookworm: 3.11)"
+        )
     ctx = tmp_path_factory.mktemp("context")
     for f in code_files(helpers.REPO):
         dest = ctx / f.relative_to(helpers.REPO)
@@ -77,11 +91,18 @@ def context(tmp_path_factory):
     # release and the suite's venv the image's Python (CI's), the image installs that wheel instead
     # of compiling Horovod a second time.
     carry = {"HOROVOD_WHEELS": str(HOST_WHEELS)} if HOST_WHEELS.is_dir() else {}
-    proc = sh(["bash", helpers.REPO / "tools" / "wheelhouse.sh"],
-              dict(os.environ, PYTHON=python311, WHEELHOUSE=str(ctx / "wheelhouse"), **carry), timeout=1200)
+    proc = sh(
+        ["bash", helpers.REPO / "tools" / "wheelhouse.sh"],
+        dict(os.environ, PYTHON=python311, WHEELHOUSE=str(ctx / "wheelhouse"), **carry),
+        timeout=1200,
+    )
     if proc.returncode != 0:
-        pytest.skip(f"the wheelhouse cannot be made here (PyPI unreachable?): {proc.stderr.strip()[-300:]}")
-    print(f"\n[images] wheelhouse: {time.monotonic() - start:.0f} s; {proc.stdout.strip().splitlines()[-1]}")
+        pytest.skip(
+            f"the wheelhouse cannot be made here (PyPI unreachable?): {proc.stderr.strip()[-300:]}"
+        )
+    print(
+        f"\n[images] wheelhouse: {time.monotonic() - start:.0f} s; {proc.stdout.strip().splitlines()[-1]}"
+    )
     return ctx
 
 
@@ -90,14 +111,34 @@ def base_image(engine, tmp_path_factory):
     """Debian bookworm with Python 3.11, venv and headers, from Debian's packages, imported as an image."""
     rootfs = tmp_path_factory.mktemp("rootfs")
     start = time.monotonic()
-    proc = sh(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,python3-dev", "bookworm", rootfs,
-               BOOKWORM_MIRROR], engine, timeout=1200)
+    proc = sh(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,python3-venv,python3-dev",
+            "bookworm",
+            rootfs,
+            BOOKWORM_MIRROR,
+        ],
+        engine,
+        timeout=1200,
+    )
     if proc.returncode != 0:
-        pytest.skip(f"debootstrap of bookworm failed (no Debian mirror?): {proc.stderr.strip()[-300:]}")
-    shutil.rmtree(rootfs / "var" / "cache" / "apt" / "archives", ignore_errors=True)   # the .debs, not needed
+        pytest.skip(
+            f"debootstrap of bookworm failed (no Debian mirror?): {proc.stderr.strip()[-300:]}"
+        )
+    shutil.rmtree(
+        rootfs / "var" / "cache" / "apt" / "archives", ignore_errors=True
+    )  # the .debs, not needed
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    imported = subprocess.run(["docker", "import", "-", BASE], stdin=tar.stdout, env=engine, capture_output=True,
-                              text=True, timeout=600)
+    imported = subprocess.run(
+        ["docker", "import", "-", BASE],
+        stdin=tar.stdout,
+        env=engine,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     tar.wait()
     must(imported, "docker import")
     print(f"\n[images] base image {BASE} (debootstrap + import): {time.monotonic() - start:.0f} s")
@@ -109,61 +150,116 @@ def base_image(engine, tmp_path_factory):
 def image(engine, context, base_image):
     """docker/Dockerfile.cpu built on the debootstrap base: (tag, build output, seconds, bytes)."""
     start = time.monotonic()
-    proc = must(sh(["docker", "build", "--build-arg", f"BASE_IMAGE={base_image}", "-f",
-                    context / "docker" / "Dockerfile.cpu", "-t", IMAGE, context], engine, timeout=2400),
-                "docker build")
+    proc = must(
+        sh(
+            [
+                "docker",
+                "build",
+                "--build-arg",
+                f"BASE_IMAGE={base_image}",
+                "-f",
+                context / "docker" / "Dockerfile.cpu",
+                "-t",
+                IMAGE,
+                context,
+            ],
+            engine,
+            timeout=2400,
+        ),
+        "docker build",
+    )
     seconds = time.monotonic() - start
-    size = int(must(sh(["docker", "image", "inspect", "-f", "{{.Size}}", IMAGE], engine, 60), "inspect").stdout)
-    print(f"\n[images] docker build -f docker/Dockerfile.cpu: {seconds:.0f} s, image {size / 1e9:.2f} GB "
-          f"({os.cpu_count()} CPUs)")
+    size = int(
+        must(
+            sh(["docker", "image", "inspect", "-f", "{{.Size}}", IMAGE], engine, 60), "inspect"
+        ).stdout
+    )
+    print(
+        f"\n[images] docker build -f docker/Dockerfile.cpu: {seconds:.0f} s, image {size / 1e9:.2f} GB "
+        f"({os.cpu_count()} CPUs)"
+    )
     return IMAGE, proc.stdout, seconds, size
 
 
 def run_in(image_tag, engine, *cmd, volume=None, timeout=900) -> subprocess.CompletedProcess:
     # OpenMPI's shared-memory transport needs more than Docker's 64 MB /dev/shm for 2 ranks.
     mount = ["-v", f"{volume}:/out"] if volume else []
-    return sh(["docker", "run", "--rm", "--shm-size=1g", *mount, image_tag, *cmd], engine, timeout=timeout)
+    return sh(
+        ["docker", "run", "--rm", "--shm-size=1g", *mount, image_tag, *cmd], engine, timeout=timeout
+    )
 
 
 def test_the_image_installs_from_the_wheelhouse_alone_and_leaves_it_out(image, engine, context):
     tag, output, _, size = image
     assert "[install] installing from the wheelhouse /tmp/wheelhouse only (no index)" in output
     # Horovod: the wheel the wheelhouse carries for the image's key, else compiled from its sdist.
-    carried = sorted(p.parent.name for p in (context / "wheelhouse").glob("horovod-wheels/*/horovod-*.whl"))
-    installed = re.search(r"\[install\] installing horovod==\S+ from the wheelhouse's wheel for (\S+) ", output)
+    carried = sorted(
+        p.parent.name for p in (context / "wheelhouse").glob("horovod-wheels/*/horovod-*.whl")
+    )
+    installed = re.search(
+        r"\[install\] installing horovod==\S+ from the wheelhouse's wheel for (\S+) ", output
+    )
     if installed:
         assert installed[1] in carried, (installed[1], carried)
     else:
         assert "[install] building horovod==" in output, output[-3000:]
-    print(f"\n[images] Horovod {'from the wheel for ' + installed[1] if installed else 'compiled in the image'}; "
-          f"the wheelhouse carried {carried or 'none'}")
+    print(
+        f"\n[images] Horovod {'from the wheel for ' + installed[1] if installed else 'compiled in the image'}; "
+        f"the wheelhouse carried {carried or 'none'}"
+    )
     assert "Available Controllers" in output and "[X] MPI" in output and "[X] Gloo" in output
-    probe = run_in(tag, engine, "bash", "-c", "ls /tmp/wheelhouse /opt/mlperf-hpc/wheelhouse 2>&1; command -v g++")
+    probe = run_in(
+        tag,
+        engine,
+        "bash",
+        "-c",
+        "ls /tmp/wheelhouse /opt/mlperf-hpc/wheelhouse 2>&1; command -v g++",
+    )
     assert probe.stdout.count("No such file or directory") == 2, probe.stdout
-    assert "g++" not in probe.stdout                  # the compilers stayed in the build stage
+    assert "g++" not in probe.stdout  # the compilers stayed in the build stage
     assert size < 3e9
 
 
 def test_a_tiny_cosmoflow_run_in_the_image_passes_the_checker(image, engine, tmp_path):
     from tests.conftest import EASY, EASY_ARGS
+
     # The easy set (conftest.EASY), written in the image: the image is the subject, not learning.
     sizes = " ".join(EASY_ARGS)
-    proc = run_in(image[0], engine, "bash", "-c",
-                  f"python -m cosmoflow.synthetic --output-dir /out/data --size {EASY['size']} {sizes} "
-                  f"--seed {EASY['seed']} --target-spread {EASY['target_spread']} && "
-                  "python cosmoflow/train.py tests/configs/cosmoflow_tiny.yaml --data-dir /out/data --output-dir /out/run "
-                  + sizes, volume=tmp_path)
+    proc = run_in(
+        image[0],
+        engine,
+        "bash",
+        "-c",
+        f"python -m cosmoflow.synthetic --output-dir /out/data --size {EASY['size']} {sizes} "
+        f"--seed {EASY['seed']} --target-spread {EASY['target_spread']} && "
+        "python cosmoflow/train.py tests/configs/cosmoflow_tiny.yaml --data-dir /out/data --output-dir /out/run "
+        + sizes,
+        volume=tmp_path,
+    )
     assert proc.returncode == 0, helpers.failure_output(proc)
-    passed, output = check_log(tmp_path / "run" / "mlperf.log")   # the host's official checker
+    passed, output = check_log(tmp_path / "run" / "mlperf.log")  # the host's official checker
     assert passed, output
     assert '"status": "success"' in (tmp_path / "run" / "mlperf.log").read_text()
 
 
 def test_two_ranks_under_mpirun_allreduce_in_the_image(image, engine):
-    script = ("import horovod.tensorflow as hvd, tensorflow as tf; hvd.init(); "
-              "total = hvd.allreduce(tf.constant([hvd.rank() + 1.0]), op=hvd.Sum); "
-              "print(f'rank {hvd.rank()} of {hvd.size()} mpi {hvd.mpi_enabled()} sum {float(total[0])}')")
-    proc = run_in(image[0], engine, "mpirun", "--oversubscribe", "-np", "2", "python", "-c", script, timeout=300)
+    script = (
+        "import horovod.tensorflow as hvd, tensorflow as tf; hvd.init(); "
+        "total = hvd.allreduce(tf.constant([hvd.rank() + 1.0]), op=hvd.Sum); "
+        "print(f'rank {hvd.rank()} of {hvd.size()} mpi {hvd.mpi_enabled()} sum {float(total[0])}')"
+    )
+    proc = run_in(
+        image[0],
+        engine,
+        "mpirun",
+        "--oversubscribe",
+        "-np",
+        "2",
+        "python",
+        "-c",
+        script,
+        timeout=300,
+    )
     assert proc.returncode == 0, helpers.failure_output(proc)
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
     assert lines == ["rank 0 of 2 mpi True sum 3.0", "rank 1 of 2 mpi True sum 3.0"], proc.stdout
@@ -172,6 +268,10 @@ def test_two_ranks_under_mpirun_allreduce_in_the_image(image, engine):
 def test_make_test_imports_every_test_module_in_the_image(image, engine):
     proc = run_in(image[0], engine, "make", "test", "PYTEST_ARGS=--collect-only -q", timeout=600)
     assert proc.returncode == 0, helpers.failure_output(proc)
-    assert "[install]" not in proc.stdout     # `make install` found the image's stack as built: nothing redone
-    collected = re.search(r"(\d+)(?:/\d+)? tests collected", proc.stdout)   # "407/424 tests collected (17 deselected)"
+    assert (
+        "[install]" not in proc.stdout
+    )  # `make install` found the image's stack as built: nothing redone
+    collected = re.search(
+        r"(\d+)(?:/\d+)? tests collected", proc.stdout
+    )  # "407/424 tests collected (17 deselected)"
     assert collected and int(collected[1]) > 100, proc.stdout[-2000:]

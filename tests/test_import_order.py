@@ -28,15 +28,28 @@ finally:   # the layers of the splits and the sharded optimizer, offline/ and be
     print("SPLIT-MODULES", sorted(m for m in sys.modules if m.startswith(SPLIT_MODULES)), flush=True)
 """
 # What a data-parallel run must not import (issue: the split is a layer a run asks for).
-SPLIT_MODULES = ("common.parallel.spatial", "common.parallel.spatial_rows", "common.parallel.rebuilt_input",
-                 "common.parallel.sharded_optimizer", "offline", "bench")
+SPLIT_MODULES = (
+    "common.parallel.spatial",
+    "common.parallel.spatial_rows",
+    "common.parallel.rebuilt_input",
+    "common.parallel.sharded_optimizer",
+    "offline",
+    "bench",
+)
 WRAPPER = f"SPLIT_MODULES = {SPLIT_MODULES!r}\n" + WRAPPER
 
 TEST_DATA_SHAPE = {
-    "cosmoflow": ["--set", f"data.sample_shape={conftest.EASY['size']},{conftest.EASY['size']},"
-                           f"{conftest.EASY['size']},4"],
-    "deepcam": ["--set", f"data.height={conftest.DEEPCAM_TINY['height']}",
-                "--set", f"data.width={conftest.DEEPCAM_TINY['width']}"],
+    "cosmoflow": [
+        "--set",
+        f"data.sample_shape={conftest.EASY['size']},{conftest.EASY['size']},"
+        f"{conftest.EASY['size']},4",
+    ],
+    "deepcam": [
+        "--set",
+        f"data.height={conftest.DEEPCAM_TINY['height']}",
+        "--set",
+        f"data.width={conftest.DEEPCAM_TINY['width']}",
+    ],
 }
 
 
@@ -48,10 +61,24 @@ def test_train_py_trains_after_tensorflow_was_imported_and_tf_keras_used(name, r
     environ = helpers.env()
     # Set before TensorFlow's first use of tf.keras, it would make tf.keras Keras 2 and hide the case.
     environ.pop("TF_USE_LEGACY_KERAS", None)
-    train_py = [helpers.REPO / bench.train_script, helpers.REPO / bench.synthetic_config,
-                bench.data_flag, data, bench.output_flag, out, "--tiny", *TEST_DATA_SHAPE[name]]
-    proc = subprocess.run([helpers.PYTHON, "-c", WRAPPER, *train_py], cwd=helpers.REPO, env=environ,
-                          capture_output=True, text=True, timeout=300)
+    train_py = [
+        helpers.REPO / bench.train_script,
+        helpers.REPO / bench.synthetic_config,
+        bench.data_flag,
+        data,
+        bench.output_flag,
+        out,
+        "--tiny",
+        *TEST_DATA_SHAPE[name],
+    ]
+    proc = subprocess.run(
+        [helpers.PYTHON, "-c", WRAPPER, *train_py],
+        cwd=helpers.REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # 3: trained, target not reached (a tiny run is a smoke run).
     assert proc.returncode in (0, 3), helpers.failure_output(proc)
     assert f"Keras {metadata.version('tf-keras')} (tf_keras)" in proc.stdout, proc.stdout[-3000:]
@@ -65,22 +92,42 @@ def test_the_project_imported_first_keeps_keras_3_out_of_the_process():
     probe = "import sys, common, tensorflow; print('keras' in sys.modules)"
     environ = helpers.env()
     environ.pop("TF_USE_LEGACY_KERAS", None)
-    loaded = subprocess.run([helpers.PYTHON, "-c", probe], cwd=helpers.REPO, env=environ, capture_output=True,
-                            text=True, timeout=120)
+    loaded = subprocess.run(
+        [helpers.PYTHON, "-c", probe],
+        cwd=helpers.REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert loaded.stdout.split() == ["False"], loaded.stdout + loaded.stderr
     # Negative control: the user's TF_USE_LEGACY_KERAS=0 is kept, and TensorFlow then imports Keras 3.
     environ["TF_USE_LEGACY_KERAS"] = "0"
-    loaded = subprocess.run([helpers.PYTHON, "-c", probe], cwd=helpers.REPO, env=environ, capture_output=True,
-                            text=True, timeout=120)
+    loaded = subprocess.run(
+        [helpers.PYTHON, "-c", probe],
+        cwd=helpers.REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert loaded.stdout.split() == ["True"], loaded.stdout + loaded.stderr
 
 
 def test_control_the_split_modules_are_seen_when_imported():
     # The wrapper's listing of split modules finds one that the process did import.
-    code = WRAPPER.replace("sys.argv = sys.argv[1:]", "import common.parallel.spatial\nsys.argv = sys.argv[1:]")
+    code = WRAPPER.replace(
+        "sys.argv = sys.argv[1:]", "import common.parallel.spatial\nsys.argv = sys.argv[1:]"
+    )
     environ = helpers.env()
     environ.pop("TF_USE_LEGACY_KERAS", None)
-    proc = subprocess.run([helpers.PYTHON, "-c", code, "-c"], cwd=helpers.REPO, env=environ,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [helpers.PYTHON, "-c", code, "-c"],
+        cwd=helpers.REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     listed = [line for line in proc.stdout.splitlines() if line.startswith("SPLIT-MODULES")]
     assert listed and "'common.parallel.spatial'" in listed[0], proc.stdout + proc.stderr

@@ -25,7 +25,9 @@ def test_an_instance_waits_until_the_last_one_is_ready(tmp_path):
     meeting = wait_for_instances(tmp_path, 3, timeout_s=30)
     late.join()
     assert meeting.missing == () and meeting.gone == ()
-    assert meeting.waited_s >= 0.35   # the timeout test below is the control: a file never written holds it
+    assert (
+        meeting.waited_s >= 0.35
+    )  # the timeout test below is the control: a file never written holds it
     assert float(marker(tmp_path, 2, READY).read_text()) <= time.time()
 
 

@@ -17,15 +17,14 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.runtime import wrap_optimizer
 from common.run.steps import TrainStep
+from common.runtime import wrap_optimizer
 from tests import helpers
 
 LR = 0.01
-S0 = 2.0 ** 15     # Keras' initial dynamic loss scale
-U16 = 2.0 ** -11   # unit roundoff of float16 (11 significant bits)
-U32 = 2.0 ** -24
-
+S0 = 2.0**15  # Keras' initial dynamic loss scale
+U16 = 2.0**-11  # unit roundoff of float16 (11 significant bits)
+U32 = 2.0**-24
 
 
 def mse(y, pred):
@@ -56,7 +55,9 @@ def step(policy: str, kernel, bias, x, y):
     """One TrainStep of SGD(LR) under `policy`; returns (model, optimizer, loss)."""
     model = build(policy, kernel, bias)
     optimizer = wrap_optimizer(tf_keras.optimizers.SGD(LR), policy)
-    loss = TrainStep(model, optimizer, mse, helpers.SingleProcess())(iter([(tf.constant(x, tf.float32), tf.constant(y, tf.float32))])).loss
+    loss = TrainStep(model, optimizer, mse, helpers.SingleProcess())(
+        iter([(tf.constant(x, tf.float32), tf.constant(y, tf.float32))])
+    ).loss
     return model, optimizer, float(loss)
 
 
@@ -69,10 +70,14 @@ def test_only_float16_policies_get_a_loss_scale_optimizer():
         sgd = tf_keras.optimizers.SGD(LR)
         wrapped = wrap_optimizer(sgd, policy)
         assert isinstance(wrapped, tf_keras.mixed_precision.LossScaleOptimizer)
-        assert wrapped.inner_optimizer is sgd and wrapped.dynamic and float(wrapped.loss_scale) == S0
+        assert (
+            wrapped.inner_optimizer is sgd and wrapped.dynamic and float(wrapped.loss_scale) == S0
+        )
     for policy in ("float32", "mixed_bfloat16", tf_keras.mixed_precision.Policy("mixed_bfloat16")):
         sgd = tf_keras.optimizers.SGD(LR)
-        assert wrap_optimizer(sgd, policy) is sgd   # bf16 has float32's exponent range: nothing overflows
+        assert (
+            wrap_optimizer(sgd, policy) is sgd
+        )  # bf16 has float32's exponent range: nothing overflows
 
 
 def test_a_step_whose_fp16_gradients_overflow_is_skipped_and_halves_the_loss_scale():
@@ -84,13 +89,15 @@ def test_a_step_whose_fp16_gradients_overflow_is_skipped_and_halves_the_loss_sca
     assert model.layers[0].compute_dtype == "float16" and model.layers[0].kernel.dtype == tf.float32
     assert loss == 4096.0
     assert float(opt.loss_scale) == S0 / 2
-    np.testing.assert_array_equal(weights(model)[0], kernel.astype(np.float32))   # not updated
+    np.testing.assert_array_equal(weights(model)[0], kernel.astype(np.float32))  # not updated
     np.testing.assert_array_equal(weights(model)[1], bias.astype(np.float32))
-    assert int(opt.iterations) == 1   # Keras counts the skipped step: the LR schedule moves on
+    assert int(opt.iterations) == 1  # Keras counts the skipped step: the LR schedule moves on
     # The same step in float32 has finite gradients and moves every weight.
     ref, ref_opt, ref_loss = step("float32", kernel, bias, x, y)
     assert ref_loss == 4096.0 and int(ref_opt.iterations) == 1
-    np.testing.assert_allclose(weights(ref)[0], np.full((4, 1), 0.25 - LR * 2 / 8 * 8 * 64 * 64), rtol=1e-6)
+    np.testing.assert_allclose(
+        weights(ref)[0], np.full((4, 1), 0.25 - LR * 2 / 8 * 8 * 64 * 64), rtol=1e-6
+    )
 
 
 def test_a_normal_step_with_values_exact_in_fp16_equals_the_fp32_step_bit_for_bit():
@@ -105,9 +112,11 @@ def test_a_normal_step_with_values_exact_in_fp16_equals_the_fp32_step_bit_for_bi
     y = x @ kernel + bias + rng.integers(-4, 5, (8, 1)) / 8.0
     model, opt, loss = step("mixed_float16", kernel, bias, x, y)
     ref, _, ref_loss = step("float32", kernel, bias, x, y)
-    assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1   # applied, no overflow
+    assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1  # applied, no overflow
     assert loss == ref_loss
-    assert not np.array_equal(weights(ref)[0], kernel.astype(np.float32))   # the step moved the weights
+    assert not np.array_equal(
+        weights(ref)[0], kernel.astype(np.float32)
+    )  # the step moved the weights
     for got, expected in zip(weights(model), weights(ref)):
         np.testing.assert_array_equal(got, expected)
 
@@ -117,7 +126,7 @@ def test_a_normal_step_on_random_values_is_the_fp32_step_within_the_fp16_roundin
     B, F = 8, 4
     x = rng.uniform(-0.5, 0.5, (B, F))
     kernel, bias = rng.uniform(-1, 1, (F, 1)), rng.uniform(-1, 1, 1)
-    y = x @ kernel + bias + rng.uniform(-0.5, 0.5, (B, 1))   # |dLoss/dpred| x S < 2^13: no overflow
+    y = x @ kernel + bias + rng.uniform(-0.5, 0.5, (B, 1))  # |dLoss/dpred| x S < 2^13: no overflow
     model, opt, _ = step("mixed_float16", kernel, bias, x, y)
     ref, _, _ = step("float32", kernel, bias, x, y)
     assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1
@@ -140,8 +149,8 @@ def test_a_normal_step_on_random_values_is_the_fp32_step_within_the_fp16_roundin
         e = gamma(F + 3, u) * dot
         per_sample = e + gamma(B + 4, u) * (r + e)
         bound.append((2 / B * (np.abs(x).T @ per_sample), 2 / B * per_sample.sum()))
-    kernel_bound = LR * (bound[0][0] + bound[1][0])[:, None] * (1 + 1e-3)   # plus float32's own
-    bias_bound = LR * (bound[0][1] + bound[1][1]) * (1 + 1e-3)              # rounding of w - lr g
+    kernel_bound = LR * (bound[0][0] + bound[1][0])[:, None] * (1 + 1e-3)  # plus float32's own
+    bias_bound = LR * (bound[0][1] + bound[1][1]) * (1 + 1e-3)  # rounding of w - lr g
 
     (k16, b16), (k32, b32) = weights(model), weights(ref)
     start_k, start_b = kernel.astype(np.float32), bias.astype(np.float32)
@@ -163,8 +172,14 @@ def test_a_normal_step_on_random_values_is_the_fp32_step_within_the_fp16_roundin
 # task's preprocessing) on a small CosmoFlow model, and look at what reaches the allreduce.
 
 # The tests' tiny config, smaller still: 16^3 x 4 samples, two conv layers of 4 and 8 filters.
-COSMO_OVERRIDES = {"data.data_dir": "unused", "data.sample_shape": "16,16,16,4", "data.batch_size": "4",
-                   "train.global_batch_size": "4", "model.conv_size": "4", "model.n_conv_layers": "2"}
+COSMO_OVERRIDES = {
+    "data.data_dir": "unused",
+    "data.sample_shape": "16,16,16,4",
+    "data.batch_size": "4",
+    "train.global_batch_size": "4",
+    "model.conv_size": "4",
+    "model.n_conv_layers": "2",
+}
 # Norm-wise relative error of each fp16 gradient against the fp32 one. fp16's rounding moved the first
 # conv layer's gradients by 3.7% here (sums of 11-bit products over 4 x 16^3 positions); a gradient
 # left scaled is off by S0 - 1, one unscaled by a wrong power of two by at least 50%.
@@ -193,8 +208,12 @@ def cosmoflow_start():
     from common.config_loading import load_config
     from cosmoflow.config import CosmoFlowConfig
     from cosmoflow.task import CosmoFlowTask
-    task = CosmoFlowTask(load_config(CosmoFlowConfig, helpers.REPO / "tests/configs/cosmoflow_tiny.yaml",
-                                     COSMO_OVERRIDES))
+
+    task = CosmoFlowTask(
+        load_config(
+            CosmoFlowConfig, helpers.REPO / "tests/configs/cosmoflow_tiny.yaml", COSMO_OVERRIDES
+        )
+    )
     weights = task.build_model(None).get_weights()
     rng = np.random.default_rng(3)
     x = rng.poisson(4.0, (4, 16, 16, 16, 4)).astype(np.int16)
@@ -202,11 +221,14 @@ def cosmoflow_start():
     return task, weights, (tf.constant(x), tf.constant(y))
 
 
-def cosmoflow_train_step(start, policy: str, inject_inf: bool = False, skip_unscaling: bool = False):
+def cosmoflow_train_step(
+    start, policy: str, inject_inf: bool = False, skip_unscaling: bool = False
+):
     """CosmoFlow's TrainStep under `policy`, from the start's weights, built as the trainer builds it;
     returns (step, model, optimizer, distribution). `skip_unscaling` leaves the gradients scaled (the
     negative control). XLA-compiled: TensorFlow has no float16 MaxPool3D kernel for the CPU (XLA has)."""
     from common.runtime import dtype_policy
+
     task, weights, _ = start
     with dtype_policy(policy):
         model = task.build_model(None)
@@ -216,7 +238,9 @@ def cosmoflow_train_step(start, policy: str, inject_inf: bool = False, skip_unsc
     if skip_unscaling:
         optimizer.get_unscaled_gradients = lambda grads: grads
     dist = RecordingDistribution(model.trainable_variables, inject_inf)
-    step = TrainStep(model, optimizer, task.build_losses(), dist, xla=True, preprocess=task.preprocess_batch)
+    step = TrainStep(
+        model, optimizer, task.build_losses(), dist, xla=True, preprocess=task.preprocess_batch
+    )
     return step, model, optimizer, dist
 
 
@@ -229,19 +253,28 @@ def cosmoflow_step(start, policy: str, **kwargs):
 
 def relative_errors(grads, reference) -> list:
     """Per variable, ||g - g_ref|| / ||g_ref||."""
-    return [float(np.linalg.norm(g.numpy() - r.numpy()) / np.linalg.norm(r.numpy())) for g, r in zip(grads, reference)]
+    return [
+        float(np.linalg.norm(g.numpy() - r.numpy()) / np.linalg.norm(r.numpy()))
+        for g, r in zip(grads, reference)
+    ]
 
 
 def test_cosmoflow_fp16_gradients_reach_the_allreduce_unscaled(cosmoflow_start):
     _, fp32_opt, fp32_dist = cosmoflow_step(cosmoflow_start, "float32")
     model, opt, dist = cosmoflow_step(cosmoflow_start, "mixed_float16")
-    assert model.get_layer("conv1").compute_dtype == "float16" and model.get_layer("conv1").kernel.dtype == tf.float32
-    assert isinstance(opt, tf_keras.mixed_precision.LossScaleOptimizer) and opt.inner_optimizer.momentum == 0.9
-    assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1   # applied: no overflow at S0
+    assert (
+        model.get_layer("conv1").compute_dtype == "float16"
+        and model.get_layer("conv1").kernel.dtype == tf.float32
+    )
+    assert (
+        isinstance(opt, tf_keras.mixed_precision.LossScaleOptimizer)
+        and opt.inner_optimizer.momentum == 0.9
+    )
+    assert float(opt.loss_scale) == S0 and int(opt.iterations) == 1  # applied: no overflow at S0
     assert not isinstance(fp32_opt, tf_keras.mixed_precision.LossScaleOptimizer)
     errors = relative_errors(dist.seen, fp32_dist.seen)
     assert max(errors) < GRAD_TOLERANCE, errors
-    assert min(errors) > U32, errors   # it did compute in float16
+    assert min(errors) > U32, errors  # it did compute in float16
     assert any(not np.array_equal(w, w0) for w, w0 in zip(model.get_weights(), cosmoflow_start[1]))
     # Negative control: the same step with the unscaling left out hands S0 x the gradients to the
     # allreduce, and the comparison above fails.
@@ -250,15 +283,23 @@ def test_cosmoflow_fp16_gradients_reach_the_allreduce_unscaled(cosmoflow_start):
     assert min(errors) > GRAD_TOLERANCE and np.allclose(errors, S0 - 1, rtol=GRAD_TOLERANCE), errors
 
 
-def test_cosmoflow_fp16_step_with_an_inf_after_the_allreduce_is_skipped_and_lowers_the_loss_scale(cosmoflow_start):
+def test_cosmoflow_fp16_step_with_an_inf_after_the_allreduce_is_skipped_and_lowers_the_loss_scale(
+    cosmoflow_start,
+):
     model, opt, dist = cosmoflow_step(cosmoflow_start, "mixed_float16", inject_inf=True)
-    assert np.all(np.isfinite(dist.seen[0].numpy()))   # finite on this rank: the Inf came with the sum
+    assert np.all(
+        np.isfinite(dist.seen[0].numpy())
+    )  # finite on this rank: the Inf came with the sum
     for w, w0 in zip(model.get_weights(), cosmoflow_start[1]):
-        np.testing.assert_array_equal(w, w0)   # not updated
+        np.testing.assert_array_equal(w, w0)  # not updated
     momenta = opt.inner_optimizer.momentums
-    assert len(momenta) == len(model.trainable_variables) and not any(m.numpy().any() for m in momenta)
+    assert len(momenta) == len(model.trainable_variables) and not any(
+        m.numpy().any() for m in momenta
+    )
     assert float(opt.loss_scale) == S0 / 2 and int(opt.dynamic_counter) == 0
-    assert int(opt.iterations) == 1   # counted, as every rank skips the same step (the Inf is in every sum)
+    assert (
+        int(opt.iterations) == 1
+    )  # counted, as every rank skips the same step (the Inf is in every sum)
 
 
 def test_cosmoflow_fp16_loss_scale_grows_after_its_growth_steps_of_good_steps(cosmoflow_start):
@@ -269,22 +310,36 @@ def test_cosmoflow_fp16_loss_scale_grows_after_its_growth_steps_of_good_steps(co
     step(iter([cosmoflow_start[2]]))
     assert float(opt.loss_scale) == S0 and int(opt.dynamic_counter) == opt.dynamic_growth_steps - 1
     step(iter([cosmoflow_start[2]]))
-    assert float(opt.loss_scale) == 2 * S0 and int(opt.dynamic_counter) == 0 and int(opt.iterations) == 2
+    assert (
+        float(opt.loss_scale) == 2 * S0
+        and int(opt.dynamic_counter) == 0
+        and int(opt.iterations) == 2
+    )
 
-@pytest.mark.parametrize("device, native_bf16, expected", [
-    ("gpu", False, "mixed_float16"), ("cpu", True, "mixed_bfloat16"), ("cpu", False, "float32")])
-def test_the_closed_cosmoflow_configs_run_amp_and_the_init_line_names_its_precision(device, native_bf16, expected):
+
+@pytest.mark.parametrize(
+    "device, native_bf16, expected",
+    [("gpu", False, "mixed_float16"), ("cpu", True, "mixed_bfloat16"), ("cpu", False, "float32")],
+)
+def test_the_closed_cosmoflow_configs_run_amp_and_the_init_line_names_its_precision(
+    device, native_bf16, expected
+):
     from common import benchmarks
     from common.config_loading import load_config
     from common.reporting.console import runtime_lines
     from common.runtime import choose_precision
     from cosmoflow.config import CosmoFlowConfig
+
     for path in benchmarks.closed_configs("cosmoflow"):
         runtime = load_config(CosmoFlowConfig, path, {"data.data_dir": "unused"}).runtime
         assert runtime.amp and runtime.amp_dtype == "auto", path
         precision, why = choose_precision(runtime, device, native_bf16=native_bf16)
         assert precision == expected
-        lines = runtime_lines("1 rank", {"device": device, "precision": precision, "precision_note": why})
+        lines = runtime_lines(
+            "1 rank", {"device": device, "precision": precision, "precision_note": why}
+        )
         # Named on the runtime line whichever it is; the fallback to fp32 also says why, on a line of its own.
         assert f"'precision': '{expected}'" in lines[0] and "precision_note" not in lines[0]
-        assert lines[1:] == ([why] if expected == "float32" else []) and bool(why) is (expected == "float32")
+        assert lines[1:] == ([why] if expected == "float32" else []) and bool(why) is (
+            expected == "float32"
+        )

@@ -14,11 +14,21 @@ from cosmoflow.task import CosmoFlowTask
 from deepcam.config import DeepCAMConfig
 from deepcam.task import DeepCAMTask
 
-EVERY_HYPERPARAMETER = dict(learning_rate=0.1, momentum=0.7, beta_1=0.8, beta_2=0.9, epsilon=1e-5,
-                            weight_decay=0.01, max_grad_norm=2.0)
+EVERY_HYPERPARAMETER = dict(
+    learning_rate=0.1,
+    momentum=0.7,
+    beta_1=0.8,
+    beta_2=0.9,
+    epsilon=1e-5,
+    weight_decay=0.01,
+    max_grad_norm=2.0,
+)
 # Where the shipped optimizers keep the configs' weight decay: spelled out here, not read from the table.
-WEIGHT_DECAY = {"Adam": (AdamL2, "l2"), "AdamW": (tf_keras.optimizers.AdamW, "weight_decay"),
-                "LAMB": (LAMB, "weight_decay_rate")}
+WEIGHT_DECAY = {
+    "Adam": (AdamL2, "l2"),
+    "AdamW": (tf_keras.optimizers.AdamW, "weight_decay"),
+    "LAMB": (LAMB, "weight_decay_rate"),
+}
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -27,20 +37,26 @@ def test_each_name_builds_its_class_with_the_hyperparameters_it_takes(name):
     optimizer = build_optimizer(name, **EVERY_HYPERPARAMETER)
     assert type(optimizer) is entry.cls
     keywords = dict(entry.renamed)
-    for hyperparameter in entry.takes:   # each arrived, under the class's own name
+    for hyperparameter in entry.takes:  # each arrived, under the class's own name
         value = getattr(optimizer, keywords.get(hyperparameter, hyperparameter))
         assert float(value) == pytest.approx(EVERY_HYPERPARAMETER[hyperparameter]), hyperparameter
 
 
 def test_the_shipped_optimizers_are_the_reference_classes_with_their_decay():
-    assert OPTIMIZERS["SGD"].cls is tf_keras.optimizers.SGD and "momentum" in OPTIMIZERS["SGD"].takes
+    assert (
+        OPTIMIZERS["SGD"].cls is tf_keras.optimizers.SGD and "momentum" in OPTIMIZERS["SGD"].takes
+    )
     for name, (cls, keyword) in WEIGHT_DECAY.items():
         assert OPTIMIZERS[name].cls is cls
-        assert getattr(build_optimizer(name, **EVERY_HYPERPARAMETER), keyword) == pytest.approx(0.01), name
+        assert getattr(build_optimizer(name, **EVERY_HYPERPARAMETER), keyword) == pytest.approx(
+            0.01
+        ), name
 
 
 def test_an_unknown_optimizer_is_refused_naming_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown optimizer 'Adafactor'; known: SGD, Adam, AdamW, LAMB"):
+    with pytest.raises(
+        ConfigError, match="unknown optimizer 'Adafactor'; known: SGD, Adam, AdamW, LAMB"
+    ):
         build_optimizer("Adafactor", learning_rate=0.1)
 
 
@@ -71,18 +87,35 @@ def test_cosmoflow_builds_sgd_with_its_momentum_and_epoch_schedule():
     assert optimizer.momentum == pytest.approx(cfg.optimizer.momentum)
 
 
-@pytest.mark.parametrize("cls, name, usable", [(DeepCAMConfig, "SGD", "Adam, AdamW, LAMB"),
-                                               (DeepCAMConfig, "Adafactor", "Adam, AdamW, LAMB"),
-                                               (CosmoFlowConfig, "Adam", "SGD")])
+@pytest.mark.parametrize(
+    "cls, name, usable",
+    [
+        (DeepCAMConfig, "SGD", "Adam, AdamW, LAMB"),
+        (DeepCAMConfig, "Adafactor", "Adam, AdamW, LAMB"),
+        (CosmoFlowConfig, "Adam", "SGD"),
+    ],
+)
 def test_a_config_refuses_an_optimizer_not_taking_its_hyperparameters(cls, name, usable):
     with pytest.raises(ConfigError, match=f"'optimizer.name'='{name}': choose one of {usable} "):
         _config(cls, **{"optimizer.name": name})
 
 
 SCHEDULE_ARGUMENTS = {
-    "epoch_warmup_step_decay": (EpochWarmupStepDecay, dict(peak_lr=0.1, init_lr=0.01, warmup_epochs=1,
-                                                           boundaries=[2], factors=[0.5], steps_per_epoch=4)),
-    "step_warmup": (StepWarmupSchedule, dict(kind="multistep", start_lr=0.1, warmup_steps=2, milestones=[3])),
+    "epoch_warmup_step_decay": (
+        EpochWarmupStepDecay,
+        dict(
+            peak_lr=0.1,
+            init_lr=0.01,
+            warmup_epochs=1,
+            boundaries=[2],
+            factors=[0.5],
+            steps_per_epoch=4,
+        ),
+    ),
+    "step_warmup": (
+        StepWarmupSchedule,
+        dict(kind="multistep", start_lr=0.1, warmup_steps=2, milestones=[3]),
+    ),
 }
 
 
@@ -95,9 +128,13 @@ def test_each_schedule_name_builds_its_class(name):
     cls, arguments = SCHEDULE_ARGUMENTS[name]
     schedule = build_schedule(name, **arguments)
     assert type(schedule) is cls
-    assert schedule.at_step(100) == pytest.approx(0.05 if name == "epoch_warmup_step_decay" else 0.01)
+    assert schedule.at_step(100) == pytest.approx(
+        0.05 if name == "epoch_warmup_step_decay" else 0.01
+    )
 
 
 def test_an_unknown_schedule_is_refused_naming_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown LR schedule 'poly'; known: epoch_warmup_step_decay, step_warmup"):
+    with pytest.raises(
+        ConfigError, match="unknown LR schedule 'poly'; known: epoch_warmup_step_decay, step_warmup"
+    ):
         build_schedule("poly", start_lr=0.1)

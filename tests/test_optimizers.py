@@ -17,12 +17,12 @@ def lamb_numpy(w, grads, lr, b1, b2, eps, wd, max_norm):
     m = [np.zeros_like(x) for x in w]
     v = [np.zeros_like(x) for x in w]
     for t, g in enumerate(grads, 1):
-        norm = np.sqrt(sum((x ** 2).sum() for x in g))
+        norm = np.sqrt(sum((x**2).sum() for x in g))
         g = [x * min(1.0, max_norm / norm) for x in g]
         for i in range(len(w)):
             m[i] = b1 * m[i] + (1 - b1) * g[i]
             v[i] = b2 * v[i] + (1 - b2) * g[i] ** 2
-            update = (m[i] / (1 - b1 ** t)) / (np.sqrt(v[i] / (1 - b2 ** t)) + eps) + wd * w[i]
+            update = (m[i] / (1 - b1**t)) / (np.sqrt(v[i] / (1 - b2**t)) + eps) + wd * w[i]
             ratio = np.linalg.norm(w[i]) / np.linalg.norm(update)
             w[i] = w[i] - lr * ratio * update
     return w
@@ -39,17 +39,23 @@ def _update_terms_without_the_gradient(optimizer) -> list:
         optimizer.apply_gradients([(gradient, variable)])
 
     graph = apply.get_concrete_function().graph
-    [gradient] = [op for op in graph.get_operations() if op.type == "Placeholder" and op.name == "gradient"]
+    [gradient] = [
+        op for op in graph.get_operations() if op.type == "Placeholder" and op.name == "gradient"
+    ]
     downstream, todo = {gradient.name}, [gradient]
-    while todo:   # everything reached from the gradient by data or control edges
+    while todo:  # everything reached from the gradient by data or control edges
         op = todo.pop()
         for child in [c for t in op.outputs for c in t.consumers()] + list(op._control_outputs):
             if child.name not in downstream:
                 downstream.add(child.name)
                 todo.append(child)
-    return [op.name for op in graph.get_operations()
-            if op.type not in ("ReadVariableOp", "Identity", "Placeholder", "Const") and op.name not in downstream
-            and any(t.shape == variable.shape for t in op.outputs)]
+    return [
+        op.name
+        for op in graph.get_operations()
+        if op.type not in ("ReadVariableOp", "Identity", "Placeholder", "Const")
+        and op.name not in downstream
+        and any(t.shape == variable.shape for t in op.outputs)
+    ]
 
 
 def test_lamb_computes_no_variable_sized_term_before_the_gradient_arrives():
@@ -61,9 +67,18 @@ def test_lamb_computes_no_variable_sized_term_before_the_gradient_arrives():
 def test_lamb_matches_numpy_reference_with_clipping_and_trust_ratio():
     rng = np.random.default_rng(0)
     w0 = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
-    grads = [[3.0 * rng.standard_normal(x.shape) for x in w0] for _ in range(3)]   # norms > 1: clipped
+    grads = [
+        [3.0 * rng.standard_normal(x.shape) for x in w0] for _ in range(3)
+    ]  # norms > 1: clipped
     variables = [tf.Variable(x, dtype=tf.float64) for x in w0]
-    opt = LAMB(learning_rate=0.01, beta_1=0.9, beta_2=0.99, epsilon=1e-6, weight_decay_rate=0.01, max_grad_norm=1.0)
+    opt = LAMB(
+        learning_rate=0.01,
+        beta_1=0.9,
+        beta_2=0.99,
+        epsilon=1e-6,
+        weight_decay_rate=0.01,
+        max_grad_norm=1.0,
+    )
     for g in grads:
         opt.apply_gradients(zip([tf.constant(x) for x in g], variables))
     expected = lamb_numpy(w0, grads, 0.01, 0.9, 0.99, 1e-6, 0.01, 1.0)
@@ -80,7 +95,6 @@ def test_adam_weight_decay_is_added_to_the_gradient_as_in_pytorch():
     np.testing.assert_allclose(w.numpy(), [1.0 - 0.01, -2.0 + 0.01], rtol=1e-5)
 
 
-
 def _mlp_numpy(weights, x):
     """The test's Dense(3, tanh) -> Dense(1) in float64 NumPy."""
     k1, b1, k2, b2 = (np.asarray(w, np.float64) for w in weights)
@@ -95,14 +109,24 @@ def test_gradient_accumulation_equals_one_step_on_the_whole_batch(n):
 
     def fresh():
         tf_keras.utils.set_random_seed(1)
-        return tf_keras.Sequential([tf_keras.Input((5,)), tf_keras.layers.Dense(3, activation="tanh"),
-                                    tf_keras.layers.Dense(1)])
-    loss = lambda yt, yp: tf.reduce_mean(tf.square(yt - yp))   # noqa: E731
+        return tf_keras.Sequential(
+            [
+                tf_keras.Input((5,)),
+                tf_keras.layers.Dense(3, activation="tanh"),
+                tf_keras.layers.Dense(1),
+            ]
+        )
+
+    loss = lambda yt, yp: tf.reduce_mean(tf.square(yt - yp))  # noqa: E731
     whole, split = fresh(), fresh()
     w0 = [v.numpy() for v in split.trainable_variables]
-    whole_loss = TrainStep(whole, tf_keras.optimizers.SGD(0.1), loss, helpers.SingleProcess())(itertools.repeat((x, y))).loss
+    whole_loss = TrainStep(whole, tf_keras.optimizers.SGD(0.1), loss, helpers.SingleProcess())(
+        itertools.repeat((x, y))
+    ).loss
     parts = [(x[i::n], y[i::n]) for i in range(n)]
-    step = TrainStep(split, tf_keras.optimizers.SGD(0.1), loss, helpers.SingleProcess(), accumulation=n)
+    step = TrainStep(
+        split, tf_keras.optimizers.SGD(0.1), loss, helpers.SingleProcess(), accumulation=n
+    )
     mean_loss = step(iter(parts)).loss
     for a, b in zip(whole.trainable_variables, split.trainable_variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
@@ -113,7 +137,9 @@ def test_gradient_accumulation_equals_one_step_on_the_whole_batch(n):
     # 8-term mean of O(1) squares) by a few float32 roundings, ~1e-6 relative: rel=1e-5.
     # (The loss after the update is lower by several percent.)
     x64, y64 = x.numpy().astype(np.float64), y.numpy().astype(np.float64)
-    oracle = float(np.mean([np.mean((y64[i::n] - _mlp_numpy(w0, x64[i::n])) ** 2) for i in range(n)]))
+    oracle = float(
+        np.mean([np.mean((y64[i::n] - _mlp_numpy(w0, x64[i::n])) ** 2) for i in range(n)])
+    )
     assert oracle == pytest.approx(float(np.mean((y64 - _mlp_numpy(w0, x64)) ** 2)), rel=1e-12)
     assert float(mean_loss) == pytest.approx(oracle, rel=1e-5)
     assert float(whole_loss) == pytest.approx(oracle, rel=1e-5)

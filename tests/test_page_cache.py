@@ -17,7 +17,14 @@ def resident_fraction(path) -> float:
     """The fraction of a file's pages in the page cache (mincore over a read-only mapping)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     size = os.path.getsize(path)
@@ -41,7 +48,7 @@ def test_input_files_leave_the_page_cache(tmp_path):
     for i in range(3):
         path = tmp_path / f"sample-{i}.bin"
         path.write_bytes(os.urandom(4 << 20))
-        path.read_bytes()   # written and read: in the page cache
+        path.read_bytes()  # written and read: in the page cache
         files.append(path)
     before = [resident_fraction(p) for p in files]
     if min(before) < 0.9:

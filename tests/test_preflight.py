@@ -14,16 +14,40 @@ PREFLIGHT = [helpers.PYTHON, "-m", "offline.preflight"]
 
 
 def preflight(args, environ=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([*PREFLIGHT, *map(str, args)], cwd=helpers.REPO, env=environ or helpers.env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [*PREFLIGHT, *map(str, args)],
+        cwd=helpers.REPO,
+        env=environ or helpers.env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_two_gloo_ranks_report_sweep_benchmark_and_verdict(tmp_path):
     from common import launchers
+
     out = tmp_path / "pf"
-    proc = subprocess.run([*launchers.horovodrun(2), *PREFLIGHT, "--tiny", "--sweep-sizes", "8,1M",
-                           "--sweep-iterations", "3", "--output-dir", out], cwd=helpers.REPO, env=helpers.env(),
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            *launchers.horovodrun(2),
+            *PREFLIGHT,
+            "--tiny",
+            "--sweep-sizes",
+            "8,1M",
+            "--sweep-iterations",
+            "3",
+            "--output-dir",
+            out,
+        ],
+        cwd=helpers.REPO,
+        env=helpers.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     lines = proc.stdout.splitlines()
@@ -41,7 +65,7 @@ def test_two_gloo_ranks_report_sweep_benchmark_and_verdict(tmp_path):
     assert report["built"]["gloo"] is True
     rows = report["sweep"]
     assert [r["size_bytes"] for r in rows] == [8, 1 << 20]
-    for r in rows:   # n = 2: busbw = algbw x 2(n-1)/n = algbw
+    for r in rows:  # n = 2: busbw = algbw x 2(n-1)/n = algbw
         assert r["seconds"] > 0 and r["algbw"] == pytest.approx(r["size_bytes"] / r["seconds"])
         assert r["busbw"] == pytest.approx(r["algbw"])
     assert report["benchmark"]["steps"] == 20 and report["benchmark"]["ranks"] == 2
@@ -51,18 +75,26 @@ def test_two_gloo_ranks_report_sweep_benchmark_and_verdict(tmp_path):
     assert v["within"] == (1 / v["tolerance"] <= v["ratio"] <= v["tolerance"])
     # The machine file it wrote for this host is one the projection reads.
     from offline.projection import inputs
+
     machine = inputs.load_machine(out / "machine.yaml")
-    assert machine.devices_per_node == 2 and machine.peak("fp32") > 0 and machine.efficiency_for("cosmoflow") == 1.0
+    assert (
+        machine.devices_per_node == 2
+        and machine.peak("fp32") > 0
+        and machine.efficiency_for("cosmoflow") == 1.0
+    )
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--machine", "no-such-machine"], "cannot read machine file"),
-    (["--steps", "many"], "argument --steps: invalid int value"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--sweep-sizes", "3"], "not a whole number of float32 elements"),
-    (["--config", "deepcam/configs/deepcam_synthetic_cpu.yaml"], "needs --data-dir"),
-    (["--tolerance", "0.5"], "a factor above 1"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--machine", "no-such-machine"], "cannot read machine file"),
+        (["--steps", "many"], "argument --steps: invalid int value"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--sweep-sizes", "3"], "not a whole number of float32 elements"),
+        (["--config", "deepcam/configs/deepcam_synthetic_cpu.yaml"], "needs --data-dir"),
+        (["--tolerance", "0.5"], "a factor above 1"),
+    ],
+)
 def test_bad_input_is_one_error_line_and_exit_2(args, says):
     proc = preflight(args, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -74,11 +106,16 @@ def test_fewer_gpus_than_expected_exits_1_and_the_table_shows_nvmls(fake_nvml, t
     # NVML (a fake) shows 2 GPUs, but TensorFlow sees none: training would run on the CPU.
     env = helpers.env() | {"LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_UUIDS": f"{A},{B}"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = preflight(["--expect-gpus", "1", "--no-benchmark", "--output-dir", tmp_path / "pf"], environ=env)
+    proc = preflight(
+        ["--expect-gpus", "1", "--no-benchmark", "--output-dir", tmp_path / "pf"], environ=env
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     errors = helpers.error_lines(proc.stderr)
-    assert len(errors) == 1 and "--expect-gpus 1: rank(s) 0 see 0 GPU(s) through TensorFlow" in errors[0]
-    assert A in proc.stdout   # rank 0 uses the first GPU NVML lists
+    assert (
+        len(errors) == 1
+        and "--expect-gpus 1: rank(s) 0 see 0 GPU(s) through TensorFlow" in errors[0]
+    )
+    assert A in proc.stdout  # rank 0 uses the first GPU NVML lists
     report = json.loads((tmp_path / "pf" / "preflight.json").read_text())
     assert report["ranks"][0]["nvml_gpus"] == 2 and report["ranks"][0]["gpu_uuid"] == A
 
@@ -108,21 +145,43 @@ Socket(s):                               2
 
 def test_lscpu_and_the_machine_file_it_writes_load_as_a_machine(tmp_path):
     cpu = host.parse_lscpu(LSCPU)
-    assert (cpu.model, cpu.cores, cpu.threads_per_core) == ("AMD EPYC 7763 64-Core Processor", 128, 2)
-    text = host.machine_yaml(host="node1", cpu=cpu, cpu_source="lscpu", device_name="AMD EPYC 7763, 16 CPUs a rank",
-                             matmul_edge=1024, peaks=[host.DevicePeaks(2e11, 5e10), host.DevicePeaks(1e11, 4e10)],
-                             devices_per_node=8, busbw=3e9, latency_s=1e-5, ranks=8,
-                             command="python -m offline.preflight")
+    assert (cpu.model, cpu.cores, cpu.threads_per_core) == (
+        "AMD EPYC 7763 64-Core Processor",
+        128,
+        2,
+    )
+    text = host.machine_yaml(
+        host="node1",
+        cpu=cpu,
+        cpu_source="lscpu",
+        device_name="AMD EPYC 7763, 16 CPUs a rank",
+        matmul_edge=1024,
+        peaks=[host.DevicePeaks(2e11, 5e10), host.DevicePeaks(1e11, 4e10)],
+        devices_per_node=8,
+        busbw=3e9,
+        latency_s=1e-5,
+        ranks=8,
+        command="python -m offline.preflight",
+    )
     (tmp_path / "m.yaml").write_text(text)
     from offline.projection import inputs
+
     m = inputs.load_machine(tmp_path / "m.yaml")
-    assert m.peak("fp32") == pytest.approx(1e11) and m.memory_bytes_per_s == pytest.approx(4e10)   # the slowest rank
-    assert (m.devices_per_node, m.cores_per_node, m.intra_node_bytes_per_s) == (8, 128, pytest.approx(3e9))
+    assert m.peak("fp32") == pytest.approx(1e11) and m.memory_bytes_per_s == pytest.approx(
+        4e10
+    )  # the slowest rank
+    assert (m.devices_per_node, m.cores_per_node, m.intra_node_bytes_per_s) == (
+        8,
+        128,
+        pytest.approx(3e9),
+    )
     assert m.nic_bytes_per_s == pytest.approx(8 * 3e9) and m.efficiency_for("deepcam") == 1.0
 
 
 def facts(rank, tf_gpus):
-    return ranks.RankFacts(rank, "node1", rank, "gpu" if tf_gpus else "cpu", "", -1, tf_gpus, "0-3", 4, 2, "")
+    return ranks.RankFacts(
+        rank, "node1", rank, "gpu" if tf_gpus else "cpu", "", -1, tf_gpus, "0-3", 4, 2, ""
+    )
 
 
 def test_expected_gpus_name_the_ranks_that_see_fewer():
@@ -131,20 +190,36 @@ def test_expected_gpus_name_the_ranks_that_see_fewer():
     assert "rank(s) 1 see 0 GPU(s)" in ranks.too_few_gpus([facts(0, 4), facts(1, 0)], 1)
 
 
-@pytest.mark.parametrize("policy, device, peaks, chosen, noted", [
-    ("float32", "cpu", {"fp32": 1}, "fp32", False),
-    ("float32", "gpu", {"fp32": 1, "tf32": 8}, "tf32", False),   # TensorFlow's float32 on Ampere+ is TF32
-    ("mixed_float16", "gpu", {"fp32": 1, "fp16": 16}, "fp16", False),
-    ("mixed_bfloat16", "cpu", {"fp32": 1}, "fp32", True),
-])
+@pytest.mark.parametrize(
+    "policy, device, peaks, chosen, noted",
+    [
+        ("float32", "cpu", {"fp32": 1}, "fp32", False),
+        (
+            "float32",
+            "gpu",
+            {"fp32": 1, "tf32": 8},
+            "tf32",
+            False,
+        ),  # TensorFlow's float32 on Ampere+ is TF32
+        ("mixed_float16", "gpu", {"fp32": 1, "fp16": 16}, "fp16", False),
+        ("mixed_bfloat16", "cpu", {"fp32": 1}, "fp32", True),
+    ],
+)
 def test_the_projection_takes_the_runs_precision(policy, device, peaks, chosen, noted):
     precision, note = verdict.projection_precision(policy, device, peaks)
     assert precision == chosen and bool(note) is noted
 
 
 def test_a_verdict_is_the_ratio_against_the_tolerance_either_way():
-    v = verdict.Verdict(measured_step_s=0.3, projected_step_s=0.1, precision="fp32", bound="compute", machine="m",
-                        efficiency=0.5, tolerance=2.0)
+    v = verdict.Verdict(
+        measured_step_s=0.3,
+        projected_step_s=0.1,
+        precision="fp32",
+        bound="compute",
+        machine="m",
+        efficiency=0.5,
+        tolerance=2.0,
+    )
     assert v.ratio == pytest.approx(3) and not v.within and "outside the tolerance" in v.line()
     fast = verdict.Verdict(0.06, 0.1, "fp32", "compute", "m", 0.5, 2.0)
     assert fast.within and "ratio 0.60, within" in fast.line()

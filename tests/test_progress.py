@@ -7,18 +7,29 @@ import io
 
 import pytest
 
-from common.reporting.events import CallSite, EpochTrain, Events, RunInfo, StepInfo
 from common.reporting.console import StepProgress
+from common.reporting.events import CallSite, EpochTrain, Events, RunInfo, StepInfo
 from common.reporting.progress import LineSink, Progress, format_duration, progress_stream
 
 SITE = CallSite("common/run/trainer.py", 1)
 
 
 def run_info(global_batch_size, steps_per_epoch):
-    return RunInfo(benchmark="cosmoflow", seed=0, num_nodes=1, ranks=1, accelerators_per_node=0,
-                   global_batch_size=global_batch_size, train_samples=global_batch_size * steps_per_epoch,
-                   eval_samples=8, hyperparameters={}, target_name="eval_error", target=0.124,
-                   steps_per_epoch=steps_per_epoch, n_epochs=2)
+    return RunInfo(
+        benchmark="cosmoflow",
+        seed=0,
+        num_nodes=1,
+        ranks=1,
+        accelerators_per_node=0,
+        global_batch_size=global_batch_size,
+        train_samples=global_batch_size * steps_per_epoch,
+        eval_samples=8,
+        hyperparameters={},
+        target_name="eval_error",
+        target=0.124,
+        steps_per_epoch=steps_per_epoch,
+        n_epochs=2,
+    )
 
 
 class Clock:
@@ -50,8 +61,13 @@ def frames(text):
 
 
 def test_format_duration():
-    assert [format_duration(s) for s in (0, 41.4, 59.6, 281, 3600 * 2 + 5 * 60 + 20)] == \
-        ["0s", "41s", "1m00s", "4m41s", "2h05m"]
+    assert [format_duration(s) for s in (0, 41.4, 59.6, 281, 3600 * 2 + 5 * 60 + 20)] == [
+        "0s",
+        "41s",
+        "1m00s",
+        "4m41s",
+        "2h05m",
+    ]
 
 
 def test_step_progress_on_a_terminal_redraws_in_place_ten_times_a_second_and_ends_the_line():
@@ -59,25 +75,32 @@ def test_step_progress_on_a_terminal_redraws_in_place_ten_times_a_second_and_end
     events = Events([StepProgress(stream=stream, every_s=30.0, clock=clock)])
     events.on_init_stop(run_info(global_batch_size=8, steps_per_epoch=64))
     events.on_epoch_start(2, 64)
-    for step in range(1, 65):   # 16 steps/s: a redraw every second step (0.125 s >= 0.1 s)
+    for step in range(1, 65):  # 16 steps/s: a redraw every second step (0.125 s >= 0.1 s)
         clock.t = 1000.0 + step / 16
         events.on_step(StepInfo(2, step, 64, 64 + step))
-    events.on_epoch_stop(2, EpochTrain(global_step=128, loss=0.1, seconds=4.0, lr=0.001, samples_per_s=128.0))
+    events.on_epoch_stop(
+        2, EpochTrain(global_step=128, loss=0.1, seconds=4.0, lr=0.001, samples_per_s=128.0)
+    )
     out = stream.getvalue()
     assert out.endswith("\n") and out.count("\n") == 1
     shown = frames(out)
-    assert len(shown) == 32 + 1   # steps 1, 3, ..., 63, then the final state
+    assert len(shown) == 32 + 1  # steps 1, 3, ..., 63, then the final state
     assert shown[0] == "[epoch   2] [........................] 1/64   1%  -- samples/s  ETA --"
     # Step 33: 32 steps in 2 s since step 1 = 16 steps/s x 8 = 128 samples/s; 31 steps left ~ 2 s.
     assert shown[16] == "[epoch   2] [############............] 33/64  51%  128.0 samples/s  ETA 2s"
-    assert shown[-1] == "[epoch   2] [########################] 64/64 100%  128.0 samples/s  took 4s"
+    assert (
+        shown[-1] == "[epoch   2] [########################] 64/64 100%  128.0 samples/s  took 4s"
+    )
     assert stream.flushes >= len(shown)
     # The next epoch gets its own bar on its own line.
     events.on_epoch_start(3, 128)
     clock.t += 1 / 16
     events.on_step(StepInfo(3, 1, 64, 129))
-    events.on_run_stop("aborted", 2)   # stopped mid-epoch: the bar's line is ended
-    assert stream.getvalue()[len(out):] == "\r[epoch   3] [........................] 1/64   1%  -- samples/s  ETA --\n"
+    events.on_run_stop("aborted", 2)  # stopped mid-epoch: the bar's line is ended
+    assert (
+        stream.getvalue()[len(out) :]
+        == "\r[epoch   3] [........................] 1/64   1%  -- samples/s  ETA --\n"
+    )
 
 
 def test_step_progress_off_a_terminal_prints_a_line_every_every_s():
@@ -87,25 +110,31 @@ def test_step_progress_off_a_terminal_prints_a_line_every_every_s():
     for epoch in (1, 2):
         events.on_epoch_start(epoch, (epoch - 1) * 200)
         start = clock.t
-        for step in range(1, 201):   # 2 steps/s: 64 samples/s
+        for step in range(1, 201):  # 2 steps/s: 64 samples/s
             clock.t = start + step / 2
             events.on_step(StepInfo(epoch, step, 200, (epoch - 1) * 200 + step))
-        events.on_epoch_stop(epoch, EpochTrain(global_step=epoch * 200, loss=0.1, seconds=100.0, lr=0.001,
-                                               samples_per_s=64.0))
+        events.on_epoch_stop(
+            epoch,
+            EpochTrain(
+                global_step=epoch * 200, loss=0.1, seconds=100.0, lr=0.001, samples_per_s=64.0
+            ),
+        )
         events.on_eval_start(epoch)
     lines = stream.getvalue().splitlines(keepends=True)
     assert "\r" not in stream.getvalue()
     # 30 s after each epoch's first step: steps 61, 121, 181; nothing at the epoch's end.
-    expected = ["step 61/200 (30%), 64.0 samples/s, ETA 1m10s\n",    # 139 steps / 2 per s = 69.5 s
-                "step 121/200 (60%), 64.0 samples/s, ETA 40s\n",
-                "step 181/200 (90%), 64.0 samples/s, ETA 10s\n"]
+    expected = [
+        "step 61/200 (30%), 64.0 samples/s, ETA 1m10s\n",  # 139 steps / 2 per s = 69.5 s
+        "step 121/200 (60%), 64.0 samples/s, ETA 40s\n",
+        "step 181/200 (90%), 64.0 samples/s, ETA 10s\n",
+    ]
     assert lines == [f"[epoch   1] {e}" for e in expected] + [f"[epoch   2] {e}" for e in expected]
     assert stream.flushes == len(lines)
 
 
 def test_step_progress_of_a_resumed_epoch_counts_from_the_first_step_seen():
     clock, stream = Clock(), Stream(tty=False)
-    listener = StepProgress(stream=stream, every_s=30.0, clock=clock)   # no RunInfo: steps/s
+    listener = StepProgress(stream=stream, every_s=30.0, clock=clock)  # no RunInfo: steps/s
     listener.on_epoch_start(4, 600, SITE)
     for step in range(101, 201):
         clock.t = 1000.0 + (step - 100) / 2
@@ -116,11 +145,11 @@ def test_step_progress_of_a_resumed_epoch_counts_from_the_first_step_seen():
 def test_progress_on_a_terminal_is_one_bar_ended_by_close():
     clock, stream = Clock(), Stream(tty=True)
     bar = Progress("staging", 8, unit="files", stream=stream, every_s=30.0, clock=clock)
-    for done in range(1, 9):   # one file every 1/16 s: at most one redraw per 0.1 s
+    for done in range(1, 9):  # one file every 1/16 s: at most one redraw per 0.1 s
         clock.t = 1000.0 + done / 16
         bar.update(done, extra="" if done > 4 else f"{done} MB")
     bar.close()
-    bar.close()   # once only
+    bar.close()  # once only
     out = stream.getvalue()
     assert out.endswith("\n") and out.count("\n") == 1
     shown = frames(out)
@@ -133,7 +162,9 @@ def test_progress_on_a_terminal_is_one_bar_ended_by_close():
     ]
     # A shorter text is padded over the longer one before it.
     third = out.split("\r")[3]
-    assert len(third) == len("[staging] [#########...............] 3/8 files   37%  16.0 files/s  ETA 0s  3 MB")
+    assert len(third) == len(
+        "[staging] [#########...............] 3/8 files   37%  16.0 files/s  ETA 0s  3 MB"
+    )
 
 
 def test_progress_off_a_terminal_prints_every_every_s_then_a_summary():
@@ -169,7 +200,9 @@ def test_progress_ended_by_an_error_prints_no_summary():
 def test_a_function_gets_whole_lines():
     lines = []
     clock = Clock()
-    bar = Progress("synthetic", 2, unit="samples", stream=progress_stream(lines.append), clock=clock)
+    bar = Progress(
+        "synthetic", 2, unit="samples", stream=progress_stream(lines.append), clock=clock
+    )
     clock.t += 4
     bar.update(2, extra="1.5 MiB")
     bar.close()

@@ -17,7 +17,9 @@ def processes(tmp_path):
     started = []
 
     def start(argv, rank):
-        proc = subprocess.Popen([str(a) for a in argv], env=dict(os.environ, HOROVOD_RANK=str(rank)))
+        proc = subprocess.Popen(
+            [str(a) for a in argv], env=dict(os.environ, HOROVOD_RANK=str(rank))
+        )
         started.append(proc)
         return proc
 
@@ -41,8 +43,10 @@ def test_the_rank_of_this_run_is_found_and_nothing_else(tmp_path, processes):
     sleeper = "import time; time.sleep(60)"
     rank1 = processes([sys.executable, "-c", sleeper, "--output-dir", mine], 1)
     rank0 = processes([sys.executable, "-c", sleeper, "--output-dir", mine], 0)
-    elsewhere = processes([sys.executable, "-c", sleeper, "--output-dir", other], 1)          # another run
-    launcher = processes(["bash", "-c", "sleep 60; true", "srun", "--output-dir", mine], 1)  # not a Python
+    elsewhere = processes([sys.executable, "-c", sleeper, "--output-dir", other], 1)  # another run
+    launcher = processes(
+        ["bash", "-c", "sleep 60; true", "srun", "--output-dir", mine], 1
+    )  # not a Python
     _settle(rank1, rank0, elsewhere, launcher)
     assert helpers._rank_pid(1, mine) == rank1.pid
     assert helpers._rank_pid(0, mine) == rank0.pid

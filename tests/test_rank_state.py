@@ -30,7 +30,9 @@ def test_a_ranks_state_comes_back_as_it_was_written_into_the_file_of_that_rank(t
     written = _set_statistics(model, seed=1)
     losses = [tf.constant(0.5), tf.constant(0.25), tf.constant(0.125)]
     RankState.of(model, losses).write(tmp_path, rank=3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [rank_file(3)] == ["rank-00003.npz"]   # no .tmp left
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == [rank_file(3)] == ["rank-00003.npz"]
+    )  # no .tmp left
     # The format other tools read: named arrays, the statistics in batchnorm_statistics' order.
     with np.load(tmp_path / "rank-00003.npz") as f:
         assert sorted(f.files) == ["bn_0", "bn_1", "bn_2", "bn_3", "losses"]
@@ -38,7 +40,9 @@ def test_a_ranks_state_comes_back_as_it_was_written_into_the_file_of_that_rank(t
 
     other = _model()
     _set_statistics(other, seed=2)
-    assert not np.array_equal(batchnorm_statistics(other)[0].numpy(), written[0])   # the control differs
+    assert not np.array_equal(
+        batchnorm_statistics(other)[0].numpy(), written[0]
+    )  # the control differs
     state = RankState.read(tmp_path, rank=3)
     np.testing.assert_array_equal(state.losses, np.array([0.5, 0.25, 0.125], np.float32))
     state.restore_batchnorm(other, "ckpt")
@@ -70,7 +74,11 @@ def test_a_missing_truncated_or_incomplete_file_is_an_error_naming_it(tmp_path):
 def test_statistics_of_another_model_are_refused(tmp_path):
     RankState.of(_model(bn_layers=2), []).write(tmp_path, rank=0)
     state = RankState.read(tmp_path, rank=0)
-    with pytest.raises(InputError, match=r"ckpt: holds 4 batch-norm statistics per rank, the model has 2"):
+    with pytest.raises(
+        InputError, match=r"ckpt: holds 4 batch-norm statistics per rank, the model has 2"
+    ):
         state.restore_batchnorm(_model(bn_layers=1), "ckpt")
-    with pytest.raises(InputError, match=r"ckpt: batch-norm statistic 0 .* has shape \(3,\), the model's is \(4,\)"):
+    with pytest.raises(
+        InputError, match=r"ckpt: batch-norm statistic 0 .* has shape \(3,\), the model's is \(4,\)"
+    ):
         state.restore_batchnorm(_model(bn_layers=2, width=4), "ckpt")

@@ -38,7 +38,7 @@ def killed(log_text: str) -> str:
     """The log of a run killed during training: no run_stop, the last line cut halfway."""
     lines = log_text.splitlines(keepends=True)
     stop = next(i for i, line in enumerate(lines) if '"key": "run_stop"' in line)
-    kept = lines[:stop - 2]
+    kept = lines[: stop - 2]
     return "".join(kept) + lines[stop - 2][:40]
 
 
@@ -97,10 +97,14 @@ def test_run_that_did_not_converge_is_counted_and_dropped_as_the_slowest(results
     assert len(s.runs) == 10
     (failed,) = s.failed
     assert failed.name == "result_4.txt" and failed.status == "aborted" and failed.checker == "FAIL"
-    assert failed.problem.startswith("did not reach the target (run_stop status 'aborted'; checker: ")
+    assert failed.problem.startswith(
+        "did not reach the target (run_stop status 'aborted'; checker: "
+    )
     good = sorted(r.minutes for r in s.runs if not r.problem)
-    assert s.score_minutes == pytest.approx(sum(good[1:]) / len(good[1:]))   # only the fastest dropped
-    assert s.averaged_runs == 8 and s.valid   # one failed run is within the rules
+    assert s.score_minutes == pytest.approx(
+        sum(good[1:]) / len(good[1:])
+    )  # only the fastest dropped
+    assert s.averaged_runs == 8 and s.valid  # one failed run is within the rules
     text = scoring.format_set(s)
     assert "1 failed" in text and "result_4.txt: did not reach the target" in text
 
@@ -113,7 +117,10 @@ def test_two_failed_runs_are_not_a_valid_result(results, tmp_path):
     (s,) = scoring.score_path(tmp_path)
     assert [r.name for r in s.failed] == ["result_4.txt", "result_7.txt"]
     assert s.score_minutes is None and not s.valid
-    assert "NOT A VALID RESULT: 2 failed runs: the olympic mean may drop only one" in scoring.format_set(s)
+    assert (
+        "NOT A VALID RESULT: 2 failed runs: the olympic mean may drop only one"
+        in scoring.format_set(s)
+    )
 
 
 def deepcam_run_dirs(results, root, n=5):
@@ -147,7 +154,11 @@ def test_stale_log_beside_a_partial_one_and_a_log_without_run_stop_fail(results,
     (runs[1] / "mlperf.log.partial").write_text(killed((runs[1] / "mlperf.log").read_text()))
     # run_3: a run that failed before training; its log was closed without run_stop.
     log = runs[3] / "mlperf.log"
-    log.write_text("".join(line for line in log.read_text().splitlines(keepends=True) if "run_stop" not in line))
+    log.write_text(
+        "".join(
+            line for line in log.read_text().splitlines(keepends=True) if "run_stop" not in line
+        )
+    )
     (s,) = scoring.score_path(tmp_path)
     problems = {r.name: r.problem for r in s.failed}
     assert set(problems) == {"run_1", "run_3"}
@@ -165,7 +176,10 @@ def test_failed_marker_of_a_result_set_counts_the_run_failed(results, tmp_path):
     (s,) = scoring.score_path(tmp_path)
     assert len(s.runs) == 10
     problems = {r.name: r.problem for r in s.failed}
-    assert problems == {"result_2.txt": "exit code 1", "result_5.txt": "exit code 137; no mlperf.log in run_5"}
+    assert problems == {
+        "result_2.txt": "exit code 1",
+        "result_5.txt": "exit code 137; no mlperf.log in run_5",
+    }
     assert {r.name: r.checker for r in s.failed} == {"result_2.txt": "PASS", "result_5.txt": "-"}
     # Both are failed runs for the summarizer too: two is one too many for the olympic mean.
     assert s.score_minutes is None and not s.valid
@@ -203,8 +217,7 @@ def test_directory_of_run_directories_and_json_cli(results, tmp_path, capsys):
     for i in (1, 2, 3, 4, 5):
         run = tmp_path / f"run{i}"
         run.mkdir()
-        shutil.copy(results / DEEPCAM_WEAK / f"result_{i}.txt",
-                    run / "mlperf.log")
+        shutil.copy(results / DEEPCAM_WEAK / f"result_{i}.txt", run / "mlperf.log")
     assert scoring.main([str(tmp_path), "--json"]) == 0
     (s,) = json.loads(capsys.readouterr().out)
     assert s["benchmark"] == "deepcam" and s["scaling"] == "strong" and len(s["runs"]) == 5
@@ -217,7 +230,7 @@ def test_collected_logs_are_the_runs_own(results, tmp_path):
     log = (results / COSMO / "result_1.txt").read_text()
     run_dir, folder = tmp_path / "runs" / "run_0", tmp_path / "set"
     run_dir.mkdir(parents=True)
-    (run_dir / "mlperf.log").write_text(log)   # an earlier run's, in a reused directory
+    (run_dir / "mlperf.log").write_text(log)  # an earlier run's, in a reused directory
     moved = run_logs.set_aside(run_dir)
     assert moved.parent == tmp_path / "runs.previous" and (moved / "mlperf.log").read_text() == log
     assert not run_dir.exists() and run_logs.set_aside(run_dir) is None
@@ -237,6 +250,9 @@ def test_collected_logs_are_the_runs_own(results, tmp_path):
     assert run_logs.collect(run_dir, folder, 0, 1).failure == "exit code 1"
     # No log at all: an empty result file, so that the run still counts in the set.
     (run_dir / "mlperf.log").unlink()
-    assert run_logs.collect(run_dir, folder, 1, 2).failure == f"exit code 2; no mlperf.log in {run_dir}"
+    assert (
+        run_logs.collect(run_dir, folder, 1, 2).failure
+        == f"exit code 2; no mlperf.log in {run_dir}"
+    )
     assert (folder / "result_1.txt").read_text() == ""
     assert [run_logs.exit_status(c) for c in ([0, 0], [0, 3], [3, 137], [2])] == [0, 3, 1, 1]

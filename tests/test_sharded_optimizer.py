@@ -19,11 +19,14 @@ from tests import helpers
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded")
-    proc = helpers.horovodrun(2, [helpers.PYTHON, helpers.REPO / "tests" / "sharded_optimizer_probe.py",
-                                  "--out", out])
+    proc = helpers.horovodrun(
+        2, [helpers.PYTHON, helpers.REPO / "tests" / "sharded_optimizer_probe.py", "--out", out]
+    )
     assert proc.returncode == 0, helpers.failure_output(proc)
-    return ([np.load(out / f"rank-{r:05d}.npz") for r in (0, 1)],
-            [json.loads((out / f"rank-{r:05d}.json").read_text()) for r in (0, 1)])
+    return (
+        [np.load(out / f"rank-{r:05d}.npz") for r in (0, 1)],
+        [json.loads((out / f"rank-{r:05d}.json").read_text()) for r in (0, 1)],
+    )
 
 
 def _variant(arrays, variant):
@@ -35,8 +38,9 @@ def test_sharded_update_gives_the_unsharded_weights_bit_for_bit(probe):
     for arrays in ranks:
         whole, sharded = _variant(arrays, "whole"), _variant(arrays, "sharded")
         assert len(whole) > 4 and sorted(whole) == sorted(sharded)
-        assert all(np.array_equal(whole[k], sharded[k]) for k in whole), \
-            [k for k in whole if not np.array_equal(whole[k], sharded[k])]
+        assert all(np.array_equal(whole[k], sharded[k]) for k in whole), [
+            k for k in whole if not np.array_equal(whole[k], sharded[k])
+        ]
     # The negative control: without the allgather, a rank keeps its stale copy of the variables the
     # other owns (and the next steps' gradients, taken with them, move its own too).
     _, facts = probe
@@ -52,7 +56,9 @@ def test_each_rank_holds_the_slots_of_its_own_variables_only(probe):
     shares = [f["sharded"]["slot_elements"] for f in facts]
     assert sum(shares) == whole and max(shares) <= 0.6 * whole, shares
     owned = [set(f["sharded"]["owned"]) for f in facts]
-    assert not owned[0] & owned[1] and len(owned[0] | owned[1]) == len(_variant(probe[0][0], "whole"))
+    assert not owned[0] & owned[1] and len(owned[0] | owned[1]) == len(
+        _variant(probe[0][0], "whole")
+    )
 
 
 def test_a_sharded_checkpoint_resumes_every_rank_s_part(probe):
@@ -102,13 +108,17 @@ _HELD_AFTER_SHARE = textwrap.dedent("""
 
 @pytest.mark.parametrize("variant", ["copied", "aliased"])
 def test_the_variables_assigned_from_the_allgather_keep_none_of_its_buffer(variant):
-    environ = dict(helpers.env(), TF_CPU_ALLOCATOR_USE_BFC="true")   # the allocator's own count of bytes in use
-    proc = helpers.run([helpers.PYTHON, "-c", _HELD_AFTER_SHARE, variant], environ=environ, timeout=120)
+    environ = dict(
+        helpers.env(), TF_CPU_ALLOCATOR_USE_BFC="true"
+    )  # the allocator's own count of bytes in use
+    proc = helpers.run(
+        [helpers.PYTHON, "-c", _HELD_AFTER_SHARE, variant], environ=environ, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, first, later, total = proc.stdout.split()[-4:]
     grown = [int(first) - int(before), int(later) - int(before)]
-    assert float(total) == 2 * 2**18   # rank 0's two variables kept their ones, the other two zeros
+    assert float(total) == 2 * 2**18  # rank 0's two variables kept their ones, the other two zeros
     if variant == "copied":
         assert max(grown) < 2**18, grown
-    else:   # the negative control: the other rank's two variables keep the whole 4 MiB gathered buffer
+    else:  # the negative control: the other rank's two variables keep the whole 4 MiB gathered buffer
         assert min(grown) >= 2 * 2**20 - 2**16, grown

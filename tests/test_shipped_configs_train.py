@@ -15,13 +15,26 @@ from common import benchmarks
 from tests import conftest, helpers
 
 SHAPE_OF_TEST_DATA = {
-    "cosmoflow": ["--set", f"data.sample_shape={conftest.TINY['size']},{conftest.TINY['size']},"
-                           f"{conftest.TINY['size']},4"],
-    "deepcam": ["--set", f"data.height={conftest.DEEPCAM_TINY['height']}",
-                "--set", f"data.width={conftest.DEEPCAM_TINY['width']}"],
+    "cosmoflow": [
+        "--set",
+        f"data.sample_shape={conftest.TINY['size']},{conftest.TINY['size']},"
+        f"{conftest.TINY['size']},4",
+    ],
+    "deepcam": [
+        "--set",
+        f"data.height={conftest.DEEPCAM_TINY['height']}",
+        "--set",
+        f"data.width={conftest.DEEPCAM_TINY['width']}",
+    ],
 }
-CONFIGS = [(name, path) for name in benchmarks.names()
-           for path in [helpers.REPO / benchmarks.get(name).synthetic_config, *benchmarks.closed_configs(name)]]
+CONFIGS = [
+    (name, path)
+    for name in benchmarks.names()
+    for path in [
+        helpers.REPO / benchmarks.get(name).synthetic_config,
+        *benchmarks.closed_configs(name),
+    ]
+]
 
 
 def _tier(name, path):
@@ -39,8 +52,20 @@ def test_every_shipped_config_trains_tiny(name, config, cosmo_data, deepcam_data
     data = cosmo_data if name == "cosmoflow" else deepcam_data
     out = tmp_path / "run"
     assert helpers.REPO / bench.train_script == helpers.REPO / name / "train.py"
-    proc = helpers.run(helpers.train_cmd(name, config, bench.data_flag, data, bench.output_flag, out, "--tiny",
-                                         "--tensorboard", *SHAPE_OF_TEST_DATA[name]), timeout=600)
+    proc = helpers.run(
+        helpers.train_cmd(
+            name,
+            config,
+            bench.data_flag,
+            data,
+            bench.output_flag,
+            out,
+            "--tiny",
+            "--tensorboard",
+            *SHAPE_OF_TEST_DATA[name],
+        ),
+        timeout=600,
+    )
     # 3: trained, target not reached (a tiny run is a smoke run; its log says aborted).
     assert proc.returncode in (0, 3), helpers.failure_output(proc)
     assert "runtime.tiny: the config is shrunk" in proc.stdout
@@ -56,4 +81,9 @@ def test_every_shipped_config_trains_tiny(name, config, cosmo_data, deepcam_data
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     scalars = set(events.Tags()["scalars"]) | set(events.Tags()["tensors"])
-    assert {"train/loss", "train/learning_rate", "train/samples_per_s", f"eval/{summary['metric_name']}"} <= scalars
+    assert {
+        "train/loss",
+        "train/learning_rate",
+        "train/samples_per_s",
+        f"eval/{summary['metric_name']}",
+    } <= scalars

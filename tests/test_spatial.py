@@ -20,8 +20,16 @@ PROBE = helpers.REPO / "tests" / "spatial_probe.py"
 # the split convolutions overlap their halo with their interior (the default) unless no-overlap.
 LAUNCHES = {
     (1, "gloo"): ["model:1"],
-    (2, "gloo"): ["halo:2", "layer:2", "layer:2:no-halo", "layer:2:no-overlap", "layer:2:no-overlap:no-halo",
-                  "model:2", "model:2:no-halo", "model:2:no-overlap"],
+    (2, "gloo"): [
+        "halo:2",
+        "layer:2",
+        "layer:2:no-halo",
+        "layer:2:no-overlap",
+        "layer:2:no-overlap:no-halo",
+        "model:2",
+        "model:2:no-halo",
+        "model:2:no-overlap",
+    ],
     (4, "gloo"): ["halo:4", "layer:4", "model:4", "model:2", "labels:2"],
     (4, "mpi"): ["halo:4"],
     # Two "nodes" on this machine (helpers.two_nodes): one group over both, 2 ranks each or 1.
@@ -40,7 +48,11 @@ def probe(tmp_path_factory, cosmo_data):
         if key not in launched:
             out = tmp_path_factory.mktemp(f"probe-{ranks}-{launcher}")
             cmd = [helpers.PYTHON, PROBE, "--out", out, "--data-dir", cosmo_data, *LAUNCHES[key]]
-            launch = helpers.LAUNCHERS[launcher] if ranks > 1 else (lambda _, c, timeout: helpers.run(c, timeout=timeout))
+            launch = (
+                helpers.LAUNCHERS[launcher]
+                if ranks > 1
+                else (lambda _, c, timeout: helpers.run(c, timeout=timeout))
+            )
             launched[key] = out, launch(ranks, cmd, timeout=900)
         out, proc = launched[key]
         assert proc.returncode == 0, helpers.failure_output(proc)
@@ -54,18 +66,19 @@ def probe(tmp_path_factory, cosmo_data):
 @pytest.mark.parametrize("ranks,launcher", [(2, "gloo"), (4, "gloo"), (4, "mpi")])
 def test_halo_exchange_gives_the_neighbours_planes_and_zeros_at_the_faces(probe, ranks, launcher):
     if launcher == "mpi" and not helpers.horovod_has_mpi():
-        pytest.skip("Horovod was built without MPI (install libopenmpi-dev, then `make install` rebuilds it)")
+        pytest.skip(
+            "Horovod was built without MPI (install libopenmpi-dev, then `make install` rebuilds it)"
+        )
     for r in probe(ranks, f"halo:{ranks}", launcher):
-        for dtype in ("float32", "bfloat16"):   # bfloat16 crosses Horovod as float32, and comes back
+        for dtype in ("float32", "bfloat16"):  # bfloat16 crosses Horovod as float32, and comes back
             np.testing.assert_array_equal(r[f"got_{dtype}"], r["want"])
             assert str(r[f"dtype_{dtype}"]) == dtype
-
 
 
 @pytest.mark.parametrize("ranks,job", [(2, "layer:2"), (4, "layer:4"), (2, "layer:2:no-overlap")])
 def test_halo_convolution_equals_the_padded_whole_tensor_exactly(probe, ranks, job):
     results = probe(ranks, job)
-    for r in results:   # integer data: no rounding, so equality is exact
+    for r in results:  # integer data: no rounding, so equality is exact
         np.testing.assert_array_equal(r["out"], r["whole_out"])
         np.testing.assert_array_equal(r["d_input"], r["whole_d_input"])
     # The kernel and bias gradients are partial sums over the slabs: their sum is the whole one.
@@ -78,7 +91,7 @@ def test_halo_convolution_equals_the_padded_whole_tensor_exactly(probe, ranks, j
 def test_halo_convolution_without_the_exchange_differs_at_the_slab_faces(probe, job):
     r = probe(2, job)[0]
     differs = np.any(r["out"] != r["whole_out"], axis=(0, 2, 3, 4))
-    assert differs[-1] and not differs[0], differs   # only the plane next to the neighbour
+    assert differs[-1] and not differs[0], differs  # only the plane next to the neighbour
 
 
 # ------------------------------------------------------------------ (b, c) the whole model
@@ -98,30 +111,51 @@ def _worst_errors(results, reference) -> dict:
     for r in results:
         groups, group = int(r["groups"]), int(r["group"])
         batch = len(reference["pred"]) // groups
-        worst["pred"] = max(worst["pred"], _relative_error(r["pred"], reference["pred"][group * batch:(group + 1) * batch]))
+        worst["pred"] = max(
+            worst["pred"],
+            _relative_error(r["pred"], reference["pred"][group * batch : (group + 1) * batch]),
+        )
         for i in range(n_vars):
-            worst["grad"] = max(worst["grad"], _relative_error(r[f"grad_{i}"], reference[f"grad_{i}"]))
-            worst["weight"] = max(worst["weight"], _relative_error(r[f"weight_{i}"], reference[f"weight_{i}"]))
+            worst["grad"] = max(
+                worst["grad"], _relative_error(r[f"grad_{i}"], reference[f"grad_{i}"])
+            )
+            worst["weight"] = max(
+                worst["weight"], _relative_error(r[f"weight_{i}"], reference[f"weight_{i}"])
+            )
     # Each rank's loss is its group's mean; the mean over the groups is the global batch's.
     per_group = {int(r["group"]): float(r["loss"]) for r in results}
-    worst["loss"] = abs(np.mean(list(per_group.values())) - float(reference["loss"])) / abs(float(reference["loss"]))
+    worst["loss"] = abs(np.mean(list(per_group.values())) - float(reference["loss"])) / abs(
+        float(reference["loss"])
+    )
     return worst
 
 
-@pytest.mark.parametrize("ranks,job,gathered,overlapped", [
-    (2, "model:2", "gather_before_flatten", ["conv1", "conv2", "conv3", "conv4"]),
-    (4, "model:4", "gather_before_pool5", ["conv1", "conv2", "conv3"]),   # conv4's slab: 2 planes
-    (4, "model:2", "gather_before_flatten", ["conv1", "conv2", "conv3", "conv4"]),
-    (2, "model:2:no-overlap", "gather_before_flatten", []),
-])
-def test_split_model_step_equals_the_one_rank_step(probe, unsplit, ranks, job, gathered, overlapped):
+@pytest.mark.parametrize(
+    "ranks,job,gathered,overlapped",
+    [
+        (2, "model:2", "gather_before_flatten", ["conv1", "conv2", "conv3", "conv4"]),
+        (
+            4,
+            "model:4",
+            "gather_before_pool5",
+            ["conv1", "conv2", "conv3"],
+        ),  # conv4's slab: 2 planes
+        (4, "model:2", "gather_before_flatten", ["conv1", "conv2", "conv3", "conv4"]),
+        (2, "model:2:no-overlap", "gather_before_flatten", []),
+    ],
+)
+def test_split_model_step_equals_the_one_rank_step(
+    probe, unsplit, ranks, job, gathered, overlapped
+):
     # A non-trivial reference: predictions off the tanh's rails, every gradient non-zero.
     assert np.max(np.abs(unsplit["pred"])) < 1.1 and np.ptp(unsplit["pred"]) > 1e-3
     assert all(np.any(unsplit[k] != 0) for k in unsplit if k.startswith("grad_"))
     results = probe(ranks, job)
     spatial_ranks = int(job.split(":")[1])
     assert gathered in list(results[0]["layers"])
-    assert list(results[0]["overlapped"]) == overlapped   # the layers that computed their interior during the halo
+    assert (
+        list(results[0]["overlapped"]) == overlapped
+    )  # the layers that computed their interior during the halo
     assert str(results[0]["described"]).endswith("each on one node")
     assert sorted({int(r["group"]) for r in results}) == list(range(ranks // spatial_ranks))
     # The conv kernels' gradients are summed over the group (scale K before the average).
@@ -140,8 +174,9 @@ def test_without_the_halo_the_model_comparison_fails(probe, unsplit):
 @pytest.mark.parametrize("ranks", [pytest.param(4, marks=pytest.mark.slow), 2])
 def test_a_group_across_nodes_steps_as_the_one_rank_step(probe, unsplit, ranks):
     results = probe(ranks, f"model:{ranks}", "two-nodes")
-    assert {str(r["described"]) for r in results} == \
-        {f"{ranks}-way spatial x 1 data-parallel group(s), each across 2 nodes"}
+    assert {str(r["described"]) for r in results} == {
+        f"{ranks}-way spatial x 1 data-parallel group(s), each across 2 nodes"
+    }
     worst = _worst_errors(results, unsplit)
     assert all(v < 1e-5 for v in worst.values()), worst
     control = _worst_errors(probe(ranks, f"model:{ranks}:no-halo", "two-nodes"), unsplit)
@@ -155,7 +190,7 @@ def test_every_rank_of_a_group_reads_the_same_samples_in_the_same_order(probe):
     for first in (0, 2):
         a, b = by_rank[first], by_rank[first + 1]
         np.testing.assert_array_equal(a["labels"], b["labels"])
-        assert a["slabs"].shape[2] == b["slabs"].shape[2] == 16   # half of the 32 planes each
+        assert a["slabs"].shape[2] == b["slabs"].shape[2] == 16  # half of the 32 planes each
         assert not np.array_equal(a["slabs"], b["slabs"])
     assert not np.array_equal(by_rank[0]["labels"], by_rank[2]["labels"])
     # Two epochs, each a new order of the group's shard.
@@ -168,14 +203,37 @@ def test_every_rank_of_a_group_reads_the_same_samples_in_the_same_order(probe):
 # amplify rounding differences into 1% of the conv weights and 3e-4 of the metric, for two
 # unsplit runs with 1 and 2 threads alike (seen on the 2-core AMD EPYC), as the split and
 # unsplit convolutions add in different orders too.
-RUN = ["--n-train", "16", "--n-valid", "16", "--batch-size", "4", "--n-epochs", "2", "--deterministic",
-       "--set", "model.dropout=0.5", "--set", "train.global_batch_size=4", "--set", "train.stop_at_target=false",
-       "--set", "train.checkpoint_every=2", "--set", "optimizer.warmup_epochs=0",
-       "--set", "optimizer.base_learning_rate=0.001", "--set", "target_mae=10"]   # exit 0 after 2 epochs
+RUN = [
+    "--n-train",
+    "16",
+    "--n-valid",
+    "16",
+    "--batch-size",
+    "4",
+    "--n-epochs",
+    "2",
+    "--deterministic",
+    "--set",
+    "model.dropout=0.5",
+    "--set",
+    "train.global_batch_size=4",
+    "--set",
+    "train.stop_at_target=false",
+    "--set",
+    "train.checkpoint_every=2",
+    "--set",
+    "optimizer.warmup_epochs=0",
+    "--set",
+    "optimizer.base_learning_rate=0.001",
+    "--set",
+    "target_mae=10",
+]  # exit 0 after 2 epochs
 
 
 def _train(tiny_config, data, out, ranks, *extra):
-    cmd = helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", data, "--output-dir", out, *RUN, *extra)
+    cmd = helpers.train_cmd(
+        "cosmoflow", tiny_config, "--data-dir", data, "--output-dir", out, *RUN, *extra
+    )
     return helpers.train_to_summary(cmd, ranks, out)
 
 
@@ -197,44 +255,94 @@ def test_spatial_run_ends_as_the_one_rank_run(cosmo_data, tiny_config, tmp_path,
     for a, b in zip(one["history"], split["history"]):
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
         assert abs(a["metric"] - b["metric"]) <= 1e-4 * abs(a["metric"]), (a, b)
-    want, got = helpers.final_model_weights(tmp_path / "one"), helpers.final_model_weights(split_dir)
+    want, got = (
+        helpers.final_model_weights(tmp_path / "one"),
+        helpers.final_model_weights(split_dir),
+    )
     assert want.keys() == got.keys()
     for name, value in want.items():
         assert _relative_error(got[name], value) <= 1e-4, name
     assert split["weights_in_sync"]
 
 
-def test_staged_slabs_hold_one_rank_s_planes_and_train_the_same(cosmo_data, tiny_config, tmp_path, split_run):
+def test_staged_slabs_hold_one_rank_s_planes_and_train_the_same(
+    cosmo_data, tiny_config, tmp_path, split_run
+):
     import tensorflow as tf
+
     _, unstaged, _ = split_run
     stage = tmp_path / "stage"
-    _, staged = _train(tiny_config, cosmo_data, tmp_path / "staged", 2, "--spatial-ranks", "2", "--stage-dir", stage)
+    _, staged = _train(
+        tiny_config,
+        cosmo_data,
+        tmp_path / "staged",
+        2,
+        "--spatial-ranks",
+        "2",
+        "--stage-dir",
+        stage,
+    )
     assert [h["loss"] for h in staged["history"]] == [h["loss"] for h in unstaged["history"]]
-    slabs = sorted((stage / "train").glob("*.slab0of2")) + sorted((stage / "train").glob("*.slab1of2"))
+    slabs = sorted((stage / "train").glob("*.slab0of2")) + sorted(
+        (stage / "train").glob("*.slab1of2")
+    )
     assert len(slabs) == 2 * 16
     # A staged slab is its rank's planes of the source sample, uncompressed.
     from cosmoflow.data import parse_example
+
     source = cosmo_data / "train" / slabs[0].name.replace(".slab0of2", "")
-    whole, y = parse_example(next(iter(tf.data.TFRecordDataset(str(source), "GZIP"))), (32, 32, 32, 4))
-    half, y_half = parse_example(next(iter(tf.data.TFRecordDataset(str(slabs[0])))), (16, 32, 32, 4))
+    whole, y = parse_example(
+        next(iter(tf.data.TFRecordDataset(str(source), "GZIP"))), (32, 32, 32, 4)
+    )
+    half, y_half = parse_example(
+        next(iter(tf.data.TFRecordDataset(str(slabs[0])))), (16, 32, 32, 4)
+    )
     np.testing.assert_array_equal(half.numpy(), whole.numpy()[:16])
     np.testing.assert_array_equal(y_half.numpy(), y.numpy())
-    assert slabs[0].stat().st_size < 0.55 * 32 ** 3 * 4 * 2
+    assert slabs[0].stat().st_size < 0.55 * 32**3 * 4 * 2
 
 
 # ------------------------------------------------------------------ (f) bad K
-@pytest.mark.parametrize("bench,args,says", [
-    ("cosmoflow", ["--spatial-ranks", "2"], "parallel.spatial_ranks=2 does not divide the 1 ranks"),
-    ("cosmoflow", ["--spatial-ranks", "32"], "at most 16 spatial ranks"),
-    ("cosmoflow", ["--spatial-ranks", "3"], "does not divide the sample depth 32"),
-    ("cosmoflow", ["--spatial-ranks", "2", "--stage-dir", "/tmp/unused", "--set", "staging.convert=false"],
-     "would have the ranks of a group write the same staged file"),
-    ("deepcam", ["--spatial_ranks", "3"], "the height 64 must be a multiple of 3 x the output stride 16"),
-    ("deepcam", ["--spatial_ranks", "2", "--stage_dir", "/tmp/unused"], "staging is not implemented for a height split"),
-])
-def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_config, deepcam_data, deepcam_config,
-                                                             tmp_path, bench, args, says):
-    config, data = (tiny_config, cosmo_data) if bench == "cosmoflow" else (deepcam_config, deepcam_data)
+@pytest.mark.parametrize(
+    "bench,args,says",
+    [
+        (
+            "cosmoflow",
+            ["--spatial-ranks", "2"],
+            "parallel.spatial_ranks=2 does not divide the 1 ranks",
+        ),
+        ("cosmoflow", ["--spatial-ranks", "32"], "at most 16 spatial ranks"),
+        ("cosmoflow", ["--spatial-ranks", "3"], "does not divide the sample depth 32"),
+        (
+            "cosmoflow",
+            [
+                "--spatial-ranks",
+                "2",
+                "--stage-dir",
+                "/tmp/unused",
+                "--set",
+                "staging.convert=false",
+            ],
+            "would have the ranks of a group write the same staged file",
+        ),
+        (
+            "deepcam",
+            ["--spatial_ranks", "3"],
+            "the height 64 must be a multiple of 3 x the output stride 16",
+        ),
+        (
+            "deepcam",
+            ["--spatial_ranks", "2", "--stage_dir", "/tmp/unused"],
+            "staging is not implemented for a height split",
+        ),
+    ],
+)
+def test_a_spatial_split_that_cannot_work_is_one_line_error(
+    cosmo_data, tiny_config, deepcam_data, deepcam_config, tmp_path, bench, args, says
+):
+    config, data = (
+        (tiny_config, cosmo_data) if bench == "cosmoflow" else (deepcam_config, deepcam_data)
+    )
     paths = ["--set", f"data.data_dir={data}", "--set", f"output_dir={tmp_path / 'run'}"]
     proc = helpers.run(helpers.train_cmd(bench, config, *paths, *args))
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -242,15 +350,23 @@ def test_a_spatial_split_that_cannot_work_is_one_line_error(cosmo_data, tiny_con
     assert len(errors) == 1 and says in errors[0], proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("bench,batch_key,batch,ranks,config", [
-    ("cosmoflow", "data.batch_size", "4", 256, "cosmoflow_closed_gbs512.yaml"),
-    ("deepcam", "data.local_batch_size", "2", 256, "deepcam_closed_gbs256.yaml"),
-])
-def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks(bench, batch_key, batch, ranks, config):
+@pytest.mark.parametrize(
+    "bench,batch_key,batch,ranks,config",
+    [
+        ("cosmoflow", "data.batch_size", "4", 256, "cosmoflow_closed_gbs512.yaml"),
+        ("deepcam", "data.local_batch_size", "2", 256, "deepcam_closed_gbs256.yaml"),
+    ],
+)
+def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks(
+    bench, batch_key, batch, ranks, config
+):
     from common.benchmarks import task_class
     from common.run.launch import closed_config_for
+
     task = task_class(bench)
-    assert closed_config_for(task, {batch_key: batch, "parallel.spatial_ranks": "2"}, ranks=ranks).endswith(config)
+    assert closed_config_for(
+        task, {batch_key: batch, "parallel.spatial_ranks": "2"}, ranks=ranks
+    ).endswith(config)
     # The same global batch unsplit: half the ranks.
     assert closed_config_for(task, {batch_key: batch}, ranks=ranks // 2).endswith(config)
 
@@ -258,9 +374,26 @@ def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks(bench, batch_ke
 # ------------------------------------------------------------------ figures
 def test_benchmark_mode_counts_groups_not_ranks(cosmo_data, tiny_config, tmp_path):
     out = tmp_path / "bench"
-    cmd = helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out, "--n-train", "16",
-                            "--n-valid", "8", "--batch-size", "2", "--benchmark", "2", "--spatial-ranks", "2",
-                            "--set", "train.benchmark_warmup_steps=1")
+    cmd = helpers.train_cmd(
+        "cosmoflow",
+        tiny_config,
+        "--data-dir",
+        cosmo_data,
+        "--output-dir",
+        out,
+        "--n-train",
+        "16",
+        "--n-valid",
+        "8",
+        "--batch-size",
+        "2",
+        "--benchmark",
+        "2",
+        "--spatial-ranks",
+        "2",
+        "--set",
+        "train.benchmark_warmup_steps=1",
+    )
     proc = helpers.horovodrun(2, cmd)
     assert proc.returncode == 0, helpers.failure_output(proc)
     b = json.loads((out / "summary.json").read_text())["throughput"]
@@ -270,39 +403,63 @@ def test_benchmark_mode_counts_groups_not_ranks(cosmo_data, tiny_config, tmp_pat
     assert b["samples_per_s_per_rank"] == pytest.approx(b["samples_per_s"] / 2)
 
 
-@pytest.mark.slow   # the bench script's own test: bench/ tooling, not the training path
+@pytest.mark.slow  # the bench script's own test: bench/ tooling, not the training path
 def test_spatial_bench_reports_memory_and_halo_bytes(tmp_path):
-    proc = helpers.run([helpers.PYTHON, helpers.REPO / "bench" / "spatial.py", "--configs",
-                        "cosmoflow/configs/cosmoflow_closed_gbs512.yaml", "--set", "data.sample_shape=32,32,32,4",
-                        "--ks", "1,2", "--halo-overlap", "on", "--steps", "1", "--allow-load",
-                        "--out-dir", tmp_path], timeout=900)
+    proc = helpers.run(
+        [
+            helpers.PYTHON,
+            helpers.REPO / "bench" / "spatial.py",
+            "--configs",
+            "cosmoflow/configs/cosmoflow_closed_gbs512.yaml",
+            "--set",
+            "data.sample_shape=32,32,32,4",
+            "--ks",
+            "1,2",
+            "--halo-overlap",
+            "on",
+            "--steps",
+            "1",
+            "--allow-load",
+            "--out-dir",
+            tmp_path,
+        ],
+        timeout=900,
+    )
     assert proc.returncode == 0, helpers.failure_output(proc)
     rows = json.loads(next(tmp_path.glob("spatial_*.json")).read_text())["rows"]
     one, two = rows
-    assert (one["spatial_ranks"], two["spatial_ranks"]) == (1, 2) and one["halo_mib_forward_per_rank"] == 0
+    assert (one["spatial_ranks"], two["spatial_ranks"]) == (1, 2) and one[
+        "halo_mib_forward_per_rank"
+    ] == 0
     # Split conv layers at 32^3, K=2 (the closed model's 5 layers, 32..512 filters): the slab keeps its
     # planes through pool4, then is gathered; each sends 2 planes of its input forward, and again
     # backward but for conv1 (its input, the sample, needs no gradient): 5 + 4 alltoalls in the timeline.
     planes = [(32, 4), (16, 32), (8, 64), (4, 128), (2, 256)]
     expected = sum(2 * edge * edge * channels * 4 for edge, channels in planes)
-    assert two["halo_mib_forward_per_rank"] * 2 ** 20 == pytest.approx(expected)
+    assert two["halo_mib_forward_per_rank"] * 2**20 == pytest.approx(expected)
     # conv1-3 (slabs of 16, 8, 4 planes) overlap; conv4 and conv5 (2, 1) have no interior.
-    assert (two["halo_exchanges_forward"], two["alltoalls_per_step"], two["overlapping_layers"]) == (5, 9, 3)
+    assert (
+        two["halo_exchanges_forward"],
+        two["alltoalls_per_step"],
+        two["overlapping_layers"],
+    ) == (5, 9, 3)
     assert 0 < two["halo_transfer_share"] <= two["halo_in_flight_share"] <= 1, two
-    held = two["replicated_gib"]   # fp32 weights, and the head after the gather
-    assert held["weights"] * 2 ** 30 >= 4 * two["parameters"] and held["gathered_activations"] > 0
+    held = two["replicated_gib"]  # fp32 weights, and the head after the gather
+    assert held["weights"] * 2**30 >= 4 * two["parameters"] and held["gathered_activations"] > 0
     assert two["samples_per_s"] > 0 and two["peak_rss_gib_per_rank"] > 0
     assert two["speed_vs_unsplit"] == pytest.approx(two["samples_per_s"] / one["samples_per_s"])
     table = next(tmp_path.glob("spatial_*.md")).read_text()
     assert "| cosmoflow | 32^3 | 2 | overlapped |" in table and "Load average per core" in table
     from bench.spatial import fusion_buffer
+
     assert f"its fusion buffer {fusion_buffer(helpers.env())};" in table
 
 
 def test_staging_a_corrupt_file_into_slabs_names_it(tmp_path):
     from common.errors import InputError
     from cosmoflow.data import slab_conversion
+
     bad = tmp_path / "bad.tfrecord"
-    bad.write_bytes(b"\x1f\x8b" + b"\x00" * 100)   # a gzip magic, then garbage
+    bad.write_bytes(b"\x1f\x8b" + b"\x00" * 100)  # a gzip magic, then garbage
     with pytest.raises(InputError, match="bad.tfrecord: unreadable TFRecord"):
         slab_conversion(0, 2, (32, 32, 32, 4)).write(bad, tmp_path / "out", False)

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from common.inputs import staging, staging_layouts, staging_manifest
 from common.errors import InputError
+from common.inputs import staging, staging_layouts, staging_manifest
 from common.inputs.staging import stage_files
 from common.inputs.staging_layouts import GUNZIP
 
@@ -37,8 +37,10 @@ def read(path):
         return f.read()
 
 
-EXPECTED_IN_STAGE = re.compile(r"[^/]+/[^/.][^/]*\.tfrecord"                                # SPLIT/NAME
-                               rf"|{re.escape(staging_manifest.MANIFEST_DIR)}/[^/]+/[^/]+\.tfrecord\.json")  # its entry
+EXPECTED_IN_STAGE = re.compile(
+    r"[^/]+/[^/.][^/]*\.tfrecord"  # SPLIT/NAME
+    rf"|{re.escape(staging_manifest.MANIFEST_DIR)}/[^/]+/[^/]+\.tfrecord\.json"
+)  # its entry
 
 
 def leftovers(stage):
@@ -59,7 +61,11 @@ def test_copies_then_skips_what_is_staged(tmp_path):
     assert stats.gb_per_s > 0
     assert calls and calls[-1] == (3, 3, 3003)
     assert leftovers(tmp_path / "stage") == []
-    assert sorted(os.listdir(tmp_path / "stage" / "train")) == ["f0.tfrecord", "f1.tfrecord", "f2.tfrecord"]
+    assert sorted(os.listdir(tmp_path / "stage" / "train")) == [
+        "f0.tfrecord",
+        "f1.tfrecord",
+        "f2.tfrecord",
+    ]
     assert len(os.listdir(tmp_path / "stage" / staging_manifest.MANIFEST_DIR / "train")) == 3
     mtimes = [os.stat(p).st_mtime_ns for p in staged]
     calls.clear()
@@ -96,7 +102,9 @@ def test_verify_detects_content_changed_under_same_size_and_mtime(tmp_path):
     st = os.stat(files[0])
     new = os.urandom(1000)
     rewrite(files[0], new, mtime_ns=st.st_mtime_ns)
-    assert os.stat(files[0]).st_mtime_ns == st.st_mtime_ns and os.stat(files[0]).st_size == st.st_size
+    assert (
+        os.stat(files[0]).st_mtime_ns == st.st_mtime_ns and os.stat(files[0]).st_size == st.st_size
+    )
     _, blind = stage_files(files, tmp_path / "stage")  # size and mtime alone cannot see it
     assert blind.skipped == 2 and read(staged[0]) != new
     _, verified = stage_files(files, tmp_path / "stage", verify=True)
@@ -181,7 +189,9 @@ def test_one_and_four_threads_stage_the_same_bytes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(staging_layouts, "copy_file", copy)
     calls = []
-    four, stats_four = stage_files(files, tmp_path / "four", threads=4, progress=lambda *a: calls.append(a))
+    four, stats_four = stage_files(
+        files, tmp_path / "four", threads=4, progress=lambda *a: calls.append(a)
+    )
     assert [read(p) for p in one] == [read(p) for p in four] == [read(p) for p in files]
     assert [os.path.basename(p) for p in four] == [os.path.basename(p) for p in files]
     assert stats_one.bytes == stats_four.bytes and calls[-1][0] == 12

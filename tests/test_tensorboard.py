@@ -11,11 +11,26 @@ from common.reporting.tensorboard import TensorBoardListener
 
 SITE = CallSite("common/run/trainer.py", 1)
 CONFIG = "name: cosmoflow\ntrain:\n  n_epochs: 2\n  log_every_steps: 2\n"
-INFO = RunInfo(benchmark="cosmoflow", seed=7, num_nodes=1, ranks=2, accelerators_per_node=0,
-               global_batch_size=8, train_samples=32, eval_samples=8,
-               hyperparameters={"opt_name": "sgd", "opt_base_learning_rate": 0.004, "dropout": 0.5,
-                                "opt_learning_rate_decay_boundary_epochs": [16, 32]},
-               target_name="eval_error", target=0.124, steps_per_epoch=4, n_epochs=2)
+INFO = RunInfo(
+    benchmark="cosmoflow",
+    seed=7,
+    num_nodes=1,
+    ranks=2,
+    accelerators_per_node=0,
+    global_batch_size=8,
+    train_samples=32,
+    eval_samples=8,
+    hyperparameters={
+        "opt_name": "sgd",
+        "opt_base_learning_rate": 0.004,
+        "dropout": 0.5,
+        "opt_learning_rate_decay_boundary_epochs": [16, 32],
+    },
+    target_name="eval_error",
+    target=0.124,
+    steps_per_epoch=4,
+    n_epochs=2,
+)
 
 
 def read_events(log_dir):
@@ -46,10 +61,25 @@ def run_two_epochs(listener, resume_at: int = 0):
             global_step += 1
             events.on_step(StepInfo(epoch, step, 4, global_step))
             if global_step % 2 == 0:
-                events.on_train_log(TrainLog(epoch, global_step, loss=1.0 / global_step, lr=0.001 * epoch,
-                                             samples_per_s=100.0 + global_step))
-        events.on_epoch_stop(epoch, EpochTrain(global_step=global_step, loss=0.5 / epoch, seconds=1.0, lr=0.001,
-                                               samples_per_s=90.0 + epoch))
+                events.on_train_log(
+                    TrainLog(
+                        epoch,
+                        global_step,
+                        loss=1.0 / global_step,
+                        lr=0.001 * epoch,
+                        samples_per_s=100.0 + global_step,
+                    )
+                )
+        events.on_epoch_stop(
+            epoch,
+            EpochTrain(
+                global_step=global_step,
+                loss=0.5 / epoch,
+                seconds=1.0,
+                lr=0.001,
+                samples_per_s=90.0 + epoch,
+            ),
+        )
         events.on_eval_start(epoch)
         events.on_eval_stop(epoch, global_step, 0.3 / epoch)
     events.on_run_stop("success", 2)
@@ -59,14 +89,26 @@ def run_two_epochs(listener, resume_at: int = 0):
 def test_scalars_have_the_tags_steps_and_values(tmp_path):
     run_two_epochs(TensorBoardListener(tmp_path, CONFIG))
     got = read_events(tmp_path)
-    scalars = {tag: [(step, float(v)) for step, v in points] for tag, points in got.items()
-               if tag.startswith(("train/", "eval/"))}
-    assert sorted(scalars) == ["eval/eval_error", "train/epoch_loss", "train/epoch_samples_per_s",
-                               "train/learning_rate", "train/loss", "train/samples_per_s"]
+    scalars = {
+        tag: [(step, float(v)) for step, v in points]
+        for tag, points in got.items()
+        if tag.startswith(("train/", "eval/"))
+    }
+    assert sorted(scalars) == [
+        "eval/eval_error",
+        "train/epoch_loss",
+        "train/epoch_samples_per_s",
+        "train/learning_rate",
+        "train/loss",
+        "train/samples_per_s",
+    ]
     assert [s for s, _ in scalars["train/loss"]] == [2, 4, 6, 8]
-    np.testing.assert_allclose([v for _, v in scalars["train/loss"]], [1 / 2, 1 / 4, 1 / 6, 1 / 8], rtol=1e-6)
-    np.testing.assert_allclose([v for _, v in scalars["train/learning_rate"]], [0.001, 0.001, 0.002, 0.002],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        [v for _, v in scalars["train/loss"]], [1 / 2, 1 / 4, 1 / 6, 1 / 8], rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        [v for _, v in scalars["train/learning_rate"]], [0.001, 0.001, 0.002, 0.002], rtol=1e-6
+    )
     assert scalars["train/samples_per_s"] == [(2, 102.0), (4, 104.0), (6, 106.0), (8, 108.0)]
     # Epoch and validation scalars sit at the global step that ended the epoch.
     assert scalars["train/epoch_loss"] == [(4, 0.5), (8, 0.25)]
@@ -79,15 +121,20 @@ def test_config_and_hyperparameters_are_text(tmp_path):
     run_two_epochs(TensorBoardListener(tmp_path, CONFIG))
     got = read_events(tmp_path)
     assert got["config"] == [(0, "```yaml\n" + CONFIG.rstrip() + "\n```")]
-    (step, hyper), = got["hyperparameters"]
+    ((step, hyper),) = got["hyperparameters"]
     assert step == 0
-    assert hyper.splitlines() == ["| name | value |", "|---|---|", "| opt_name | sgd |",
-                                  "| opt_base_learning_rate | 0.004 |", "| dropout | 0.5 |",
-                                  "| opt_learning_rate_decay_boundary_epochs | [16, 32] |"]
-    (_, run), = got["run"]
+    assert hyper.splitlines() == [
+        "| name | value |",
+        "|---|---|",
+        "| opt_name | sgd |",
+        "| opt_base_learning_rate | 0.004 |",
+        "| dropout | 0.5 |",
+        "| opt_learning_rate_decay_boundary_epochs | [16, 32] |",
+    ]
+    ((_, run),) = got["run"]
     assert "| global_batch_size | 8 |" in run.splitlines()
     assert "| target_name | eval_error |" in run.splitlines()
-    assert "resumed_from" not in run   # None: left out
+    assert "resumed_from" not in run  # None: left out
 
 
 def test_resumed_run_writes_at_the_global_step_the_events_carry(tmp_path):
@@ -104,6 +151,5 @@ def test_resumed_run_writes_at_the_global_step_the_events_carry(tmp_path):
     # have guessed it.
     events.on_eval_stop(3, 13, 0.25)
     events.close()
-    listener.close()   # a second close is harmless
+    listener.close()  # a second close is harmless
     assert read_events(tmp_path / "eval")["eval/eval_error"] == [(13, pytest.approx(0.25))]
-

@@ -39,8 +39,12 @@ sys.exit(75)
 
 
 def _start(code, *args):
-    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=helpers.env(),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=helpers.env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.2)
     return proc
@@ -61,7 +65,7 @@ def test_sigterm_waits_the_grace_time_for_an_orderly_stop_then_exits_143(tmp_pat
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 128 + signal.SIGTERM
     assert 1.4 < time.monotonic() - start < 10
-    assert marker.read_text() == "log closed"   # at once, not after the grace time
+    assert marker.read_text() == "log closed"  # at once, not after the grace time
 
 
 def test_sigusr1_asks_for_a_stop_and_nothing_more(tmp_path):

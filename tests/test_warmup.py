@@ -18,6 +18,7 @@ SPECS = (tf.TensorSpec((4, 8, 8, 2), tf.int16), tf.TensorSpec((4, 3), tf.float32
 
 class _Mean:
     """The eval metric's part make_eval_step uses: per-batch sums of |error|."""
+
     def update(self, y, pred):
         return tf.reduce_sum(tf.abs(y - pred), axis=0)
 
@@ -30,7 +31,7 @@ def _mse(y, pred):
 def run_parts():
     """A model with every kind of state a step changes: weights, batch-norm statistics, a dropout
     generator; Adam's slots and step count; accumulated gradients (2 micro-batches a step)."""
-    tf_keras.backend.experimental.enable_tf_random_generator()   # as common.runtime.configure does
+    tf_keras.backend.experimental.enable_tf_random_generator()  # as common.runtime.configure does
     tf_keras.utils.set_random_seed(3)
     inputs = tf_keras.Input(SPECS[0].shape[1:])
     x = tf_keras.layers.Conv2D(4, 3, padding="same")(inputs)
@@ -43,7 +44,9 @@ def run_parts():
     def preprocess(x, y):
         return tf.math.log1p(tf.cast(x, tf.float32)), y
 
-    step = TrainStep(model, optimizer, _mse, helpers.SingleProcess(), accumulation=2, preprocess=preprocess)
+    step = TrainStep(
+        model, optimizer, _mse, helpers.SingleProcess(), accumulation=2, preprocess=preprocess
+    )
     step.trace(SPECS)
     eval_step = make_eval_step(model, _Mean(), preprocess=preprocess, loss_fn=_mse)
     return model, optimizer, step, eval_step
@@ -57,7 +60,14 @@ def test_warm_up_puts_back_every_variable_its_steps_changed(run_parts):
     model, optimizer, step, eval_step = run_parts
     variables = state_variables(model, optimizer, step)
     names = {v.name.split("/")[-1].split(":")[0] for v in variables}
-    assert {"kernel", "moving_mean", "moving_variance", "iteration", "StateVar", "grad_sum"} <= names, names
+    assert {
+        "kernel",
+        "moving_mean",
+        "moving_variance",
+        "iteration",
+        "StateVar",
+        "grad_sum",
+    } <= names, names
     before = _values(variables)
     result = warm_up(step, eval_step, SPECS, variables, steps=2)
     assert result.steps == 2 and result.variables == len(variables) and result.seconds > 0
@@ -68,14 +78,17 @@ def test_warm_up_puts_back_every_variable_its_steps_changed(run_parts):
     batch = synthetic_batch(SPECS)
     for _ in range(2):
         step(iter([batch, batch]))
-    step._accumulate(*batch)   # leaves a micro-batch in the sums, as a step half done would
-    changed = {v.name for v, value in zip(variables, before) if not np.array_equal(v.numpy(), value)}
+    step._accumulate(*batch)  # leaves a micro-batch in the sums, as a step half done would
+    changed = {
+        v.name for v, value in zip(variables, before) if not np.array_equal(v.numpy(), value)
+    }
     assert changed == {v.name for v in variables}, sorted({v.name for v in variables} - changed)
     assert len(random_generators(model)) == 1
 
 
 class _GpuVariable:
     """A stand-in for a variable on a GPU (none exists here): its device string and its values."""
+
     device = "/job:localhost/replica:0/task:0/device:GPU:0"
 
     def __init__(self, values):
@@ -92,27 +105,54 @@ def test_the_saved_state_leaves_a_gpus_memory_and_keeps_a_cpus_values():
     gpu_saved, cpu_saved = saved_values([on_gpu, on_cpu])
     assert isinstance(gpu_saved, np.ndarray) and np.array_equal(gpu_saved, np.ones(4))
     assert isinstance(cpu_saved, tf.Tensor) and "CPU" in cpu_saved.device
-    tf_keras.optimizers.SGD(1.0).apply_gradients([(tf.ones([4096]), on_cpu)])   # ResourceApplyGradientDescent
+    tf_keras.optimizers.SGD(1.0).apply_gradients(
+        [(tf.ones([4096]), on_cpu)]
+    )  # ResourceApplyGradientDescent
     assert np.all(on_cpu.numpy() == 0.0) and np.all(cpu_saved.numpy() == 1.0)
 
 
 def test_synthetic_batches_have_the_specs_and_finite_values_in_range():
     x, y = synthetic_batch(SPECS)
-    assert (x.shape, x.dtype, y.shape, y.dtype) == (SPECS[0].shape, tf.int16, SPECS[1].shape, tf.float32)
+    assert (x.shape, x.dtype, y.shape, y.dtype) == (
+        SPECS[0].shape,
+        tf.int16,
+        SPECS[1].shape,
+        tf.float32,
+    )
     assert 0 <= int(tf.reduce_min(x)) and int(tf.reduce_max(x)) < 3
     assert np.isfinite(y.numpy()).all() and float(tf.reduce_max(y)) < 1.0
 
 
 # A deterministic CosmoFlow run with warm-up ends as the one without it, bit for bit.
-RUN = ["--n-train", "16", "--n-valid", "8", "--batch-size", "4", "--n-epochs", "2", "--deterministic",
-       "--set", "model.dropout=0.5", "--set", "train.stop_at_target=false", "--set", "train.checkpoint_every=2",
-       "--set", "target_mae=10"]
+RUN = [
+    "--n-train",
+    "16",
+    "--n-valid",
+    "8",
+    "--batch-size",
+    "4",
+    "--n-epochs",
+    "2",
+    "--deterministic",
+    "--set",
+    "model.dropout=0.5",
+    "--set",
+    "train.stop_at_target=false",
+    "--set",
+    "train.checkpoint_every=2",
+    "--set",
+    "target_mae=10",
+]
 
 
 def _final_weights(out) -> dict:
     folder = sorted((out / "checkpoints").iterdir())[-1]
     reader = tf.train.load_checkpoint(str(folder / "ckpt"))
-    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if not n.startswith("_CHECKPOINT")}
+    return {
+        n: reader.get_tensor(n)
+        for n in reader.get_variable_to_shape_map()
+        if not n.startswith("_CHECKPOINT")
+    }
 
 
 def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config, tmp_path):
@@ -121,8 +161,20 @@ def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config,
         out = tmp_path / f"warmup{steps}"
         # runtime.step_timing (the [timing] line) in one of them: a measurement changes no weight.
         timing = ["--set", "runtime.step_timing=true"] if steps else []
-        proc = helpers.run(helpers.train_cmd("cosmoflow", tiny_config, "--data-dir", cosmo_data, "--output-dir", out,
-                                             *RUN, "--set", f"train.warmup_steps={steps}", *timing))
+        proc = helpers.run(
+            helpers.train_cmd(
+                "cosmoflow",
+                tiny_config,
+                "--data-dir",
+                cosmo_data,
+                "--output-dir",
+                out,
+                *RUN,
+                "--set",
+                f"train.warmup_steps={steps}",
+                *timing,
+            )
+        )
         assert proc.returncode == 0, helpers.failure_output(proc)
         runs[steps] = (proc.stdout, out)
     with_warmup, without = runs[3], runs[0]
@@ -133,12 +185,19 @@ def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config,
     history = json.loads((out / "summary.json").read_text())["history"]
     assert "first_step_s" in history[0] and "first_step_s" not in history[1]
     first = history[0]
-    assert f"[timing] first step {first['first_step_s']:.3f} s, median {first['median_step_s']:.3f} s" in stdout
+    assert (
+        f"[timing] first step {first['first_step_s']:.3f} s, median {first['median_step_s']:.3f} s"
+        in stdout
+    )
     assert f"90th percentile {first['p90_step_s']:.3f} s" in stdout
     assert first["median_step_s"] <= first["p90_step_s"]
     assert "[timing]" not in without[0]
     assert "first_step_s" not in json.loads((without[1] / "summary.json").read_text())["history"][0]
     want, got = _final_weights(without[1]), _final_weights(with_warmup[1])
-    assert want.keys() == got.keys() and any("optimizer" in n for n in want) and any("rng" in n for n in want)
+    assert (
+        want.keys() == got.keys()
+        and any("optimizer" in n for n in want)
+        and any("rng" in n for n in want)
+    )
     unequal = [n for n in want if not np.array_equal(want[n], got[n])]
     assert not unequal, unequal

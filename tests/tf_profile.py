@@ -14,6 +14,7 @@ from pathlib import Path
 @dataclasses.dataclass(frozen=True)
 class Op:
     """An op the executor ran: `name` its op name ('scope/name'), `kind` its type, begin and end."""
+
     name: str
     kind: str
     begin: float
@@ -23,6 +24,7 @@ class Op:
 @dataclasses.dataclass(frozen=True)
 class AsyncKernel:
     """An asynchronous kernel's launch (`done` False) or completion (`done` True), at `time`."""
+
     name: str
     kind: str
     time: float
@@ -32,6 +34,7 @@ class AsyncKernel:
 def read(logdir) -> tuple[list[Op], list[AsyncKernel]]:
     """(ops, asynchronous kernel events) of the profile written under `logdir`, each in time order."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
     space = xplane_pb2.XSpace()
     space.ParseFromString(next(Path(logdir).rglob("*.xplane.pb")).read_bytes())
     ops, kernels = [], []
@@ -42,10 +45,19 @@ def read(logdir) -> tuple[list[Op], list[AsyncKernel]]:
                 begin = (line.timestamp_ns * 1000 + event.offset_ps) / 1e6
                 label = events[event.metadata_id].name
                 if label.startswith("ExecutorState::ProcessAsync::"):
-                    args = {stats[s.metadata_id].name: s.str_value or stats[s.ref_value].name for s in event.stats}
+                    args = {
+                        stats[s.metadata_id].name: s.str_value or stats[s.ref_value].name
+                        for s in event.stats
+                    }
                     if "kernel_type" in args:
-                        kernels.append(AsyncKernel(args.get("name", ""), args["kernel_type"], begin,
-                                                   label.endswith("Done")))
+                        kernels.append(
+                            AsyncKernel(
+                                args.get("name", ""),
+                                args["kernel_type"],
+                                begin,
+                                label.endswith("Done"),
+                            )
+                        )
                 elif ":" in label and "::" not in label:
                     name, kind = label.rsplit(":", 1)
                     ops.append(Op(name, kind, begin, begin + event.duration_ps / 1e6))

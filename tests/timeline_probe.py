@@ -11,14 +11,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 from bench.horovod_timeline import activities  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 
-os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"   # read at hvd.init
+os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"  # read at hvd.init
 dist = Distribution()
 out = Path(sys.argv[1])
 
@@ -40,7 +40,7 @@ for variant in ("distribution", "bare"):
     path = out / f"{variant}.timeline.json"
     dist.barrier()
     if dist.rank == 0:
-        time.sleep(1.0)   # rank 1's request reaches rank 0's background thread first
+        time.sleep(1.0)  # rank 1's request reaches rank 0's background thread first
     if variant == "bare":
         bare(path)
     else:

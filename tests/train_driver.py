@@ -50,11 +50,11 @@ def _child(task, argv, stdout_path, stderr_path) -> None:
         sys.argv = [str(REPO / task.name / "train.py"), *argv]
         try:
             code = main(task, argv)
-        except SystemExit as e:   # argparse's usage errors, as under sys.exit
+        except SystemExit as e:  # argparse's usage errors, as under sys.exit
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if e.code is not None and not isinstance(e.code, int):
                 print(e.code, file=sys.stderr)
-        except BaseException:     # what the interpreter would print before exiting 1
+        except BaseException:  # what the interpreter would print before exiting 1
             traceback.print_exc()
             code = EXIT_UNCAUGHT
     finally:
@@ -74,7 +74,7 @@ def run_case(case: dict, workdir: Path) -> dict:
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        os.setpgid(0, 0)   # its own group: a timeout kills the child and anything it started
+        os.setpgid(0, 0)  # its own group: a timeout kills the child and anything it started
         _child(TASKS[case["bench"]], [str(a) for a in case["argv"]], stdout_path, stderr_path)
     deadline = start + float(case["timeout"])
     timed_out = False
@@ -92,10 +92,14 @@ def run_case(case: dict, workdir: Path) -> dict:
             break
         time.sleep(0.05)
     code = os.waitstatus_to_exitcode(status)
-    return {"id": case["id"], "exit_code": code, "timed_out": timed_out,
-            "seconds": round(time.monotonic() - start, 2),
-            "stdout": stdout_path.read_text(errors="replace") if stdout_path.exists() else "",
-            "stderr": stderr_path.read_text(errors="replace") if stderr_path.exists() else ""}
+    return {
+        "id": case["id"],
+        "exit_code": code,
+        "timed_out": timed_out,
+        "seconds": round(time.monotonic() - start, 2),
+        "stdout": stdout_path.read_text(errors="replace") if stdout_path.exists() else "",
+        "stderr": stderr_path.read_text(errors="replace") if stderr_path.exists() else "",
+    }
 
 
 def run_cases(cases: list[dict], workdir: Path) -> list[dict]:
@@ -103,15 +107,17 @@ def run_cases(cases: list[dict], workdir: Path) -> list[dict]:
     results = []
     for case in cases:
         results.append(run_case(case, workdir))
-        print(f"[fuzz] {case['id']}: exit {results[-1]['exit_code']} in {results[-1]['seconds']} s",
-              flush=True)
+        print(
+            f"[fuzz] {case['id']}: exit {results[-1]['exit_code']} in {results[-1]['seconds']} s",
+            flush=True,
+        )
     return results
 
 
 def serve(workdir: Path) -> None:
     """Runs the cases read from stdin one at a time, each result a line on stdout, until stdin closes."""
     workdir.mkdir(parents=True, exist_ok=True)
-    replies = os.fdopen(os.dup(1), "w")   # the children write to files; this stream is the answers
+    replies = os.fdopen(os.dup(1), "w")  # the children write to files; this stream is the answers
     for line in sys.stdin:
         if line.strip():
             replies.write(json.dumps(run_case(json.loads(line), workdir)) + "\n")

@@ -24,8 +24,8 @@ import re
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 HOROVOD_VERSION = "0.28.1"
 
@@ -45,14 +45,16 @@ def parse_version(text: str) -> tuple[int, ...]:
 @dataclasses.dataclass(frozen=True)
 class BuildFacts:
     """What the edits' guards read: the versions this build compiles against (None: not known)."""
+
     tensorflow: tuple[int, ...]
-    libstdcxx: Optional[int]      # _GLIBCXX_RELEASE of the C++ compiler's standard library
+    libstdcxx: int | None  # _GLIBCXX_RELEASE of the C++ compiler's standard library
     cmake: tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class Change:
     """In `path` (relative to the source root), `old` becomes `new`: once, or every time if `every`."""
+
     path: str
     old: str
     new: str
@@ -67,6 +69,7 @@ class Change:
 @dataclasses.dataclass(frozen=True)
 class Edit:
     """One named source edit: its changes, made when `applies(facts)` holds (`guard` says when)."""
+
     name: str
     guard: str
     applies: Callable[[BuildFacts], bool]
@@ -93,23 +96,31 @@ EDITS: tuple[Edit, ...] = (
         applies=lambda f: f.libstdcxx is not None and f.libstdcxx >= 13,
         why="GCC 13's headers no longer include <stdexcept> and <string> through <memory> and <queue>",
         changes=(
-            Change("horovod/common/common.h",
-                   "#include <memory>\n#include <string>\n",
-                   "#include <memory>\n#include <stdexcept>\n#include <string>\n"),
-            Change("horovod/common/group_table.h",
-                   "#include <queue>\n#include <unordered_map>\n",
-                   "#include <queue>\n#include <string>\n#include <unordered_map>\n"),
-        )),
+            Change(
+                "horovod/common/common.h",
+                "#include <memory>\n#include <string>\n",
+                "#include <memory>\n#include <stdexcept>\n#include <string>\n",
+            ),
+            Change(
+                "horovod/common/group_table.h",
+                "#include <queue>\n#include <unordered_map>\n",
+                "#include <queue>\n#include <string>\n#include <unordered_map>\n",
+            ),
+        ),
+    ),
     Edit(
         name="xla-builder-path",
         guard="tensorflow >= 2.19",
         applies=lambda f: f.tensorflow >= (2, 19),
         why="TF 2.19 moved xla_builder.h from xla/client/ to xla/hlo/builder/",
         changes=(
-            Change("horovod/tensorflow/xla_mpi_ops.cc",
-                   '#include "tensorflow/compiler/xla/client/xla_builder.h"\n',
-                   '#include "tensorflow/compiler/xla/hlo/builder/xla_builder.h"\n'),
-        )),
+            Change(
+                "horovod/tensorflow/xla_mpi_ops.cc",
+                '#include "tensorflow/compiler/xla/client/xla_builder.h"\n',
+                '#include "tensorflow/compiler/xla/hlo/builder/xla_builder.h"\n',
+            ),
+        ),
+    ),
     Edit(
         name="absl-statusor",
         guard="tensorflow >= 2.19",
@@ -120,53 +131,77 @@ EDITS: tuple[Edit, ...] = (
         # for when the deprecated alias goes.
         why="xla::StatusOr is only a deprecated alias of absl::StatusOr in TF >= 2.19's headers",
         changes=(
-            Change("horovod/tensorflow/xla_mpi_ops.cc",
-                   "#include <unordered_map>\n",
-                   "#include <unordered_map>\n#include \"absl/status/statusor.h\"\n"),
-            Change("horovod/tensorflow/xla_mpi_ops.cc",
-                   "::xla::StatusOr<::xla::XlaOp>", "::absl::StatusOr<::xla::XlaOp>", every=True),
-        )),
+            Change(
+                "horovod/tensorflow/xla_mpi_ops.cc",
+                "#include <unordered_map>\n",
+                '#include <unordered_map>\n#include "absl/status/statusor.h"\n',
+            ),
+            Change(
+                "horovod/tensorflow/xla_mpi_ops.cc",
+                "::xla::StatusOr<::xla::XlaOp>",
+                "::absl::StatusOr<::xla::XlaOp>",
+                every=True,
+            ),
+        ),
+    ),
     Edit(
         name="tf-external-includes",
         guard="tensorflow >= 2.21",
         applies=lambda f: f.tensorflow >= (2, 21),
         why="TF 2.21's XLA headers include HighwayHash and FarmHash relative to include/external/<repo>",
         changes=(
-            Change("horovod/tensorflow/CMakeLists.txt",
-                   "include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS})\n",
-                   "include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS})\n"
-                   "include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS}/external/highwayhash\n"
-                   "                           ${Tensorflow_INCLUDE_DIRS}/external/farmhash_archive/src)\n"),
-        )),
+            Change(
+                "horovod/tensorflow/CMakeLists.txt",
+                "include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS})\n",
+                "include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS})\n"
+                "include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS}/external/highwayhash\n"
+                "                           ${Tensorflow_INCLUDE_DIRS}/external/farmhash_archive/src)\n",
+            ),
+        ),
+    ),
     Edit(
         name="gpu-stream-handle",
         guard="tensorflow >= 2.21",
         applies=lambda f: f.tensorflow >= (2, 21),
         why="TF 2.21's GPU build no longer exports AsGpuStreamValue (code under HAVE_GPU only)",
         changes=(
-            Change("horovod/tensorflow/mpi_ops.cc",
-                   "// Forward declaration of AsGpuStreamValue\n"
-                   "namespace stream_executor {\n"
-                   "namespace gpu {\n"
-                   "GpuStreamHandle AsGpuStreamValue(Stream* stream);\n"
-                   "} // namespace stream_executor\n"
-                   "} // namespace gpu\n", ""),
-            Change("horovod/tensorflow/mpi_ops.cc",
-                   "#endif // TENSORFLOW_VERSION >= 2011000000\n#endif // HAVE_GPU\n", _GPU_STREAM_HELPER),
-            Change("horovod/tensorflow/mpi_ops.cc",
-                   "stream_executor::gpu::AsGpuStreamValue(", "GetGpuStreamValue(", every=True),
-        )),
+            Change(
+                "horovod/tensorflow/mpi_ops.cc",
+                "// Forward declaration of AsGpuStreamValue\n"
+                "namespace stream_executor {\n"
+                "namespace gpu {\n"
+                "GpuStreamHandle AsGpuStreamValue(Stream* stream);\n"
+                "} // namespace stream_executor\n"
+                "} // namespace gpu\n",
+                "",
+            ),
+            Change(
+                "horovod/tensorflow/mpi_ops.cc",
+                "#endif // TENSORFLOW_VERSION >= 2011000000\n#endif // HAVE_GPU\n",
+                _GPU_STREAM_HELPER,
+            ),
+            Change(
+                "horovod/tensorflow/mpi_ops.cc",
+                "stream_executor::gpu::AsGpuStreamValue(",
+                "GetGpuStreamValue(",
+                every=True,
+            ),
+        ),
+    ),
     Edit(
         name="cmake4-policy-minimum",
         guard="cmake >= 4",
         applies=lambda f: f.cmake >= (4,),
         why="CMake 4 refuses the cmake_minimum_required(2.8.12) of the bundled gloo and flatbuffers",
         changes=(
-            Change("setup.py",
-                   "'-DPYTHON_EXECUTABLE:FILEPATH=' + sys.executable]",
-                   "'-DPYTHON_EXECUTABLE:FILEPATH=' + sys.executable,\n"
-                   "                      '-DCMAKE_POLICY_VERSION_MINIMUM=3.5']"),
-        )),
+            Change(
+                "setup.py",
+                "'-DPYTHON_EXECUTABLE:FILEPATH=' + sys.executable]",
+                "'-DPYTHON_EXECUTABLE:FILEPATH=' + sys.executable,\n"
+                "                      '-DCMAKE_POLICY_VERSION_MINIMUM=3.5']",
+            ),
+        ),
+    ),
 )
 
 
@@ -190,7 +225,9 @@ def apply_edit(root: Path, edit: Edit) -> bool:
             try:
                 texts[change.path] = file.read_text()
             except OSError as e:
-                raise EditError(f"horovod edit {edit.name}: cannot read {change.path}: {e.strerror}")
+                raise EditError(
+                    f"horovod edit {edit.name}: cannot read {change.path}: {e.strerror}"
+                ) from e
     original = dict(texts)
     for change in edit.changes:
         text = texts[change.path]
@@ -199,9 +236,13 @@ def apply_edit(root: Path, edit: Edit) -> bool:
         count = text.count(change.old)
         if count == 0 or (count > 1 and not change.every):
             found = "not found" if count == 0 else f"found {count} times, expected once"
-            first_line = change.old.strip().splitlines()[0] if change.old.strip() else repr(change.old)
-            raise EditError(f"horovod edit {edit.name}: {change.path}: the text to change ({first_line!r}) "
-                            f"is {found}; this is not the Horovod {HOROVOD_VERSION} source the edit was written for")
+            first_line = (
+                change.old.strip().splitlines()[0] if change.old.strip() else repr(change.old)
+            )
+            raise EditError(
+                f"horovod edit {edit.name}: {change.path}: the text to change ({first_line!r}) "
+                f"is {found}; this is not the Horovod {HOROVOD_VERSION} source the edit was written for"
+            )
         texts[change.path] = text.replace(change.old, change.new)
     changed = [path for path in texts if texts[path] != original[path]]
     for path in changed:
@@ -217,7 +258,9 @@ def apply_edits(root: Path, facts: BuildFacts, say: Callable[[str], None] = prin
             say(f"[horovod] edit {edit.name}: skipped ({edit.guard} does not hold)")
             continue
         made = apply_edit(root, edit)
-        say(f"[horovod] edit {edit.name}: {'applied' if made else 'already made'} ({edit.guard}: {edit.why})")
+        say(
+            f"[horovod] edit {edit.name}: {'applied' if made else 'already made'} ({edit.guard}: {edit.why})"
+        )
         applied.append(edit.name)
     return applied
 
@@ -233,7 +276,7 @@ def unpack(sdist: Path, dest: Path) -> Path:
             options = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tar.extractall(dest, **options)
     except (OSError, tarfile.TarError) as e:
-        raise EditError(f"horovod unpack: cannot unpack {sdist}: {e}")
+        raise EditError(f"horovod unpack: cannot unpack {sdist}: {e}") from e
     if not (root / "setup.py").is_file():
         raise EditError(f"horovod unpack: {sdist} holds no horovod-{HOROVOD_VERSION}/setup.py")
     return root
@@ -243,11 +286,17 @@ def unpack(sdist: Path, dest: Path) -> Path:
 def installed_tensorflow() -> tuple[int, ...]:
     """The version of the TensorFlow this interpreter imports (what Horovod's CMake will build against)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(tf.__version__)"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import tensorflow as tf; print(tf.__version__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
-        raise EditError(f"horovod facts: {sys.executable} cannot import tensorflow "
-                        f"({(proc.stderr.strip().splitlines() or ['no message'])[-1]})")
+        raise EditError(
+            f"horovod facts: {sys.executable} cannot import tensorflow "
+            f"({(proc.stderr.strip().splitlines() or ['no message'])[-1]})"
+        )
     return parse_version(proc.stdout.strip().splitlines()[-1])
 
 
@@ -256,50 +305,65 @@ def cxx_compiler() -> str:
     return os.environ.get("CXX") or "c++"
 
 
-def libstdcxx_release() -> Optional[int]:
+def libstdcxx_release() -> int | None:
     """_GLIBCXX_RELEASE (GCC's major version) of the compiler's C++ library; None for another library.
 
     The missing includes are libstdc++ 13's (its headers stopped including each other), so this,
     not the compiler's name, decides: clang on a GCC 13 system needs them too.
     """
     try:
-        proc = subprocess.run([cxx_compiler(), "-x", "c++", "-E", "-dM", "-include", "cstddef", "/dev/null"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [cxx_compiler(), "-x", "c++", "-E", "-dM", "-include", "cstddef", "/dev/null"],
+            capture_output=True,
+            text=True,
+        )
     except OSError as e:
-        raise EditError(f"horovod facts: cannot run the C++ compiler {cxx_compiler()}: {e.strerror}")
+        raise EditError(
+            f"horovod facts: cannot run the C++ compiler {cxx_compiler()}: {e.strerror}"
+        ) from e
     if proc.returncode != 0:
-        raise EditError(f"horovod facts: {cxx_compiler()} cannot preprocess <cstddef>: {proc.stderr.strip()[:200]}")
+        raise EditError(
+            f"horovod facts: {cxx_compiler()} cannot preprocess <cstddef>: {proc.stderr.strip()[:200]}"
+        )
     match = re.search(r"#define _GLIBCXX_RELEASE (\d+)", proc.stdout)
     return int(match.group(1)) if match else None
 
 
 def cmake_version() -> tuple[int, ...]:
-    cmake = os.environ.get("HOROVOD_CMAKE") or "cmake"   # setup.py's own choice
+    cmake = os.environ.get("HOROVOD_CMAKE") or "cmake"  # setup.py's own choice
     try:
-        out = subprocess.run([cmake, "--version"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [cmake, "--version"], capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise EditError(f"horovod facts: cannot run {cmake} --version: {e}")
+        raise EditError(f"horovod facts: cannot run {cmake} --version: {e}") from e
     return parse_version(out)
 
 
 def facts_of_this_machine() -> BuildFacts:
-    return BuildFacts(tensorflow=installed_tensorflow(), libstdcxx=libstdcxx_release(), cmake=cmake_version())
+    return BuildFacts(
+        tensorflow=installed_tensorflow(), libstdcxx=libstdcxx_release(), cmake=cmake_version()
+    )
 
 
 def cache_key(facts: BuildFacts) -> str:
     """horovod-0.28.1-tf2.21.0-py3.12-edits<hash>: the built wheel fits any venv with these."""
     tf = ".".join(map(str, facts.tensorflow))
-    py = "%d.%d" % sys.version_info[:2]
+    py = "{}.{}".format(*sys.version_info[:2])
     return f"horovod-{HOROVOD_VERSION}-tf{tf}-py{py}-edits{edits_hash(facts)}"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    prepare = sub.add_parser("prepare", help="unpack the sdist into DEST and apply the edits that fit")
+    prepare = sub.add_parser(
+        "prepare", help="unpack the sdist into DEST and apply the edits that fit"
+    )
     prepare.add_argument("sdist", type=Path)
     prepare.add_argument("dest", type=Path)
-    sub.add_parser("cache-key", help="print the cache key of the wheel these edits and this TensorFlow build")
+    sub.add_parser(
+        "cache-key", help="print the cache key of the wheel these edits and this TensorFlow build"
+    )
     args = parser.parse_args(argv)
     try:
         facts = facts_of_this_machine()

@@ -30,10 +30,19 @@ def main(argv=None) -> int:
         try:
             record = json.loads(line) if line.strip() else None
             if record is not None:
-                records.append({"test": str(record["test"]), "wall_s": float(record["wall_s"]),
-                                "machine_cpu_s": float(record["machine_cpu_s"]), "worker": str(record["worker"])})
+                records.append(
+                    {
+                        "test": str(record["test"]),
+                        "wall_s": float(record["wall_s"]),
+                        "machine_cpu_s": float(record["machine_cpu_s"]),
+                        "worker": str(record["worker"]),
+                    }
+                )
         except (ValueError, TypeError, KeyError) as e:
-            print(f"error: {args.log}: line {number}: not a test record ({type(e).__name__}: {e})", file=sys.stderr)
+            print(
+                f"error: {args.log}: line {number}: not a test record ({type(e).__name__}: {e})",
+                file=sys.stderr,
+            )
             return 1
     if not records:
         print(f"error: {args.log}: no test recorded", file=sys.stderr)
@@ -47,14 +56,19 @@ def main(argv=None) -> int:
         m[2] += 1
     total_wall = sum(m[0] for m in modules.values())
     cpu_head = f"{'CPU s':>9}" if alone else ""
-    print(f"[costs] {len(records)} tests, {total_wall:.0f} s of test wall time over "
-          f"{len({r['worker'] for r in records})} process(es); the {args.top} longest modules:")
+    print(
+        f"[costs] {len(records)} tests, {total_wall:.0f} s of test wall time over "
+        f"{len({r['worker'] for r in records})} process(es); the {args.top} longest modules:"
+    )
     print(f"  {'module':<48}{'tests':>6}{'wall s':>9}{cpu_head}")
-    for name, (wall, cpu, count) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:args.top]:
+    for name, (wall, cpu, count) in sorted(modules.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"  {name:<48}{count:>6}{wall:>9.0f}" + (f"{cpu:>9.0f}" if alone else ""))
     print(f"[costs] the {args.top} longest tests:")
-    for r in sorted(records, key=lambda r: -r["wall_s"])[:args.top]:
-        print(f"  {r['wall_s']:>8.0f} s  {r['test']}" + (f"  ({r['machine_cpu_s']:.0f} CPU s)" if alone else ""))
+    for r in sorted(records, key=lambda r: -r["wall_s"])[: args.top]:
+        print(
+            f"  {r['wall_s']:>8.0f} s  {r['test']}"
+            + (f"  ({r['machine_cpu_s']:.0f} CPU s)" if alone else "")
+        )
     return 0
 
 

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from common.inputs import epochs
-from common.errors import InputError
-from common.files import replace_folder, write_text_atomic
 from common.checkpoints.model_weights import holds_training_state, restore_model_weights
 from common.checkpoints.rank_state import RankState
+from common.errors import InputError
+from common.files import replace_folder, write_text_atomic
+from common.inputs import epochs
 
 _NAME = re.compile(r"^step-(\d{10})$")
 STATE_FILE = "state.json"
@@ -59,10 +59,14 @@ class Checkpointer:
         self._ckpt = tf.train.Checkpoint(**parts)
         # A sharded optimizer's part of another rank: its own file, read instead of ckpt's optimizer.
         self._optimizer_only = tf.train.Checkpoint(optimizer=optimizer)
-        self._without_optimizer = tf.train.Checkpoint(**{k: v for k, v in parts.items() if k != "optimizer"})
-        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._without_optimizer = tf.train.Checkpoint(
+            **{k: v for k, v in parts.items() if k != "optimizer"}
+        )
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="checkpoint"
+        )
         self._pending = None
-        self.last_save = {}   # figures of the newest completed save: seconds blocked, written, bytes
+        self.last_save = {}  # figures of the newest completed save: seconds blocked, written, bytes
 
     # ------------------------------------------------------------ names
     def folder(self, global_step: int) -> Path:
@@ -106,7 +110,7 @@ class Checkpointer:
             helper._ensure_initialized()
         copy = getattr(helper, "_copy_to_cpu", None)
         if copy is not None:
-            copy()   # traced and run once: its first run also optimizes the graph (1.6 s more)
+            copy()  # traced and run once: its first run also optimizes the graph (1.6 s more)
 
     def save(self, global_step: int, state: dict) -> float:
         """Rank 0: starts writing the checkpoint after `global_step` steps; returns the
@@ -119,10 +123,12 @@ class Checkpointer:
         self.wait()
         folder, tmp = self.folder(global_step), self.staging_folder(global_step)
         tmp.mkdir(parents=True, exist_ok=True)
-        for old in tmp.glob("ckpt*"):   # not the ranks' files
+        for old in tmp.glob("ckpt*"):  # not the ranks' files
             old.unlink()
-        self._ckpt.write(str(tmp / "ckpt"),
-                         options=tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True))
+        self._ckpt.write(
+            str(tmp / "ckpt"),
+            options=tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True),
+        )
         blocked = time.perf_counter() - start
         self._pending = self._writer.submit(self._publish, tmp, folder, dict(state), blocked, start)
         return blocked
@@ -135,8 +141,8 @@ class Checkpointer:
         self._optimizer_only.write(str(tmp / SHARD_FILE.format(index)))
 
     def _publish(self, tmp: Path, folder: Path, state: dict, blocked: float, start: float) -> None:
-        self._ckpt.sync()   # the background write of the variables has finished
-        for part in tmp.iterdir():   # on disk before the name says the checkpoint is complete
+        self._ckpt.sync()  # the background write of the variables has finished
+        for part in tmp.iterdir():  # on disk before the name says the checkpoint is complete
             fd = os.open(part, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -144,10 +150,14 @@ class Checkpointer:
                 os.close(fd)
         write_text_atomic(tmp / STATE_FILE, json.dumps(state, indent=1))
         replace_folder(tmp, folder)
-        for old in self.all()[:-self.keep] if self.keep > 0 else []:
+        for old in self.all()[: -self.keep] if self.keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
-        self.last_save = {"path": str(folder), "blocked_s": blocked, "seconds": time.perf_counter() - start,
-                          "bytes": sum(p.stat().st_size for p in folder.iterdir())}
+        self.last_save = {
+            "path": str(folder),
+            "blocked_s": blocked,
+            "seconds": time.perf_counter() - start,
+            "bytes": sum(p.stat().st_size for p in folder.iterdir()),
+        }
 
     def wait(self) -> None:
         """Waits for the save in flight, if any; raises its error."""
@@ -163,8 +173,12 @@ class Checkpointer:
         if shard_index == 0:
             self._ckpt.read(str(path / "ckpt")).assert_existing_objects_matched()
         else:
-            self._without_optimizer.read(str(path / "ckpt")).expect_partial().assert_existing_objects_matched()
-            self._optimizer_only.read(str(path / SHARD_FILE.format(shard_index))).assert_existing_objects_matched()
+            self._without_optimizer.read(
+                str(path / "ckpt")
+            ).expect_partial().assert_existing_objects_matched()
+            self._optimizer_only.read(
+                str(path / SHARD_FILE.format(shard_index))
+            ).assert_existing_objects_matched()
         return read_state(path)
 
 
@@ -203,6 +217,7 @@ class ResumePoint:
         the console) and RunResult (summary.json) carry it as it is.
       source: the folder as it was named (what rank 0's console says).
     """
+
     position: epochs.Position = epochs.Position()
     global_step: int = 0
     start_epoch: int = 0
@@ -211,8 +226,17 @@ class ResumePoint:
     source: str | None = None
 
 
-def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks: int, steps_per_epoch: int,
-                 accumulation: int, optimizer_shard=None) -> ResumePoint:
+def resume_point(
+    checkpointer: Checkpointer,
+    source,
+    *,
+    model,
+    rank: int,
+    ranks: int,
+    steps_per_epoch: int,
+    accumulation: int,
+    optimizer_shard=None,
+) -> ResumePoint:
     """Loads `source` (a checkpoint folder, or None: the newest is wanted but there is none)
     into the model (and the optimizer: this rank's part of it with `optimizer_shard`); returns
     where the run goes on. InputError naming the folder when it cannot be resumed by this run."""
@@ -227,28 +251,47 @@ def resume_point(checkpointer: Checkpointer, source, *, model, rank: int, ranks:
         # A model without optimizer state or epoch (an imported reference model):
         # fine-tuning or evaluating it is a new run, from epoch 0.
         restore_model_weights(model, source)
-        return ResumePoint(resumed_from={"checkpoint": resolved, "epoch": 0, "weights_only": True},
-                           source=str(source))
+        return ResumePoint(
+            resumed_from={"checkpoint": resolved, "epoch": 0, "weights_only": True},
+            source=str(source),
+        )
     shards = optimizer_shard.size if optimizer_shard is not None else 1
     written = read_state(source).get("optimizer_shards", 1)
     if written != shards:
-        raise InputError(f"{source}: its optimizer is sharded over {written} rank(s), this run's over {shards}; "
-                         f"resume with parallel.shard_optimizer and parallel.spatial_ranks as it was written")
-    state = checkpointer.restore(source, optimizer_shard.index if optimizer_shard is not None else 0)
+        raise InputError(
+            f"{source}: its optimizer is sharded over {written} rank(s), this run's over {shards}; "
+            f"resume with parallel.shard_optimizer and parallel.spatial_ranks as it was written"
+        )
+    state = checkpointer.restore(
+        source, optimizer_shard.index if optimizer_shard is not None else 0
+    )
     epoch, done, per_epoch = state["epoch"], state["steps_done"], state["steps_per_epoch"]
     if per_epoch != steps_per_epoch:
-        raise InputError(f"{source}: written with {per_epoch} steps per epoch, this run has "
-                         f"{steps_per_epoch} (other samples, ranks or batch size)")
+        raise InputError(
+            f"{source}: written with {per_epoch} steps per epoch, this run has "
+            f"{steps_per_epoch} (other samples, ranks or batch size)"
+        )
     rank_state = None
-    if done >= per_epoch:   # written after the epoch's end (statistics averaged, evaluated)
+    if done >= per_epoch:  # written after the epoch's end (statistics averaged, evaluated)
         position = epochs.Position(epoch + 1, 0)
     else:
         if state["ranks"] != ranks:
-            raise InputError(f"{source}: a mid-epoch checkpoint of {state['ranks']} ranks; resume it with "
-                             f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end")
+            raise InputError(
+                f"{source}: a mid-epoch checkpoint of {state['ranks']} ranks; resume it with "
+                f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end"
+            )
         rank_state = RankState.read(source, rank)
         position = epochs.Position(epoch, done * accumulation)
-    return ResumePoint(position=position, global_step=state["global_step"], start_epoch=epoch,
-                       rank_state=rank_state, source=str(source),
-                       resumed_from={"checkpoint": resolved, "epoch": epoch, "step": done,
-                                     "global_step": state["global_step"]})
+    return ResumePoint(
+        position=position,
+        global_step=state["global_step"],
+        start_epoch=epoch,
+        rank_state=rank_state,
+        source=str(source),
+        resumed_from={
+            "checkpoint": resolved,
+            "epoch": epoch,
+            "step": done,
+            "global_step": state["global_step"],
+        },
+    )

@@ -47,7 +47,7 @@ def restore_model_weights(model, folder) -> None:
         status = tf.train.Checkpoint(model=model).read(str(folder / "ckpt"))
         status.expect_partial()
         status.assert_existing_objects_matched()
-    except (AssertionError, ValueError) as e:   # a missing variable; a shape that differs
+    except (AssertionError, ValueError) as e:  # a missing variable; a shape that differs
         first = str(e).splitlines()[0][:200]
         raise InputError(f"{folder}: checkpoint does not match the model ({first})") from None
 

@@ -45,6 +45,7 @@ class RankState:
       losses: this rank's step losses of the epoch so far (float32).
       batchnorm: the values of the model's batch-norm statistics, in batchnorm_statistics' order.
     """
+
     losses: np.ndarray
     batchnorm: tuple
 
@@ -59,7 +60,9 @@ class RankState:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / (rank_file(rank) + ".tmp")
-        arrays = {_LOSSES: self.losses} | {_BATCHNORM.format(i): v for i, v in enumerate(self.batchnorm)}
+        arrays = {_LOSSES: self.losses} | {
+            _BATCHNORM.format(i): v for i, v in enumerate(self.batchnorm)
+        }
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
         os.replace(tmp, folder / rank_file(rank))
@@ -73,7 +76,7 @@ class RankState:
         try:
             with np.load(path) as f:
                 arrays = {k: f[k] for k in f.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:   # truncated or not an .npz
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated or not an .npz
             raise InputError(f"{path}: unreadable ({str(e).splitlines()[0][:200]})") from None
         if _LOSSES not in arrays:
             raise InputError(f"{path}: no '{_LOSSES}' array")
@@ -81,16 +84,23 @@ class RankState:
         missing = [_BATCHNORM.format(i) for i in range(count) if _BATCHNORM.format(i) not in arrays]
         if missing:
             raise InputError(f"{path}: no '{missing[0]}' array")
-        return cls(losses=arrays[_LOSSES], batchnorm=tuple(arrays[_BATCHNORM.format(i)] for i in range(count)))
+        return cls(
+            losses=arrays[_LOSSES],
+            batchnorm=tuple(arrays[_BATCHNORM.format(i)] for i in range(count)),
+        )
 
     def restore_batchnorm(self, model, source="") -> None:
         """Sets `model`'s batch-norm statistics to this rank's; InputError when they are not the model's."""
         variables = batchnorm_statistics(model)
         if len(variables) != len(self.batchnorm):
-            raise InputError(f"{source}: holds {len(self.batchnorm)} batch-norm statistics per rank, "
-                             f"the model has {len(variables)}")
+            raise InputError(
+                f"{source}: holds {len(self.batchnorm)} batch-norm statistics per rank, "
+                f"the model has {len(variables)}"
+            )
         for i, (v, value) in enumerate(zip(variables, self.batchnorm)):
             if tuple(v.shape) != value.shape:
-                raise InputError(f"{source}: batch-norm statistic {i} ({v.name}) has shape {value.shape}, "
-                                 f"the model's is {tuple(v.shape)}")
+                raise InputError(
+                    f"{source}: batch-norm statistic {i} ({v.name}) has shape {value.shape}, "
+                    f"the model's is {tuple(v.shape)}"
+                )
             v.assign(value)

@@ -29,16 +29,30 @@ class CheckpointSaver:
       optimizer_shard: the ShardedUpdate of an optimizer sharded over the spatial group, else None.
     """
 
-    def __init__(self, directory, model, optimizer, dist, train, steps_per_epoch: int, benchmark: str,
-                 optimizer_shard=None):
-        self.checkpointer = Checkpointer(directory, model, optimizer, keep=train.keep_checkpoints,
-                                         generators=random_generators(model))
+    def __init__(
+        self,
+        directory,
+        model,
+        optimizer,
+        dist,
+        train,
+        steps_per_epoch: int,
+        benchmark: str,
+        optimizer_shard=None,
+    ):
+        self.checkpointer = Checkpointer(
+            directory,
+            model,
+            optimizer,
+            keep=train.keep_checkpoints,
+            generators=random_generators(model),
+        )
         self.optimizer_shard = optimizer_shard
         self.model, self.dist, self.benchmark = model, dist, benchmark
         self.every_epochs, self.every_steps = train.checkpoint_every, train.checkpoint_steps
         self.steps_per_epoch = steps_per_epoch
-        self.saved_at = None   # global step of the newest checkpoint this run wrote
-        self.blocked_s = []    # rank 0: seconds each save held the step up
+        self.saved_at = None  # global step of the newest checkpoint this run wrote
+        self.blocked_s = []  # rank 0: seconds each save held the step up
 
     @property
     def enabled(self) -> bool:
@@ -46,7 +60,9 @@ class CheckpointSaver:
 
     def prepare(self) -> None:
         """Rank 0, at init: removes what a killed save left, and does the first saves' one-off work."""
-        if self.dist.is_root:   # before any rank writes a part of a new checkpoint (collectives follow)
+        if (
+            self.dist.is_root
+        ):  # before any rank writes a part of a new checkpoint (collectives follow)
             self.checkpointer.remove_partial()
             if self.enabled:
                 self.checkpointer.prepare()
@@ -55,9 +71,13 @@ class CheckpointSaver:
         return bool(self.every_steps) and global_step % self.every_steps == 0
 
     def due_after_epoch(self, epoch: int, global_step: int) -> bool:
-        return bool(self.every_epochs and epoch % self.every_epochs == 0) or self.due_mid_epoch(global_step)
+        return bool(self.every_epochs and epoch % self.every_epochs == 0) or self.due_mid_epoch(
+            global_step
+        )
 
-    def save(self, epoch: int, steps_done: int, global_step: int, epoch_losses=(), wait: bool = False) -> None:
+    def save(
+        self, epoch: int, steps_done: int, global_step: int, epoch_losses=(), wait: bool = False
+    ) -> None:
         """Every rank: checkpoints the state after `steps_done` steps of `epoch` (a collective mid-epoch).
 
         epoch_losses: this rank's losses of the epoch so far (kept by a mid-epoch checkpoint).
@@ -69,16 +89,23 @@ class CheckpointSaver:
             return
         mid_epoch, shards = steps_done < self.steps_per_epoch, self.optimizer_shard
         if mid_epoch:
-            RankState.of(self.model, epoch_losses).write(self.checkpointer.staging_folder(global_step),
-                                                         self.dist.rank)
-        if shards is not None and 0 < self.dist.rank < shards.size:   # the first group's other ranks
+            RankState.of(self.model, epoch_losses).write(
+                self.checkpointer.staging_folder(global_step), self.dist.rank
+            )
+        if shards is not None and 0 < self.dist.rank < shards.size:  # the first group's other ranks
             self.checkpointer.write_optimizer_shard(global_step, shards.index)
         if mid_epoch or shards is not None:
-            self.dist.barrier()   # every rank's part is on disk before rank 0 publishes the folder
+            self.dist.barrier()  # every rank's part is on disk before rank 0 publishes the folder
         if self.dist.is_root:
-            state = {"global_step": global_step, "epoch": epoch, "steps_done": steps_done,
-                     "steps_per_epoch": self.steps_per_epoch, "ranks": self.dist.size,
-                     "benchmark": self.benchmark, "optimizer_shards": shards.size if shards else 1}
+            state = {
+                "global_step": global_step,
+                "epoch": epoch,
+                "steps_done": steps_done,
+                "steps_per_epoch": self.steps_per_epoch,
+                "ranks": self.dist.size,
+                "benchmark": self.benchmark,
+                "optimizer_shards": shards.size if shards else 1,
+            }
             self.blocked_s.append(self.checkpointer.save(global_step, state))
             if wait:
                 self.checkpointer.wait()
@@ -93,8 +120,13 @@ class CheckpointSaver:
         """Rank 0, after `wait`: the last save's figures and the blocked times over all saves ({} if none)."""
         if not (self.dist.is_root and self.saved_at is not None):
             return {}
-        return dict(self.checkpointer.last_save, saves=len(self.blocked_s), blocked_max_s=max(self.blocked_s),
-                    blocked_mean_s=float(np.mean(self.blocked_s)), interval_steps=self.every_steps or None)
+        return dict(
+            self.checkpointer.last_save,
+            saves=len(self.blocked_s),
+            blocked_max_s=max(self.blocked_s),
+            blocked_mean_s=float(np.mean(self.blocked_s)),
+            interval_steps=self.every_steps or None,
+        )
 
     def folder(self, global_step: int) -> str:
         """The absolute path of the checkpoint after `global_step` steps."""

@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-ALIGNMENT = 64   # tensorflow::Allocator::kAllocatorAlignment
+ALIGNMENT = 64  # tensorflow::Allocator::kAllocatorAlignment
 
 
 def aligned_empty(shape, dtype, alignment: int = ALIGNMENT) -> np.ndarray:
@@ -32,7 +32,7 @@ def aligned_empty(shape, dtype, alignment: int = ALIGNMENT) -> np.ndarray:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + alignment, np.uint8)
     offset = (-raw.ctypes.data) % alignment
-    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
 class BatchBuffers:
@@ -64,7 +64,9 @@ class BatchBuffers:
             return self._new(n)
         with self._lock:
             for slot in self._pool:
-                if all(now <= idle for refs in _slot_refs(slot) for now, idle in zip(refs, self._idle)):
+                if all(
+                    now <= idle for refs in _slot_refs(slot) for now, idle in zip(refs, self._idle)
+                ):
                     # The tuple returned references the arrays before the lock is released.
                     return tuple(slot)
             slot = self._new(n)

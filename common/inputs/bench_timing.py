@@ -11,9 +11,10 @@ import statistics
 import time
 from pathlib import Path
 
-from common import cpu  # noqa: F401  (sets the oneDNN default before TensorFlow is imported)
 import numpy as np
 import tensorflow as tf
+
+from common import cpu  # noqa: F401  (sets the oneDNN default before TensorFlow is imported)
 
 CHECK_VARIANT = "the train step's NaN/Inf check alone (preprocessed batch in memory)"
 
@@ -30,6 +31,7 @@ class Run:
       repeats: timings per variant; the median is reported.
       readers: files in flight (data.read_parallelism / data.readers).
     """
+
     data_dir: Path
     stage_root: Path
     n_samples: int
@@ -48,6 +50,7 @@ class Row:
 
     samples_per_s is the median of the timings, spread their (slowest, fastest) samples/s.
     """
+
     variant: str
     sample: str
     samples_per_s: float
@@ -60,7 +63,9 @@ class Row:
         return cls(variant, sample, statistics.median(rates), mb_per_file, (min(rates), max(rates)))
 
 
-def timings(ds, batch_size: int, n_batches: int, repeats: int, warmup_batches: int = 2) -> list[float]:
+def timings(
+    ds, batch_size: int, n_batches: int, repeats: int, warmup_batches: int = 2
+) -> list[float]:
     """samples/s of each of `repeats` timings of n_batches batches, one iterator (this VM's figures vary
     run to run: read their spread, not one of them)."""
     it = iter(ds)
@@ -86,6 +91,7 @@ def warm_page_cache(files) -> None:
 def finite_check_row(x_shape, y_shape, batch, repeats, sample, n_batches: int = 10) -> Row:
     """samples/s of common.run.steps.all_finite, compiled, on one float32 batch (x, y) of these shapes."""
     from common.run.steps import all_finite
+
     x, y = tf.random.uniform((batch, *x_shape)), tf.zeros((batch, *y_shape))
     check = tf.function(lambda x, y: all_finite([x, y]))
     check(x, y).numpy()
@@ -93,6 +99,8 @@ def finite_check_row(x_shape, y_shape, batch, repeats, sample, n_batches: int = 
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(n_batches):
-            check(x, y).numpy()   # reading the flag waits for the check, as the trainer's agreement does
+            check(
+                x, y
+            ).numpy()  # reading the flag waits for the check, as the trainer's agreement does
         rates.append(n_batches * batch / (time.perf_counter() - start))
     return Row.of(CHECK_VARIANT, sample, rates, 4 * int(np.prod(x_shape)) / 1e6)

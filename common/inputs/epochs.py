@@ -23,6 +23,7 @@ _SEED_STRIDE = 1_000_003
 @dataclasses.dataclass(frozen=True)
 class Position:
     """The next local batch a rank reads: batch `batch` (from 0) of epoch `epoch` (from 1)."""
+
     epoch: int = 1
     batch: int = 0
 
@@ -34,13 +35,25 @@ def batches_per_epoch(shard_size: int, local_batch_size: int, accumulation: int 
 
 def permutation(n: int, seed: int, epoch) -> tf.Tensor:
     """Epoch `epoch`'s order of n samples: a stateless function of (seed, epoch)."""
-    keys = tf.random.stateless_uniform([n], seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)]))
+    keys = tf.random.stateless_uniform(
+        [n], seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
+    )
     return tf.argsort(keys)
 
 
-def training_dataset(files, read=None, *, batch_size: int, n_batches: int, seed: int, cache: bool = False,
-                     start: Position = Position(), transform=None, deterministic: bool = True,
-                     read_batches=None) -> tf.data.Dataset:
+def training_dataset(
+    files,
+    read=None,
+    *,
+    batch_size: int,
+    n_batches: int,
+    seed: int,
+    cache: bool = False,
+    start: Position = Position(),
+    transform=None,
+    deterministic: bool = True,
+    read_batches=None,
+) -> tf.data.Dataset:
     """Endless training batches of one rank's shard, epoch after epoch, from `start`.
 
     Every epoch reads the whole shard in a new random order (a full shuffle,
@@ -61,7 +74,9 @@ def training_dataset(files, read=None, *, batch_size: int, n_batches: int, seed:
       deterministic: read in order even when several files are in flight (needed
         for an exact resume); False takes whichever file is read first.
     """
-    if (read is None) == (read_batches is None) or (read_batches is not None and (cache or transform)):
+    if (read is None) == (read_batches is None) or (
+        read_batches is not None and (cache or transform)
+    ):
         raise ValueError("give either read, or read_batches without cache and transform")
     files = tf.constant([str(f) for f in files], dtype=tf.string)
     n_files = int(files.shape[0])
@@ -85,7 +100,9 @@ def training_dataset(files, read=None, *, batch_size: int, n_batches: int, seed:
             order = tf.gather(files, permutation(n_files, seed, epoch))
             paths = tf.data.Dataset.from_tensor_slices(order).skip(skip * batch_size)
             if read_batches is not None:
-                return read_batches(paths.batch(batch_size, drop_remainder=True).take(n_batches - skip))
+                return read_batches(
+                    paths.batch(batch_size, drop_remainder=True).take(n_batches - skip)
+                )
             ds = read(paths)
         if transform is not None:
             ds = ds.map(transform, num_parallel_calls=tf.data.AUTOTUNE)

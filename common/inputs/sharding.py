@@ -39,19 +39,24 @@ def list_files(directory, suffixes) -> list[str]:
     return files
 
 
-def check_divisible(n_samples: int, size: int, batch_size: int, key: str, accumulation: int = 1) -> None:
+def check_divisible(
+    n_samples: int, size: int, batch_size: int, key: str, accumulation: int = 1
+) -> None:
     """Every rank must run the same number of whole optimizer steps, or collectives deadlock;
     and an epoch must be one exact pass (CosmoFlow's reference divides n_train evenly)."""
     per_step = size * batch_size * accumulation
     if n_samples <= 0 or n_samples % per_step:
         factors = f"ranks x local batch{' x accumulation' if accumulation > 1 else ''}"
         values = f"{size} x {batch_size}{f' x {accumulation}' if accumulation > 1 else ''}"
-        raise InputError(f"{key}={n_samples} is not divisible by {factors} = {values} = {per_step}; "
-                         f"use a multiple of {per_step}")
+        raise InputError(
+            f"{key}={n_samples} is not divisible by {factors} = {values} = {per_step}; "
+            f"use a multiple of {per_step}"
+        )
 
 
-def select_and_shard(files, n_samples: int, rank: int, size: int, seed: int, key: str,
-                     even: bool = True) -> list[str]:
+def select_and_shard(
+    files, n_samples: int, rank: int, size: int, seed: int, key: str, even: bool = True
+) -> list[str]:
     """The `rank`-th of `size` disjoint shards of a seeded selection of `n_samples` files.
 
     With `even`, every shard has n_samples // size files (the caller checks divisibility);
@@ -59,13 +64,15 @@ def select_and_shard(files, n_samples: int, rank: int, size: int, seed: int, key
     pass, where ranks need not run in lockstep).
     """
     if n_samples > len(files):
-        raise InputError(f"{key}={n_samples} but only {len(files)} files were found "
-                         f"in {Path(files[0]).parent if files else 'the data directory'}")
+        raise InputError(
+            f"{key}={n_samples} but only {len(files)} files were found "
+            f"in {Path(files[0]).parent if files else 'the data directory'}"
+        )
     order = np.random.default_rng(seed).permutation(len(files))[:n_samples]
     selected = [files[i] for i in order]
     per_rank = n_samples // size
     if even:
-        return selected[rank * per_rank:(rank + 1) * per_rank]
+        return selected[rank * per_rank : (rank + 1) * per_rank]
     extra = n_samples % size
     start = rank * per_rank + min(rank, extra)
-    return selected[start:start + per_rank + (1 if rank < extra else 0)]
+    return selected[start : start + per_rank + (1 if rank < extra else 0)]

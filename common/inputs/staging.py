@@ -40,20 +40,20 @@ import shutil
 import time
 import zlib
 from pathlib import Path
-from typing import Optional
 
+from common.errors import ConfigError, InputError
 from common.inputs import staging_layouts
 from common.inputs import staging_manifest as manifest
-from common.errors import ConfigError, InputError
 from common.inputs.staging_layouts import Conversion
 
 
 @dataclasses.dataclass(frozen=True)
 class StageStats:
     """What staging did: of one stage_files call, or of all ranks (common.run.data_preparation)."""
-    files: int = 0      # files asked for
-    skipped: int = 0    # of those, already staged and fresh
-    bytes: int = 0      # bytes written into the stage dir
+
+    files: int = 0  # files asked for
+    skipped: int = 0  # of those, already staged and fresh
+    bytes: int = 0  # bytes written into the stage dir
     seconds: float = 0.0
 
     @property
@@ -72,12 +72,19 @@ class _Job:
     dst: Path
     source: os.stat_result
     fresh: bool
-    size_hint: int = 0   # bytes the staged file will take (0 when fresh)
-    replaces: int = 0    # bytes of the stale staged file it replaces (freed on rename)
+    size_hint: int = 0  # bytes the staged file will take (0 when fresh)
+    replaces: int = 0  # bytes of the stale staged file it replaces (freed on rename)
 
 
-def stage_files(files, stage_dir, conversion: Optional[Conversion] = None, progress=None, *,
-                verify: bool = False, threads: int = 4) -> tuple[list[str], StageStats]:
+def stage_files(
+    files,
+    stage_dir,
+    conversion: Conversion | None = None,
+    progress=None,
+    *,
+    verify: bool = False,
+    threads: int = 4,
+) -> tuple[list[str], StageStats]:
     """Copies `files` into `stage_dir`, keeping each file's parent folder name.
 
     Args:
@@ -102,7 +109,9 @@ def stage_files(files, stage_dir, conversion: Optional[Conversion] = None, progr
     start = time.perf_counter()
     stage_dir = Path(stage_dir)
     sources = [Path(f) for f in files]
-    targets = _targets(sources, stage_dir, conversion.staged_name if conversion else (lambda name: name))
+    targets = _targets(
+        sources, stage_dir, conversion.staged_name if conversion else (lambda name: name)
+    )
     try:
         for folder in dict.fromkeys(t.parent for t in targets):
             folder.mkdir(parents=True, exist_ok=True)
@@ -122,8 +131,10 @@ def stage_files(files, stage_dir, conversion: Optional[Conversion] = None, progr
         need = sum(job.size_hint for job in stale) - sum(job.replaces for job in stale)
         free = shutil.disk_usage(stage_dir).free if stale else 0
         if need > free:
-            raise InputError(f"cannot stage {len(stale)} files into {stage_dir}: "
-                             f"{need:,} bytes needed, {free:,} bytes free")
+            raise InputError(
+                f"cannot stage {len(stale)} files into {stage_dir}: "
+                f"{need:,} bytes needed, {free:,} bytes free"
+            )
         done = skipped
         if not stale and progress is not None and sources:
             progress(done, len(sources), 0)
@@ -140,7 +151,12 @@ def stage_files(files, stage_dir, conversion: Optional[Conversion] = None, progr
             return _write_error(job, error, stage_dir, need)
 
         _run_all(pool, stage, stale, on_error=write_error, on_done=finished)
-    stats = StageStats(files=len(sources), skipped=skipped, bytes=written_total, seconds=time.perf_counter() - start)
+    stats = StageStats(
+        files=len(sources),
+        skipped=skipped,
+        bytes=written_total,
+        seconds=time.perf_counter() - start,
+    )
     return [str(t) for t in targets], stats
 
 
@@ -150,7 +166,9 @@ def _targets(sources: list[Path], stage_dir: Path, staged_name) -> list[Path]:
         dst = stage_dir / src.parent.name / staged_name(src.name)
         if dst in seen:
             # Two writers on one staged path would interleave; the data set layout is wrong.
-            raise InputError(f"cannot stage both {seen[dst]} and {src}: both would be staged as {dst}")
+            raise InputError(
+                f"cannot stage both {seen[dst]} and {src}: both would be staged as {dst}"
+            )
         seen[dst] = src
         targets.append(dst)
     return targets
@@ -188,7 +206,7 @@ def _run_all(pool, fn, jobs, on_error, on_done=None) -> list:
     return results
 
 
-def _plan(pair: tuple[Path, Path], conversion: Optional[Conversion], verify: bool) -> _Job:
+def _plan(pair: tuple[Path, Path], conversion: Conversion | None, verify: bool) -> _Job:
     src, dst = pair
     source = src.stat()
     entry = manifest.read_entry(dst)
@@ -197,20 +215,45 @@ def _plan(pair: tuple[Path, Path], conversion: Optional[Conversion], verify: boo
     except FileNotFoundError:
         staged = None
     name = conversion.name if conversion else ""
-    fresh = (entry is not None and staged is not None
-             and (entry.version, entry.source, entry.source_size, entry.source_mtime_ns, entry.conversion)
-             == (manifest.MANIFEST_VERSION, os.path.abspath(src), source.st_size, source.st_mtime_ns, name)
-             and (entry.staged_size, entry.staged_mtime_ns) == (staged.st_size, staged.st_mtime_ns))
+    fresh = (
+        entry is not None
+        and staged is not None
+        and (
+            entry.version,
+            entry.source,
+            entry.source_size,
+            entry.source_mtime_ns,
+            entry.conversion,
+        )
+        == (
+            manifest.MANIFEST_VERSION,
+            os.path.abspath(src),
+            source.st_size,
+            source.st_mtime_ns,
+            name,
+        )
+        and (entry.staged_size, entry.staged_mtime_ns) == (staged.st_size, staged.st_mtime_ns)
+    )
     if fresh and verify:
         # Last, as it reads the whole source; an entry made without verify cannot vouch.
-        fresh = entry.source_sha256 is not None and staging_layouts.sha256_of(src) == entry.source_sha256
+        fresh = (
+            entry.source_sha256 is not None
+            and staging_layouts.sha256_of(src) == entry.source_sha256
+        )
     if fresh:
         return _Job(src, dst, source, fresh=True)
     hint = conversion.size_hint(src, source.st_size) if conversion else source.st_size
-    return _Job(src, dst, source, fresh=False, size_hint=hint, replaces=staged.st_size if staged is not None else 0)
+    return _Job(
+        src,
+        dst,
+        source,
+        fresh=False,
+        size_hint=hint,
+        replaces=staged.st_size if staged is not None else 0,
+    )
 
 
-def _stage_one(job: _Job, conversion: Optional[Conversion], verify: bool) -> int:
+def _stage_one(job: _Job, conversion: Conversion | None, verify: bool) -> int:
     """Writes job.dst from job.src (and then its manifest entry); returns the bytes written."""
     # The old entry must not vouch for whatever is at dst until the new copy is complete.
     manifest.manifest_path(job.dst).unlink(missing_ok=True)
@@ -224,9 +267,16 @@ def _stage_one(job: _Job, conversion: Optional[Conversion], verify: bool) -> int
         raise
     staged = job.dst.stat()
     # The source's stat from before the copy: if it changed meanwhile, the next run sees a mismatch.
-    entry = manifest.Entry(manifest.MANIFEST_VERSION, os.path.abspath(job.src), job.source.st_size,
-                           job.source.st_mtime_ns, conversion.name if conversion else "", digest,
-                           staged.st_size, staged.st_mtime_ns)
+    entry = manifest.Entry(
+        manifest.MANIFEST_VERSION,
+        os.path.abspath(job.src),
+        job.source.st_size,
+        job.source.st_mtime_ns,
+        conversion.name if conversion else "",
+        digest,
+        staged.st_size,
+        staged.st_mtime_ns,
+    )
     manifest.write_entry(job.dst, entry)
     return staged.st_size
 
@@ -241,15 +291,19 @@ def _source_error(job: tuple, error: Exception) -> Exception:
 
 
 def _write_error(job: _Job, error: Exception, stage_dir: Path, need: int) -> Exception:
-    if isinstance(error, InputError):   # a conversion's own message, naming the source
+    if isinstance(error, InputError):  # a conversion's own message, naming the source
         return error
     if isinstance(error, FileNotFoundError) and error.filename == str(job.src):
         return InputError(f"cannot stage {job.src}: file not found")
-    if isinstance(error, (EOFError, zlib.error, gzip.BadGzipFile)):  # a corrupt source, not a disk problem
+    if isinstance(
+        error, (EOFError, zlib.error, gzip.BadGzipFile)
+    ):  # a corrupt source, not a disk problem
         return InputError(f"cannot stage {job.src}: {_one_line(error)}")
     if isinstance(error, OSError):
-        return InputError(f"cannot stage {job.src} into {stage_dir}: {error.strerror or _one_line(error)} "
-                          f"({max(need, 0):,} bytes needed, {_free_bytes(stage_dir)} bytes free)")
+        return InputError(
+            f"cannot stage {job.src} into {stage_dir}: {error.strerror or _one_line(error)} "
+            f"({max(need, 0):,} bytes needed, {_free_bytes(stage_dir)} bytes free)"
+        )
     return error
 
 

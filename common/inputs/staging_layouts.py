@@ -8,10 +8,10 @@ import gzip
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
-_CHUNK = 16 << 20            # copy buffer: large reads suit parallel file systems
+_CHUNK = 16 << 20  # copy buffer: large reads suit parallel file systems
 _GZIP_READ_BUFFER = 1 << 20  # GzipFile reads 8 KiB at a time; buffer the file below it
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -29,13 +29,14 @@ class Conversion:
       stage_files turns into one.
     size_hint(src, size): bytes the staged file will take (the free-space check).
     """
+
     name: str
-    write: Callable[[Path, Path, bool], Optional[str]]
+    write: Callable[[Path, Path, bool], str | None]
     size_hint: Callable[[Path, int], int]
     staged_name: Callable[[str], str] = lambda name: name
 
 
-def copy_file(src: Path, tmp: Path, verify: bool) -> Optional[str]:
+def copy_file(src: Path, tmp: Path, verify: bool) -> str | None:
     """Copies src to tmp; with verify, returns the SHA-256 of the bytes copied (one read)."""
     if not verify:
         shutil.copyfile(src, tmp)  # in-kernel copy (sendfile) on Linux
@@ -50,7 +51,7 @@ def copy_file(src: Path, tmp: Path, verify: bool) -> Optional[str]:
     return digest.hexdigest()
 
 
-def _gunzip(src: Path, tmp: Path, verify: bool) -> Optional[str]:
+def _gunzip(src: Path, tmp: Path, verify: bool) -> str | None:
     """Decompresses src into tmp (copies it when not gzip); with verify, returns the SHA-256 of src."""
     if not _is_gzip(src):
         return copy_file(src, tmp, verify)
@@ -59,7 +60,9 @@ def _gunzip(src: Path, tmp: Path, verify: bool) -> Optional[str]:
         with gzip.GzipFile(fileobj=reader, mode="rb") as fin:
             shutil.copyfileobj(fin, fout, _CHUNK)
         if verify:
-            while reader.read(_CHUNK):  # bytes past the last member, so the digest covers the whole file
+            while reader.read(
+                _CHUNK
+            ):  # bytes past the last member, so the digest covers the whole file
                 pass
             return reader.digest.hexdigest()
     return None

@@ -15,21 +15,23 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
-MANIFEST_VERSION = 2         # bump when the entry's meaning changes: old entries then never match
-MANIFEST_DIR = ".manifest"   # in the stage dir: one entry per staged file, STAGE/.manifest/SPLIT/NAME.json
+MANIFEST_VERSION = 2  # bump when the entry's meaning changes: old entries then never match
+MANIFEST_DIR = (
+    ".manifest"  # in the stage dir: one entry per staged file, STAGE/.manifest/SPLIT/NAME.json
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """What a staged file was made from, and what it looked like when made."""
+
     version: int
     source: str
     source_size: int
     source_mtime_ns: int
-    conversion: str                # Conversion.name, '' for a plain copy
-    source_sha256: Optional[str]  # only when staged with verify on
+    conversion: str  # Conversion.name, '' for a plain copy
+    source_sha256: str | None  # only when staged with verify on
     staged_size: int
     staged_mtime_ns: int
 
@@ -44,14 +46,14 @@ def partial_path(path: Path) -> Path:
     return path.with_name(f".{path.name.lstrip('.')}.partial")
 
 
-def read_entry(dst: Path) -> Optional[Entry]:
+def read_entry(dst: Path) -> Entry | None:
     try:
         return Entry(**json.loads(manifest_path(dst).read_text()))
     except (FileNotFoundError, ValueError, TypeError):  # none, torn by hand, or of another version
         return None
 
 
-def source_of(staged) -> Optional[str]:
+def source_of(staged) -> str | None:
     """The source a staged file was made from (its manifest entry), or None for a file not staged here."""
     entry = read_entry(Path(staged))
     return entry.source if entry else None

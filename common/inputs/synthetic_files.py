@@ -23,8 +23,15 @@ def already_written(output_dir, spec: dict) -> bool:
     return marker.exists() and marker.read_text() == json.dumps(spec, sort_keys=True)
 
 
-def write_files(output_dir, spec: dict, jobs: list, write_one, workers: int = 0, progress=None,
-                chunksize: int = 8) -> None:
+def write_files(
+    output_dir,
+    spec: dict,
+    jobs: list,
+    write_one,
+    workers: int = 0,
+    progress=None,
+    chunksize: int = 8,
+) -> None:
     """Runs write_one(job) -> bytes written for every job, then writes the marker.
 
     Args:
@@ -43,9 +50,13 @@ def write_files(output_dir, spec: dict, jobs: list, write_one, workers: int = 0,
     total_bytes = 0
     # 'spawn': the workers import TensorFlow themselves instead of inheriting a
     # forked copy of the parent's TensorFlow runtime (which can deadlock).
-    with multiprocessing.get_context("spawn").Pool(workers) as pool, \
-            Progress("synthetic", len(jobs), unit="samples", stream=progress_stream(progress)) as bar:
-        for done, nbytes in enumerate(pool.imap_unordered(write_one, jobs, chunksize=chunksize), start=1):
+    with (
+        multiprocessing.get_context("spawn").Pool(workers) as pool,
+        Progress("synthetic", len(jobs), unit="samples", stream=progress_stream(progress)) as bar,
+    ):
+        for done, nbytes in enumerate(
+            pool.imap_unordered(write_one, jobs, chunksize=chunksize), start=1
+        ):
             total_bytes += nbytes
             bar.update(done, extra=f"{total_bytes / 2**20:.1f} MiB")
     (Path(output_dir) / MARKER).write_text(json.dumps(spec, sort_keys=True))

@@ -37,6 +37,7 @@ _OMPI_OWN = ("core", "hwthread", "cpu")
 @dataclasses.dataclass(frozen=True)
 class ThreadChoice:
     """How many intra-op threads a rank gets, and the rule that chose it (for the [init] line)."""
+
     threads: int
     rule: str
 
@@ -65,7 +66,9 @@ def _divided(n: int, ranks: int, why: str, who: str = "the node's") -> ThreadCho
     threads = max(1, n // ranks)
     if ranks == 1:
         return ThreadChoice(threads, f"{why}: the task's {_cores(n)}, the only rank on its node")
-    return ThreadChoice(threads, f"{why}: the task's {_cores(n)} shared by {who} {ranks} ranks -> {threads} each")
+    return ThreadChoice(
+        threads, f"{why}: the task's {_cores(n)} shared by {who} {ranks} ranks -> {threads} each"
+    )
 
 
 def _own(n: int, how: str) -> ThreadChoice:
@@ -79,15 +82,25 @@ def _cores(n: int) -> str:
 def _open_mpi(environ: Mapping, n: int, local_size: int) -> ThreadChoice:
     policy = environ.get("OMPI_MCA_hwloc_base_binding_policy", "").split(":")[0].strip().lower()
     if environ.get("OMPI_MCA_orte_bound_at_launch") != "1":
-        return _divided(n, local_size, f"mpirun bound no CPUs{f' (--bind-to {policy})' if policy else ''}")
+        return _divided(
+            n, local_size, f"mpirun bound no CPUs{f' (--bind-to {policy})' if policy else ''}"
+        )
     if policy in _OMPI_OWN:
         return _own(n, f"mpirun bound each rank (--bind-to {policy})")
-    if not policy:   # mpirun(1) of Open MPI 4: "Bind to core: when the number of processes is <= 2"; else socket
+    if (
+        not policy
+    ):  # mpirun(1) of Open MPI 4: "Bind to core: when the number of processes is <= 2"; else socket
         if int(environ.get("OMPI_COMM_WORLD_SIZE", "0") or 0) in (1, 2):
             return _own(n, "mpirun bound each rank to a core (its default for up to 2 processes)")
-        return _divided(n, local_size, "mpirun bound the rank to a socket (its default for more than 2 processes) "
-                                       "the node's ranks may share")
-    return _divided(n, local_size, f"mpirun bound the rank to a {policy} domain the node's ranks may share")
+        return _divided(
+            n,
+            local_size,
+            "mpirun bound the rank to a socket (its default for more than 2 processes) "
+            "the node's ranks may share",
+        )
+    return _divided(
+        n, local_size, f"mpirun bound the rank to a {policy} domain the node's ranks may share"
+    )
 
 
 def _slurm(environ: Mapping, bind_type: str, cpus: frozenset, local_size: int) -> ThreadChoice:
@@ -98,29 +111,49 @@ def _slurm(environ: Mapping, bind_type: str, cpus: frozenset, local_size: int) -
     if kind in ("map_ldom", "mask_ldom"):
         return _numa(environ, kind, n, local_size)
     if kind not in ("mask_cpu", "map_cpu"):
-        return _divided(n, local_size, f"SLURM_CPU_BIND_TYPE={bind_type} names a binding no task plugin "
-                                       f"applied (it would be a mask_cpu: list)")
+        return _divided(
+            n,
+            local_size,
+            f"SLURM_CPU_BIND_TYPE={bind_type} names a binding no task plugin "
+            f"applied (it would be a mask_cpu: list)",
+        )
     masks, local_id = _bind_list(environ, kind)
     if not masks:
-        return _divided(n, local_size, f"SLURM_CPU_BIND_TYPE={bind_type} without a readable SLURM_CPU_BIND_LIST "
-                                       f"and SLURM_LOCALID")
+        return _divided(
+            n,
+            local_size,
+            f"SLURM_CPU_BIND_TYPE={bind_type} without a readable SLURM_CPU_BIND_LIST "
+            f"and SLURM_LOCALID",
+        )
     mine = masks[local_id % len(masks)]
     if mine != cpus:
-        return _divided(n, local_size, f"SLURM's {kind} for local task {local_id} ({cpu_list(mine)}) is not this "
-                                       f"process's affinity ({cpu_list(cpus)}): the variables describe another "
-                                       f"process")
+        return _divided(
+            n,
+            local_size,
+            f"SLURM's {kind} for local task {local_id} ({cpu_list(mine)}) is not this "
+            f"process's affinity ({cpu_list(cpus)}): the variables describe another "
+            f"process",
+        )
     sharing = sum(1 for r in range(local_size) if masks[r % len(masks)] & mine)
     if sharing <= 1:
         return _own(n, f"srun bound each task ({kind} {cpu_list(mine)})")
-    return _divided(n, sharing, f"srun bound local tasks to overlapping CPUs ({kind} {cpu_list(mine)})",
-                    who="its")
+    return _divided(
+        n,
+        sharing,
+        f"srun bound local tasks to overlapping CPUs ({kind} {cpu_list(mine)})",
+        who="its",
+    )
 
 
 def _bind_list(environ: Mapping, kind: str) -> tuple[list, int]:
     """SLURM_CPU_BIND_LIST's sets (CPUs, or NUMA nodes for the *_ldom kinds) and this task's SLURM_LOCALID;
     ([], -1) when either is missing or unreadable."""
     try:
-        sets = [_cpu_set(kind, entry) for entry in environ.get("SLURM_CPU_BIND_LIST", "").split(",") if entry.strip()]
+        sets = [
+            _cpu_set(kind, entry)
+            for entry in environ.get("SLURM_CPU_BIND_LIST", "").split(",")
+            if entry.strip()
+        ]
         return sets, int(environ["SLURM_LOCALID"])
     except (KeyError, ValueError):
         return [], -1
@@ -131,14 +164,19 @@ def _numa(environ: Mapping, kind: str, n: int, local_size: int) -> ThreadChoice:
     local tasks given overlapping ones. The entries name NUMA nodes, not CPUs: nothing to hold the affinity to."""
     domains, local_id = _bind_list(environ, kind)
     if not domains:
-        return _divided(n, local_size, f"SLURM_CPU_BIND_TYPE={kind}: without a readable SLURM_CPU_BIND_LIST "
-                                       f"and SLURM_LOCALID")
+        return _divided(
+            n,
+            local_size,
+            f"SLURM_CPU_BIND_TYPE={kind}: without a readable SLURM_CPU_BIND_LIST and SLURM_LOCALID",
+        )
     mine = domains[local_id % len(domains)]
     sharing = sum(1 for r in range(local_size) if domains[r % len(domains)] & mine)
     where = f"{kind} NUMA node(s) {cpu_list(mine)}"
     if sharing <= 1:
         return _own(n, f"srun bound each task ({where})")
-    return _divided(n, sharing, f"srun bound local tasks to the same NUMA nodes ({where})", who="its")
+    return _divided(
+        n, sharing, f"srun bound local tasks to the same NUMA nodes ({where})", who="its"
+    )
 
 
 def _cpu_set(kind: str, entry: str) -> frozenset:
@@ -164,5 +202,3 @@ def cpu_list(cpus) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out) or "none"
-
-

@@ -23,7 +23,7 @@ import os
 import re
 
 ENV = "HOROVOD_CYCLE_TIME"
-DEFAULT_MS = 1.0            # operations.cc: SetCycleTimeMs(1)
+DEFAULT_MS = 1.0  # operations.cc: SetCycleTimeMs(1)
 # For runs with batch-norm groups, whose two collectives per layer each wait for a cycle. On 2 Gloo
 # ranks of a 2-core AMD EPYC shared with other jobs, DeepCAM's step at reference depth with groups
 # of 2 took 0.98 s at 0.1 ms against 2.38 s at 1 ms (0.22-0.32 s without the collectives); 0 ms,
@@ -32,7 +32,7 @@ BATCHNORM_GROUP_MS = 0.1
 
 # The value set_for_batchnorm_groups put into the environment (None: it set nothing), for the report.
 _set_here = None
-_read_at_init = None   # what at_init read after the process's first hvd.init
+_read_at_init = None  # what at_init read after the process's first hvd.init
 _FLOAT_PREFIX = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _INT_PREFIX = re.compile(r"\s*[+-]?\d+")
 
@@ -46,6 +46,7 @@ class CycleTime:
       source: who chose it: "Horovod's default", "HOROVOD_CYCLE_TIME=0.1", ...
       autotuned: Horovod's autotuner varies it during the run.
     """
+
     ms: float
     source: str
     autotuned: bool = False
@@ -63,7 +64,11 @@ def read(environ=None) -> CycleTime:
     if _strtol(env.get("HOROVOD_ENABLE_XLA_OPS")) > 0:
         ms, source = 0.0, "Horovod's default with HOROVOD_ENABLE_XLA_OPS"
     if ENV in env:
-        who = ", set by the launcher for batch-norm groups" if _set_here is not None and env[ENV] == _set_here else ""
+        who = (
+            ", set by the launcher for batch-norm groups"
+            if _set_here is not None and env[ENV] == _set_here
+            else ""
+        )
         return CycleTime(_strtof(env[ENV]), f"{ENV}={env[ENV]}{who}")
     return CycleTime(ms, source, autotuned=_strtol(env.get("HOROVOD_AUTOTUNE")) > 0)
 

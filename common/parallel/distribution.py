@@ -13,9 +13,9 @@ import dataclasses
 import os
 import socket
 
-import numpy as np
 import horovod
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from common.errors import ConfigError
@@ -28,9 +28,13 @@ class Distribution:
     def __init__(self):
         # Dynamic process sets let groups of ranks (sync batch norm) be made
         # once the job size is known; plain collectives are unaffected.
-        first = not hvd.is_initialized()   # a later init is a no-op: Horovod keeps what it read first
+        first = (
+            not hvd.is_initialized()
+        )  # a later init is a no-op: Horovod keeps what it read first
         hvd.init(process_sets="dynamic")
-        self.cycle_time = cycle_time.at_init(first)   # as Horovod's background thread read it, in hvd.init
+        self.cycle_time = cycle_time.at_init(
+            first
+        )  # as Horovod's background thread read it, in hvd.init
         self.rank = hvd.rank()
         self.size = hvd.size()
         self.local_rank = hvd.local_rank()
@@ -39,7 +43,7 @@ class Distribution:
         self.node_rank = hvd.cross_rank()
         self.num_nodes = hvd.cross_size()
         self.hostname = socket.gethostname()
-        self._process_sets = {}   # group size -> this rank's Horovod process set (rank_group)
+        self._process_sets = {}  # group size -> this rank's Horovod process set (rank_group)
         # Before any TensorFlow op (the first one initializes TensorFlow on every visible GPU,
         # after which neither the visible devices nor memory growth can change, and the thread
         # pools are fixed): every collective below is such an op.
@@ -64,11 +68,17 @@ class Distribution:
         Horovod's; runs no TensorFlow op: two ranks on one GPU are refused by
         check_one_rank_per_gpu, once the thread pools are sized.
         """
-        seen = gpus.visible_uuids()   # NVML's UUIDs as CUDA_VISIBLE_DEVICES leaves them; None without NVML
+        seen = (
+            gpus.visible_uuids()
+        )  # NVML's UUIDs as CUDA_VISIBLE_DEVICES leaves them; None without NVML
         devices = tf.config.list_physical_devices("GPU")
-        self.gpu = gpus.RankGpu(self.rank, self.hostname, self.local_rank,
-                                uuid=seen[gpus.index_for(self.local_rank, len(seen))] if seen else None,
-                                visible=len(seen) if seen is not None else len(devices))
+        self.gpu = gpus.RankGpu(
+            self.rank,
+            self.hostname,
+            self.local_rank,
+            uuid=seen[gpus.index_for(self.local_rank, len(seen))] if seen else None,
+            visible=len(seen) if seen is not None else len(devices),
+        )
         if not devices:
             return "cpu"
         for gpu in devices:
@@ -94,7 +104,11 @@ class Distribution:
 
     def horovod_build(self) -> dict:
         """Which controllers and GPU collectives this Horovod was built with: {'nccl', 'mpi', 'gloo'} -> bool."""
-        return {"nccl": bool(hvd.nccl_built()), "mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built())}
+        return {
+            "nccl": bool(hvd.nccl_built()),
+            "mpi": bool(hvd.mpi_built()),
+            "gloo": bool(hvd.gloo_built()),
+        }
 
     def barrier(self) -> None:
         """Returns once every rank has called it (horovod.tensorflow has no barrier op)."""
@@ -122,7 +136,9 @@ class Distribution:
 
     def broadcast_variables(self, variables, root_rank: int = 0) -> None:
         """Gives every rank rank 0's initial weights."""
-        if self.size == 1:   # nothing to send; Horovod would still build a broadcast per variable (3 s for DeepCAM)
+        if (
+            self.size == 1
+        ):  # nothing to send; Horovod would still build a broadcast per variable (3 s for DeepCAM)
             return
         hvd.broadcast_variables(variables, root_rank=root_rank)
 
@@ -144,7 +160,10 @@ class Distribution:
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         if grouped:
             return hvd.grouped_allreduce(grads, op=hvd.Average, compression=comp)
-        return [hvd.allreduce(g, op=hvd.Average, compression=comp, name=f"gradient_{i}") for i, g in enumerate(grads)]
+        return [
+            hvd.allreduce(g, op=hvd.Average, compression=comp, name=f"gradient_{i}")
+            for i, g in enumerate(grads)
+        ]
 
     def average_variables(self, variables) -> None:
         """Sets each variable to its mean over all ranks (sum / size), in one grouped allreduce.
@@ -163,7 +182,7 @@ class Distribution:
         """Records Horovod's timeline (Chrome trace JSON, rank 0 writes it) of what runs inside the
         block: each tensor's negotiation and reduction, with its name. Every rank enters it.
         Horovod allows it when HOROVOD_TIMELINE=DYNAMIC was set at its init."""
-        hvd.start_timeline(str(path), mark_cycles=False)   # returns on rank 0 once the file is open
+        hvd.start_timeline(str(path), mark_cycles=False)  # returns on rank 0 once the file is open
         # Another rank may submit the block's first collective before rank 0 has started: its
         # negotiation then began unrecorded and the file holds its end alone. No rank passes this
         # barrier before rank 0 has started, so what the block submits is recorded whole.
@@ -182,15 +201,19 @@ class Distribution:
         network's batch norm sums over its spatial group's ranks).
         """
         if group_size < 1 or self.size % group_size:
-            raise ConfigError(f"{what}={group_size} does not divide the {self.size} ranks of this job")
+            raise ConfigError(
+                f"{what}={group_size} does not divide the {self.size} ranks of this job"
+            )
         if group_size == 1:
             return RankGroup(1, None)
         if group_size == self.size:
             return RankGroup(group_size, hvd.global_process_set)
         registered = self._process_sets
-        if group_size not in registered:   # Horovod refuses a second set of the same ranks
-            sets = [hvd.add_process_set(list(range(first, first + group_size)))
-                    for first in range(0, self.size, group_size)]
+        if group_size not in registered:  # Horovod refuses a second set of the same ranks
+            sets = [
+                hvd.add_process_set(list(range(first, first + group_size)))
+                for first in range(0, self.size, group_size)
+            ]
             # Registration returns before every rank has it; a collective over all
             # ranks makes sure no group allreduce runs against an unknown set.
             self.barrier()
@@ -209,8 +232,10 @@ class Distribution:
         k = int(spatial_ranks)
         what = "parallel.spatial_ranks"
         if k < 1 or self.size % k:
-            raise ConfigError(f"{what}={k} does not divide the {self.size} ranks of this job "
-                              f"(launch a multiple of {k} ranks)")
+            raise ConfigError(
+                f"{what}={k} does not divide the {self.size} ranks of this job "
+                f"(launch a multiple of {k} ranks)"
+            )
         spans = (1,) * (self.size // k)
         if k > 1:
             # Every rank decides from the same gathered list: all refuse together, none is left
@@ -218,12 +243,20 @@ class Distribution:
             places = self.allgather_object(placement.RankPlace(horovod_host(), self.local_size))
             spans = placement.group_spans(places, k, f"{what}={k}")
         group = self.rank_group(k, what)
-        return SpatialMesh(size=k, index=self.rank % k, group=self.rank // k, groups=self.size // k,
-                           process_set=group.process_set, group_nodes=spans)
+        return SpatialMesh(
+            size=k,
+            index=self.rank % k,
+            group=self.rank // k,
+            groups=self.size // k,
+            process_set=group.process_set,
+            group_nodes=spans,
+        )
 
     def describe(self) -> str:
-        return (f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
-                f"Horovod {horovod.__version__} over {self.controller()}, {self.cycle_time.describe()}")
+        return (
+            f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
+            f"Horovod {horovod.__version__} over {self.controller()}, {self.cycle_time.describe()}"
+        )
 
 
 class RankGroup:
@@ -264,8 +297,15 @@ class SpatialMesh:
     Gloo would not).
     """
 
-    def __init__(self, size: int, index: int = 0, group: int = 0, groups: int = 1, process_set=None,
-                 group_nodes: tuple = ()):
+    def __init__(
+        self,
+        size: int,
+        index: int = 0,
+        group: int = 0,
+        groups: int = 1,
+        process_set=None,
+        group_nodes: tuple = (),
+    ):
         self.size, self.index, self.group, self.groups = size, index, group, groups
         self._process_set = process_set
         # The nodes each group spans (common.parallel.placement.group_spans); one each unless told.
@@ -277,8 +317,13 @@ class SpatialMesh:
 
     def describe(self) -> str:
         least, most = min(self.group_nodes), max(self.group_nodes)
-        spans = ("each on one node" if most == 1 else f"each across {most} nodes" if least == most
-                 else f"across {least} to {most} nodes")
+        spans = (
+            "each on one node"
+            if most == 1
+            else f"each across {most} nodes"
+            if least == most
+            else f"across {least} to {most} nodes"
+        )
         return f"{self.size}-way spatial x {self.groups} data-parallel group(s), {spans}"
 
     def neighbour_planes(self, x, halo: int, name: str) -> "NeighbourPlanes":
@@ -305,8 +350,12 @@ class SpatialMesh:
         splits = np.zeros(self.size, np.int32)
         splits[below] += halo
         splits[above] += halo
-        received = hvd.alltoall(_wire(send), splits=tf.constant(splits), name=name, process_set=self._process_set)
-        if isinstance(received, (tuple, list)):   # (tensor, received_splits) in some Horovod versions
+        received = hvd.alltoall(
+            _wire(send), splits=tf.constant(splits), name=name, process_set=self._process_set
+        )
+        if isinstance(
+            received, (tuple, list)
+        ):  # (tensor, received_splits) in some Horovod versions
             received = received[0]
         received = tf.cast(tf.ensure_shape(received, send.shape), x.dtype)
         # Sources in rank order: [from below (its last planes), from above (its first)];
@@ -329,7 +378,9 @@ class SpatialMesh:
         what each rank sends back). Usable inside tf.function; `x` the same shape on every rank."""
         if not self.is_split:
             return x
-        return tf.cast(hvd.allreduce(_wire(x), op=hvd.Sum, name=name, process_set=self._process_set), x.dtype)
+        return tf.cast(
+            hvd.allreduce(_wire(x), op=hvd.Sum, name=name, process_set=self._process_set), x.dtype
+        )
 
     def allgather(self, x, name: str):
         """x [N_i, ...] of every rank of the group, concatenated along axis 0 in group order (the
@@ -348,7 +399,9 @@ class SpatialMesh:
         if not self.is_split:
             return x
         perm = [1, 0] + list(range(2, x.shape.rank))
-        whole = hvd.allgather(_wire(tf.transpose(x, perm)), name=name, process_set=self._process_set)
+        whole = hvd.allgather(
+            _wire(tf.transpose(x, perm)), name=name, process_set=self._process_set
+        )
         shape = [x.shape[1] * self.size] + [x.shape[0]] + x.shape[2:].as_list()
         return tf.cast(tf.transpose(tf.ensure_shape(whole, shape), perm), x.dtype)
 
@@ -357,6 +410,7 @@ class SpatialMesh:
 class NeighbourPlanes:
     """What SpatialMesh.neighbour_planes gives: `below` and `above`, [B, halo, ...] each, and `sent`,
     the alltoall's input (to order overlapping compute after it)."""
+
     below: tf.Tensor
     above: tf.Tensor
     sent: tf.Tensor
@@ -379,6 +433,14 @@ def horovod_host() -> str:
 
 def launcher_env() -> dict:
     """Environment variables that tell which launcher started us (for the log)."""
-    keys = ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE",
-            "PMIX_RANK", "HOROVOD_RANK", "HOROVOD_CONTROLLER")
+    keys = (
+        "SLURM_JOB_ID",
+        "SLURM_NNODES",
+        "SLURM_NTASKS",
+        "SLURM_PROCID",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMIX_RANK",
+        "HOROVOD_RANK",
+        "HOROVOD_CONTROLLER",
+    )
     return {k: os.environ[k] for k in keys if k in os.environ}

@@ -38,7 +38,9 @@ def fingerprint(variables) -> np.ndarray:
     direction = np.random.default_rng(_PROBE_SEED)
     total = np.zeros(3)
     for variable in variables:
-        w = np.asarray(variable, dtype=np.float64).ravel()   # a tf.Variable's values come to the host
+        w = np.asarray(
+            variable, dtype=np.float64
+        ).ravel()  # a tf.Variable's values come to the host
         total += [w.sum(), np.abs(w).sum(), float(w @ direction.standard_normal(w.size))]
     return total
 

@@ -23,8 +23,8 @@ import dataclasses
 import os
 
 LIBRARY = "libnvidia-ml.so.1"
-_UUID_BUFFER = 96        # NVML_DEVICE_UUID_V2_BUFFER_SIZE
-_SUCCESS = 0             # NVML_SUCCESS
+_UUID_BUFFER = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
+_SUCCESS = 0  # NVML_SUCCESS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,7 @@ class RankGpu:
       uuid: the UUID of the GPU it uses; None when it sees none or NVML is absent.
       visible: GPUs it sees (NVML's, as CUDA_VISIBLE_DEVICES leaves them; TensorFlow's without NVML).
     """
+
     rank: int
     host: str
     local_rank: int
@@ -61,8 +62,10 @@ def nvml_uuids(library: str = LIBRARY) -> tuple[str, ...] | None:
         for index in range(count.value):
             handle = ctypes.c_void_p()
             text = ctypes.create_string_buffer(_UUID_BUFFER)
-            if (nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != _SUCCESS
-                    or nvml.nvmlDeviceGetUUID(handle, text, _UUID_BUFFER) != _SUCCESS):
+            if (
+                nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != _SUCCESS
+                or nvml.nvmlDeviceGetUUID(handle, text, _UUID_BUFFER) != _SUCCESS
+            ):
                 return None
             uuids.append(text.value.decode())
         return tuple(uuids)
@@ -120,19 +123,25 @@ def sharing_error(ranks) -> str | None:
         if r.uuid is not None:
             users[(r.host, r.uuid)].append(r.rank)
     shared = [(where, sorted(who)) for where, who in users.items() if len(who) > 1]
-    advice = ("launch at most one rank per GPU of a node (--ntasks-per-node no more than its GPUs); each rank "
-              "takes its local rank's GPU among those it sees (docs/scaling.md#gpus-and-cpu-binding)")
+    advice = (
+        "launch at most one rank per GPU of a node (--ntasks-per-node no more than its GPUs); each rank "
+        "takes its local rank's GPU among those it sees (docs/scaling.md#gpus-and-cpu-binding)"
+    )
     if shared:
         (host, uuid), who = min(shared, key=lambda s: s[1])
         more = f" ({len(shared) - 1} more GPU(s) shared likewise)" if len(shared) > 1 else ""
         return f"ranks {_and(who)} on {host} would share GPU {uuid}{more}: {advice}"
     # Without NVML (no UUIDs), a rank whose local rank wraps past several GPUs is certain to share.
-    wrapped = sorted((r for r in ranks if r.uuid is None and r.visible > 1 and r.local_rank >= r.visible),
-                     key=lambda r: r.rank)
+    wrapped = sorted(
+        (r for r in ranks if r.uuid is None and r.visible > 1 and r.local_rank >= r.visible),
+        key=lambda r: r.rank,
+    )
     if wrapped:
         r = wrapped[0]
-        return (f"rank {r.rank} on {r.host} is local rank {r.local_rank} but sees {r.visible} GPUs, so it would "
-                f"share local rank {r.local_rank % r.visible}'s: {advice}")
+        return (
+            f"rank {r.rank} on {r.host} is local rank {r.local_rank} but sees {r.visible} GPUs, so it would "
+            f"share local rank {r.local_rank % r.visible}'s: {advice}"
+        )
     return None
 
 

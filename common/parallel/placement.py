@@ -18,13 +18,15 @@ from common.errors import ConfigError
 @dataclasses.dataclass(frozen=True)
 class RankPlace:
     """Where one rank runs, as Horovod sees it."""
-    host: str           # the node's name Horovod was given (common.parallel.distribution.horovod_host)
-    local_size: int     # the ranks Horovod counts on that node
+
+    host: str  # the node's name Horovod was given (common.parallel.distribution.horovod_host)
+    local_size: int  # the ranks Horovod counts on that node
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeBlock:
     """A run of consecutive ranks on one node."""
+
     host: str
     first: int
     count: int
@@ -43,8 +45,10 @@ def group_span(k: int, per_node: int, asked: str, unit: str = "ranks per node") 
         return 1
     if k % per_node == 0:
         return k // per_node
-    raise ConfigError(f"{asked} neither divides nor is a multiple of the {per_node} {unit}: a group of {k} "
-                      f"consecutive ranks must sit on one node or span whole nodes")
+    raise ConfigError(
+        f"{asked} neither divides nor is a multiple of the {per_node} {unit}: a group of {k} "
+        f"consecutive ranks must sit on one node or span whole nodes"
+    )
 
 
 def node_blocks(places: list[RankPlace]) -> list[NodeBlock]:
@@ -60,13 +64,17 @@ def node_blocks(places: list[RankPlace]) -> list[NodeBlock]:
         first += blocks[-1].count
     for a, b in itertools.combinations(blocks, 2):
         if a.host == b.host:
-            raise ConfigError(f"ranks are not numbered node by node: host {a.host} holds ranks {a.first} and "
-                              f"{b.first} but not those between (srun's cyclic distribution?); spatial groups "
-                              f"are consecutive ranks: launch with block distribution (srun -m block)")
+            raise ConfigError(
+                f"ranks are not numbered node by node: host {a.host} holds ranks {a.first} and "
+                f"{b.first} but not those between (srun's cyclic distribution?); spatial groups "
+                f"are consecutive ranks: launch with block distribution (srun -m block)"
+            )
     for block in blocks:
         if places[block.first].local_size != block.count:
-            raise ConfigError(f"host {block.host} holds {block.count} rank(s) but Horovod counts "
-                              f"{places[block.first].local_size} on that node: the host names do not tell nodes apart")
+            raise ConfigError(
+                f"host {block.host} holds {block.count} rank(s) but Horovod counts "
+                f"{places[block.first].local_size} on that node: the host names do not tell nodes apart"
+            )
     return blocks
 
 
@@ -87,8 +95,10 @@ def group_spans(places: list[RankPlace], k: int, asked: str) -> tuple[int, ...]:
         inside = [b for b in blocks if b.first < first + k and first < b.first + b.count]
         whole = inside[0].first == first and inside[-1].first + inside[-1].count == first + k
         if len(inside) > 1 and not whole:
-            raise ConfigError(f"{asked}: the group of ranks {first}-{first + k - 1} holds part of a node "
-                              f"(host {inside[0].host}: ranks {inside[0].first}-{inside[0].first + inside[0].count - 1}, "
-                              f"host {inside[-1].host}: ranks {inside[-1].first}-{inside[-1].first + inside[-1].count - 1})")
+            raise ConfigError(
+                f"{asked}: the group of ranks {first}-{first + k - 1} holds part of a node "
+                f"(host {inside[0].host}: ranks {inside[0].first}-{inside[0].first + inside[0].count - 1}, "
+                f"host {inside[-1].host}: ranks {inside[-1].first}-{inside[-1].first + inside[-1].count - 1})"
+            )
         spans.append(len(inside))
     return tuple(spans)

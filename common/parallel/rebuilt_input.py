@@ -28,6 +28,7 @@ def convolve_rebuilding_input(parts: list, assemble, kernel, convolve):
     Returns:
       The output, with the gradient of the unsplit computation for every part and the kernel.
     """
+
     @tf.custom_gradient
     def run(*args):
         *inputs, weights = args
@@ -41,6 +42,7 @@ def convolve_rebuilding_input(parts: list, assemble, kernel, convolve):
                 tape.watch(args)
                 again = convolve(assemble(*inputs), weights)
             return tape.gradient(again, list(args), output_gradients=upstream)
+
         return outputs, grad
 
     return run(*parts, kernel)

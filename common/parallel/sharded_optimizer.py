@@ -44,7 +44,9 @@ class ShardedUpdate:
         self.variables = list(variables)
         dtypes = {v.dtype for v in self.variables}
         if len(dtypes) > 1:
-            raise ValueError(f"a sharded optimizer needs one dtype of trainable variables, found {sorted(map(str, dtypes))}")
+            raise ValueError(
+                f"a sharded optimizer needs one dtype of trainable variables, found {sorted(map(str, dtypes))}"
+            )
         self.index, self.size = index, size
         self._allgather = allgather
         self._sizes = [int(v.shape.num_elements()) for v in self.variables]
@@ -62,7 +64,9 @@ class ShardedUpdate:
         if clip_norm:
             # tf.clip_by_global_norm's own arithmetic on the owned gradients, with the norm of all:
             # the values the optimizer's clip over every gradient would give them.
-            owned, _ = tf.clip_by_global_norm(owned, clip_norm, use_norm=tf.linalg.global_norm(grads))
+            owned, _ = tf.clip_by_global_norm(
+                owned, clip_norm, use_norm=tf.linalg.global_norm(grads)
+            )
         return owned, tf.reduce_all(tf.stack(finite))
 
     def share(self) -> None:
@@ -74,8 +78,10 @@ class ShardedUpdate:
         for rank in range(self.size):
             for i in (i for i, o in enumerate(self.owner) if o == rank):
                 if rank != self.index:
-                    part = own_buffer(whole[offset:offset + self._sizes[i]])
-                    self.variables[i].assign(tf.reshape(part, self.variables[i].shape), read_value=False)
+                    part = own_buffer(whole[offset : offset + self._sizes[i]])
+                    self.variables[i].assign(
+                        tf.reshape(part, self.variables[i].shape), read_value=False
+                    )
                 offset += self._sizes[i]
 
 

@@ -43,9 +43,15 @@ class SpatialConv3D(layers.Conv3D):
     def __init__(self, filters, kernel_size, mesh, *, overlap: bool, **kwargs):
         kwargs.setdefault("padding", "same")
         super().__init__(filters, kernel_size, **kwargs)
-        if self.padding != "same" or any(s != 1 for s in self.strides) or any(k % 2 == 0 for k in self.kernel_size):
-            raise ValueError(f"{self.name}: a spatial convolution needs stride 1, 'same' padding and an odd kernel, "
-                             f"got strides {self.strides}, padding {self.padding}, kernel {self.kernel_size}")
+        if (
+            self.padding != "same"
+            or any(s != 1 for s in self.strides)
+            or any(k % 2 == 0 for k in self.kernel_size)
+        ):
+            raise ValueError(
+                f"{self.name}: a spatial convolution needs stride 1, 'same' padding and an odd kernel, "
+                f"got strides {self.strides}, padding {self.padding}, kernel {self.kernel_size}"
+            )
         self.mesh = mesh
         self.overlap = bool(overlap)
         # Whether this layer's kernel gradient is a partial sum over its slab (see gradient_scales).
@@ -54,7 +60,9 @@ class SpatialConv3D(layers.Conv3D):
     def build(self, input_shape):
         super().build(input_shape)
         # Whether call() overlaps: a slab of 2h planes or fewer has no interior to compute while its halo travels.
-        self.overlaps = self.holds_slab and self.overlap and input_shape[1] > 2 * (self.kernel_size[0] // 2)
+        self.overlaps = (
+            self.holds_slab and self.overlap and input_shape[1] > 2 * (self.kernel_size[0] // 2)
+        )
 
     def call(self, inputs):
         if not self.holds_slab:
@@ -76,15 +84,19 @@ class SpatialConv3D(layers.Conv3D):
         # After the alltoall's input, so the exchange is under way while the slab convolves.
         with tf.control_dependencies([halo.sent]):
             interior = self._valid([inputs], kernel, name="interior")
-        below = self._valid([halo.below, inputs[:, :2 * hz]], kernel, name="boundary_below")
-        above = self._valid([inputs[:, zs - 2 * hz:], halo.above], kernel, name="boundary_above")
+        below = self._valid([halo.below, inputs[:, : 2 * hz]], kernel, name="boundary_below")
+        above = self._valid([inputs[:, zs - 2 * hz :], halo.above], kernel, name="boundary_above")
         return tf.concat([below, interior, above], axis=1)
 
     def _valid(self, planes: list, kernel, name: str):
         """The convolution of `planes` stacked along z and zero-padded in y and x, 'valid' along z (2h
         planes fewer than the stack), backward rebuilding that padded stack."""
-        return convolve_rebuilding_input(planes, self._stack_and_pad, kernel, lambda x, k: tf.nn.conv3d(
-            x, k, strides=[1] * 5, padding="VALID", name=name))
+        return convolve_rebuilding_input(
+            planes,
+            self._stack_and_pad,
+            kernel,
+            lambda x, k: tf.nn.conv3d(x, k, strides=[1] * 5, padding="VALID", name=name),
+        )
 
     def _stack_and_pad(self, *planes):
         _, hy, hx = (k // 2 for k in self.kernel_size)

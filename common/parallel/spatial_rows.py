@@ -36,6 +36,7 @@ class RowHalo:
     shapes, so Horovod's derived names agree), cropped: a one-sided halo (stride-2 layers need
     one row above, transposed convolutions one below) sends a row it does not use.
     """
+
     mesh: object
     top: int
     bottom: int
@@ -51,9 +52,10 @@ class RowHalo:
         halo = max(self.top, self.bottom)
         received = self.mesh.neighbour_planes(slab, halo, name=f"{name}.alltoall")
         # The mesh's `below` comes from the previous rank: the rows above this slab.
-        above, below = received.below[:, halo - self.top:], received.above[:, :self.bottom]
-        return convolve_rebuilding_input([above, slab, below], self._assemble, tf.convert_to_tensor(kernel),
-                                         convolve)
+        above, below = received.below[:, halo - self.top :], received.above[:, : self.bottom]
+        return convolve_rebuilding_input(
+            [above, slab, below], self._assemble, tf.convert_to_tensor(kernel), convolve
+        )
 
     def _assemble(self, above, slab, below):
         return _pad_cols(tf.concat([above, slab, below], axis=1), self.cols)
@@ -70,7 +72,9 @@ class GatherRows(layers.Layer):
         self.mesh = mesh
 
     def call(self, inputs):
-        return self.mesh.gather(_gradient_times(inputs, float(self.mesh.size)), name=f"{self.name}.allgather")
+        return self.mesh.gather(
+            _gradient_times(inputs, float(self.mesh.size)), name=f"{self.name}.allgather"
+        )
 
 
 class RowWindow(layers.Layer):
@@ -86,7 +90,7 @@ class RowWindow(layers.Layer):
         padded = tf.pad(whole, [[0, 0], [self.top, self.bottom], [0, 0], [0, 0]])
         # Rows [first - top, first + rows + bottom) of the whole map are rows [first, ...) of the padded one.
         first = self.mesh.index * rows
-        return _pad_cols(padded[:, first:first + rows + self.top + self.bottom], self.cols)
+        return _pad_cols(padded[:, first : first + rows + self.top + self.bottom], self.cols)
 
 
 class GroupMeanPool(layers.Layer):
@@ -119,6 +123,7 @@ def _pad_cols(x, cols: int):
 def _gradient_times_impl(x, factor):
     def grad(upstream):
         return upstream * tf.cast(factor, upstream.dtype), None
+
     return tf.identity(x), grad
 
 

@@ -36,8 +36,12 @@ class GroupBatchNormalization(tf_keras.layers.BatchNormalization):
 
     def call(self, inputs, training=None):
         training = self._get_training_value(training)
-        if not isinstance(training, bool):   # a Keras learning-phase tensor: not used by this project
-            raise ValueError(f"{self.name}: GroupBatchNormalization needs training as a Python bool")
+        if not isinstance(
+            training, bool
+        ):  # a Keras learning-phase tensor: not used by this project
+            raise ValueError(
+                f"{self.name}: GroupBatchNormalization needs training as a Python bool"
+            )
         if not training:
             return super().call(inputs, training=False)
         x = tf.cast(inputs, self.compute_dtype)
@@ -48,17 +52,31 @@ class GroupBatchNormalization(tf_keras.layers.BatchNormalization):
         local_count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float32)
         count = local_count * self.group.size
         if self.group.size > 1:
-            stacked = self.group.sum(tf.stack([mean, variance + tf.square(mean)]), name=f"{self.name}.moments")
+            stacked = self.group.sum(
+                tf.stack([mean, variance + tf.square(mean)]), name=f"{self.name}.moments"
+            )
             mean, mean_sq = tf.unstack(stacked / self.group.size)
             variance = tf.maximum(mean_sq - tf.square(mean), 0.0)
         # The running variance takes the unbiased batch variance (n / (n - 1), n counting the whole
         # group), as PyTorch's BatchNorm2d / SyncBatchNorm and TF's fused kernel do; the batch is
         # normalized with the biased one.
         unbiased = variance * count / tf.maximum(count - 1.0, 1.0)
-        self.add_update(lambda: self._assign_moving_average(self.moving_mean, mean, self.momentum, None))
-        self.add_update(lambda: self._assign_moving_average(self.moving_variance, unbiased, self.momentum, None))
-        return _normalize(x, self.gamma, self.beta, mean, variance, self.epsilon, count,
-                          lambda t: self.group.sum(t, name=f"{self.name}.grad_sums"))
+        self.add_update(
+            lambda: self._assign_moving_average(self.moving_mean, mean, self.momentum, None)
+        )
+        self.add_update(
+            lambda: self._assign_moving_average(self.moving_variance, unbiased, self.momentum, None)
+        )
+        return _normalize(
+            x,
+            self.gamma,
+            self.beta,
+            mean,
+            variance,
+            self.epsilon,
+            count,
+            lambda t: self.group.sum(t, name=f"{self.name}.grad_sums"),
+        )
 
     def get_config(self):
         config = super().get_config()
@@ -90,6 +108,7 @@ def _normalize(x, gamma, beta, mean, variance, epsilon: float, count, group_sum)
             sum_dy, sum_dy_xhat = tf.unstack(group_sum(tf.stack([dbeta, dgamma])))
             dx = (inv * gamma) * (dy - sum_dy / count - x_hat * (sum_dy_xhat / count))
             return tf.cast(dx, x.dtype), dgamma, dbeta
+
         return tf.cast(y, x.dtype), grad
 
     return run(x, tf.convert_to_tensor(gamma, tf.float32), tf.convert_to_tensor(beta, tf.float32))
@@ -104,8 +123,11 @@ def batchnorm_statistics(model) -> list:
     The order is the model's own layer order, the same on every rank.
     """
     found = []
-    for layer in model.submodules:   # each module once, sub-models' layers included
-        if getattr(layer, "moving_mean", None) is not None and getattr(layer, "moving_variance", None) is not None:
+    for layer in model.submodules:  # each module once, sub-models' layers included
+        if (
+            getattr(layer, "moving_mean", None) is not None
+            and getattr(layer, "moving_variance", None) is not None
+        ):
             found += [layer.moving_mean, layer.moving_variance]
     return found
 
@@ -126,6 +148,6 @@ def average_batchnorm_statistics(model, dist) -> int:
       The number of batch-norm layers averaged.
     """
     statistics = batchnorm_statistics(model)
-    if statistics:   # the same answer on every rank: they all build the same model
+    if statistics:  # the same answer on every rank: they all build the same model
         dist.average_variables(statistics)
     return len(statistics) // 2

@@ -29,7 +29,9 @@ class Console(Listener):
         self.every_s = every_s
         self.run_start = None
         self.info = None
-        self.train = None   # the last epoch's EpochTrain; None before the first (an evaluate-only run)
+        self.train = (
+            None  # the last epoch's EpochTrain; None before the first (an evaluate-only run)
+        )
         self.staging_bar = None
 
     def print(self, text: str) -> None:
@@ -52,23 +54,32 @@ class Console(Listener):
 
     def on_staging_progress(self, done, total, nbytes, site):
         if self.staging_bar is None:
-            self.staging_bar = Progress("staging", total, unit="files", stream=self.stream, every_s=self.every_s)
+            self.staging_bar = Progress(
+                "staging", total, unit="files", stream=self.stream, every_s=self.every_s
+            )
         self.staging_bar.update(done, f"rank 0: {nbytes / 1e6:.1f} MB")
         if done >= total:
             self.staging_bar.close()
             self.staging_bar = None
 
     def on_staging_stop(self, stats, site):
-        self.print(f"[staging] {stats.files} files ({stats.skipped} already staged), "
-                   f"{stats.bytes / 1e9:.3f} GB in {stats.seconds:.2f} s = {stats.gb_per_s:.3f} GB/s "
-                   f"(all ranks)")
+        self.print(
+            f"[staging] {stats.files} files ({stats.skipped} already staged), "
+            f"{stats.bytes / 1e9:.3f} GB in {stats.seconds:.2f} s = {stats.gb_per_s:.3f} GB/s "
+            f"(all ranks)"
+        )
 
     def on_instances_met(self, meeting, site):
         gone = f"; ended before they were ready: {list(meeting.gone)}" if meeting.gone else ""
-        missing = (f"; not ready after the timeout, started without them: {list(meeting.missing)}"
-                   if meeting.missing else "")
-        self.print(f"[weak-scaling] this instance waited {meeting.waited_s:.2f} s for the others to be "
-                   f"ready{gone}{missing}")
+        missing = (
+            f"; not ready after the timeout, started without them: {list(meeting.missing)}"
+            if meeting.missing
+            else ""
+        )
+        self.print(
+            f"[weak-scaling] this instance waited {meeting.waited_s:.2f} s for the others to be "
+            f"ready{gone}{missing}"
+        )
 
     def on_run_start(self, site):
         self.run_start = time.time()
@@ -83,32 +94,44 @@ class Console(Listener):
         self.steps.on_epoch_stop(epoch, train, site)
         self.train = train
         if train.first_step_s is not None:
-            self.print(f"[timing] first step {train.first_step_s:.3f} s, median {train.median_step_s:.3f} s "
-                       f"({train.first_step_s / train.median_step_s:.2f}x), 90th percentile {train.p90_step_s:.3f} s "
-                       f"({train.p90_step_s / train.median_step_s:.2f}x) over the epoch's steps, each waited for, "
-                       f"without their wait for input; the first batch waited {train.first_input_wait_s:.3f} s "
-                       f"(cold reads, buffers filling); rank 0")
+            self.print(
+                f"[timing] first step {train.first_step_s:.3f} s, median {train.median_step_s:.3f} s "
+                f"({train.first_step_s / train.median_step_s:.2f}x), 90th percentile {train.p90_step_s:.3f} s "
+                f"({train.p90_step_s / train.median_step_s:.2f}x) over the epoch's steps, each waited for, "
+                f"without their wait for input; the first batch waited {train.first_input_wait_s:.3f} s "
+                f"(cold reads, buffers filling); rank 0"
+            )
 
     def on_eval_start(self, epoch, site):
         self.steps.on_eval_start(epoch, site)
 
     def on_eval_stop(self, epoch, global_step, value, loss, site):
         t = self.train
-        loss, samples_per_s, lr = (t.loss, t.samples_per_s, t.lr) if t is not None else (float("nan"), 0, 0)
-        self.print(f"[epoch {epoch:3d}] train_loss {loss:.4f}  "
-                   f"{self.info.target_name} {value:.4f} (target {self.info.target})  "
-                   f"{samples_per_s:.1f} samples/s  lr {lr:.3g}  "
-                   f"t={time.time() - self.run_start:.1f}s")
+        loss, samples_per_s, lr = (
+            (t.loss, t.samples_per_s, t.lr) if t is not None else (float("nan"), 0, 0)
+        )
+        self.print(
+            f"[epoch {epoch:3d}] train_loss {loss:.4f}  "
+            f"{self.info.target_name} {value:.4f} (target {self.info.target})  "
+            f"{samples_per_s:.1f} samples/s  lr {lr:.3g}  "
+            f"t={time.time() - self.run_start:.1f}s"
+        )
 
     def on_run_stop(self, status, epoch, checkpoint, failure, site):
-        self.steps.on_run_stop(status, epoch, checkpoint, failure, site)   # a bar ended before the line
+        self.steps.on_run_stop(
+            status, epoch, checkpoint, failure, site
+        )  # a bar ended before the line
         minutes = (time.time() - self.run_start) / 60 if self.run_start else float("nan")
         saved = f"; checkpoint {checkpoint}" if checkpoint else ""
         why = f" ({failure.reason} at step {failure.step_num})" if failure else ""
-        self.print(f"[run] {status}{why} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}")
+        self.print(
+            f"[run] {status}{why} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}"
+        )
 
     def on_characterization_start(self, site):
-        self.print("[characterize] measuring FLOPs, input pipeline, memory and allreduce (after run_stop)")
+        self.print(
+            "[characterize] measuring FLOPs, input pipeline, memory and allreduce (after run_stop)"
+        )
 
     # ------------------------------------------------------------ the report
     def report(self, report) -> None:
@@ -117,7 +140,12 @@ class Console(Listener):
             self.print(line)
 
 
-_NOTES = ("cpu", "stack", "precision_note", "threads_note")   # runtime entries said on lines of their own
+_NOTES = (
+    "cpu",
+    "stack",
+    "precision_note",
+    "threads_note",
+)  # runtime entries said on lines of their own
 
 
 def runtime_lines(job: str, rt: dict) -> list[str]:
@@ -135,27 +163,37 @@ def init_lines(info) -> list[str]:
     """What init built, a line each (without the `[init] ` tag), from the RunInfo."""
     lines = []
     if info.samples_per_epoch < info.shard_samples:
-        lines.append(f"epoch: {info.steps_per_epoch} steps x global batch {info.global_batch_size} = "
-                     f"{info.samples_per_epoch} of {info.shard_samples} samples; the rest of each rank's "
-                     f"shuffled shard is dropped each epoch (partial batches, as the reference's drop_last)")
+        lines.append(
+            f"epoch: {info.steps_per_epoch} steps x global batch {info.global_batch_size} = "
+            f"{info.samples_per_epoch} of {info.shard_samples} samples; the rest of each rank's "
+            f"shuffled shard is dropped each epoch (partial batches, as the reference's drop_last)"
+        )
     if info.model_name:
         lines.append(f"model {info.model_name}: {info.num_params:,} trainable parameters")
     if info.spatial_ranks > 1:
         lines.append(f"spatial: {info.spatial_plan}")
     if info.warmup_steps:
-        lines.append(f"warm-up: {info.warmup_steps} synthetic step(s) in {info.warmup_s:.2f} s (compile, autotune), "
-                     f"the state put back; before run_start, outside the timed region")
+        lines.append(
+            f"warm-up: {info.warmup_steps} synthetic step(s) in {info.warmup_s:.2f} s (compile, autotune), "
+            f"the state put back; before run_start, outside the timed region"
+        )
     if info.batchnorm_layers and info.ranks > 1:
-        lines.append(f"batch norm: running statistics of {info.batchnorm_layers} layers averaged over the "
-                     f"{info.ranks} ranks after every epoch")
+        lines.append(
+            f"batch norm: running statistics of {info.batchnorm_layers} layers averaged over the "
+            f"{info.ranks} ranks after every epoch"
+        )
     resumed = info.resumed_from
     if resumed and resumed.get("weights_only"):
-        lines.append(f"model weights from {info.resumed_source} (model-only folder: fresh optimizer, starting at "
-                     f"epoch 0; not a valid benchmark result)")
+        lines.append(
+            f"model weights from {info.resumed_source} (model-only folder: fresh optimizer, starting at "
+            f"epoch 0; not a valid benchmark result)"
+        )
     elif resumed:
-        lines.append(f"resumed from {info.resumed_source} (epoch {resumed['epoch']}, {resumed['step']} of "
-                     f"{info.steps_per_epoch} steps done); a resumed run is not a valid benchmark result "
-                     f"(its log says so)")
+        lines.append(
+            f"resumed from {info.resumed_source} (epoch {resumed['epoch']}, {resumed['step']} of "
+            f"{info.steps_per_epoch} steps done); a resumed run is not a valid benchmark result "
+            f"(its log says so)"
+        )
     return lines
 
 
@@ -165,26 +203,44 @@ def report_lines(report) -> list[str]:
     where = f"[done] run directory: {report.run_dir}"
     if r.status == "benchmarked":
         b = r.throughput
-        return [f"[benchmark] {name}: {b['steps']} steps after {b['warmup_steps']} warm-up, {b['ranks']} rank(s), "
-                f"global batch {b['global_batch_size']}, {b['precision']}: {b['samples_per_s_per_rank']:.2f} "
-                f"samples/s per rank, {b['samples_per_s']:.2f} samples/s in total; input pipeline alone "
-                f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank", where]
+        return [
+            f"[benchmark] {name}: {b['steps']} steps after {b['warmup_steps']} warm-up, {b['ranks']} rank(s), "
+            f"global batch {b['global_batch_size']}, {b['precision']}: {b['samples_per_s_per_rank']:.2f} "
+            f"samples/s per rank, {b['samples_per_s']:.2f} samples/s in total; input pipeline alone "
+            f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank",
+            where,
+        ]
     if r.status == "evaluated":
-        return [f"[done] {name}: evaluated the model of epoch {r.epochs}: {report.metric_name} "
-                f"{r.metric:.4f} (target {report.target})", where]
+        return [
+            f"[done] {name}: evaluated the model of epoch {r.epochs}: {report.metric_name} "
+            f"{r.metric:.4f} (target {report.target})",
+            where,
+        ]
     if r.failure:
         f = r.failure
-        return [f"[done] {name}: aborted ({f.reason} at step {f.step_num}), exit code {f.exit_code}"
-                + (f"; checkpoint of the last finite state {f.checkpoint}" if f.checkpoint else ""), where]
-    lines = [f"[done] {name}: {r.status}, {r.epochs} epoch(s), {report.metric_name} {r.metric:.4f}, "
-             f"time to train {r.time_to_train_s / 60:.3f} min", where]
+        return [
+            f"[done] {name}: aborted ({f.reason} at step {f.step_num}), exit code {f.exit_code}"
+            + (f"; checkpoint of the last finite state {f.checkpoint}" if f.checkpoint else ""),
+            where,
+        ]
+    lines = [
+        f"[done] {name}: {r.status}, {r.epochs} epoch(s), {report.metric_name} {r.metric:.4f}, "
+        f"time to train {r.time_to_train_s / 60:.3f} min",
+        where,
+    ]
     if r.status == "preempted":
-        lines.append(f"[done] stopped on request (SIGUSR1 or SIGTERM on a rank): checkpoint {r.checkpoint}; "
-                     f"go on with --resume (exit code {report.exit_preempted}); the log says aborted")
+        lines.append(
+            f"[done] stopped on request (SIGUSR1 or SIGTERM on a rank): checkpoint {r.checkpoint}; "
+            f"go on with --resume (exit code {report.exit_preempted}); the log says aborted"
+        )
     elif report.log_check == "passed":
-        lines.append(f"[done] MLPerf log {report.log} PASSED the compliance checker (hpc {report.ruleset})")
+        lines.append(
+            f"[done] MLPerf log {report.log} PASSED the compliance checker (hpc {report.ruleset})"
+        )
     elif report.log_check == "failed":
-        lines.append(f"[done] MLPerf log {report.log} FAILED the compliance checker (hpc {report.ruleset}):")
+        lines.append(
+            f"[done] MLPerf log {report.log} FAILED the compliance checker (hpc {report.ruleset}):"
+        )
         lines += ["    " + line for line in report.checker_output.splitlines()[-15:]]
     return lines
 
@@ -214,12 +270,12 @@ class StepProgress(Listener):
         self.stream = sys.stdout if stream is None else stream
         self.every_s = every_s
         self.clock = clock
-        self.batch = None      # global batch size, from RunInfo
-        self.line = None       # the epoch's status line
+        self.batch = None  # global batch size, from RunInfo
+        self.line = None  # the epoch's status line
         self.epoch = 0
         self.epoch_start = None
-        self.first = None      # (step, clock) of the first step seen in the epoch
-        self.step = None       # the last StepInfo
+        self.first = None  # (step, clock) of the first step seen in the epoch
+        self.step = None  # the last StepInfo
 
     def on_init_stop(self, info, site):
         self.batch = info.global_batch_size
@@ -232,7 +288,7 @@ class StepProgress(Listener):
 
     def on_step(self, step, site):
         now = self.clock()
-        if self.line is None:     # steps without an epoch start (not from the trainer): still draw
+        if self.line is None:  # steps without an epoch start (not from the trainer): still draw
             self.on_epoch_start(step.epoch, step.global_step - step.step, site)
         self.step = step
         if self.first is None:
@@ -248,11 +304,15 @@ class StepProgress(Listener):
         self._end()
 
     def on_run_stop(self, status, epoch, checkpoint, failure, site):
-        self._end()   # stopped mid-epoch: end the bar before the run's last line
+        self._end()  # stopped mid-epoch: end the bar before the run's last line
 
     def _end(self, final: bool = False) -> None:
         if self.line is not None:
-            text = self.text(self.clock(), final=True) if final and self.step is not None and self.line.tty else None
+            text = (
+                self.text(self.clock(), final=True)
+                if final and self.step is not None and self.line.tty
+                else None
+            )
             self.line.end(text)
             self.line = None
 
@@ -273,8 +333,10 @@ class StepProgress(Listener):
         when = eta_or_took(final, now - self.epoch_start, s.steps_per_epoch - s.step, steps_per_s)
         pct = percent(s.step, s.steps_per_epoch)
         if self.line.tty:
-            return (f"[epoch {self.epoch:3d}] {bar(s.step, s.steps_per_epoch)} {s.step}/{s.steps_per_epoch} "
-                    f"{pct:3d}%  {speed}  {when}")
-        return f"[epoch {self.epoch:3d}] step {s.step}/{s.steps_per_epoch} ({pct}%), {speed}, {when}"
-
-
+            return (
+                f"[epoch {self.epoch:3d}] {bar(s.step, s.steps_per_epoch)} {s.step}/{s.steps_per_epoch} "
+                f"{pct:3d}%  {speed}  {when}"
+            )
+        return (
+            f"[epoch {self.epoch:3d}] step {s.step}/{s.steps_per_epoch} ({pct}%), {speed}, {when}"
+        )

@@ -24,17 +24,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # the run's package imports this one: only the annotations name them
+if TYPE_CHECKING:  # the run's package imports this one: only the annotations name them
     from common.inputs.staging import StageStats
-    from common.run.instance_start import Meeting
     from common.run.failures import Failure
+    from common.run.instance_start import Meeting
 
-_REPO = Path(__file__).resolve().parents[2]   # common/reporting/events.py -> the repository
+_REPO = Path(__file__).resolve().parents[2]  # common/reporting/events.py -> the repository
 
 
 @dataclasses.dataclass(frozen=True)
 class RunInfo:
     """Facts about a run, known once init is done."""
+
     benchmark: str
     seed: int
     num_nodes: int
@@ -51,20 +52,21 @@ class RunInfo:
     resumed_from: dict | None = None  # common.checkpoints.checkpointer.ResumePoint.resumed_from
     # What rank 0's console says of init (common.reporting.console):
     model_name: str = ""
-    num_params: int = 0               # trainable
-    spatial_ranks: int = 1            # ranks that split each sample
-    spatial_plan: str = ""            # split runs: how a sample is cut and gathered (Task.describe_split)
-    batchnorm_layers: int = 0         # their running statistics are averaged over the ranks every epoch
-    samples_per_epoch: int = 0        # all ranks, in whole steps
-    shard_samples: int = 0            # the training samples of the shards (n_train)
+    num_params: int = 0  # trainable
+    spatial_ranks: int = 1  # ranks that split each sample
+    spatial_plan: str = ""  # split runs: how a sample is cut and gathered (Task.describe_split)
+    batchnorm_layers: int = 0  # their running statistics are averaged over the ranks every epoch
+    samples_per_epoch: int = 0  # all ranks, in whole steps
+    shard_samples: int = 0  # the training samples of the shards (n_train)
     resumed_source: str | None = None  # the checkpoint folder as named
-    warmup_steps: int = 0             # synthetic steps run before run_start, the state put back after
+    warmup_steps: int = 0  # synthetic steps run before run_start, the state put back after
     warmup_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class CallSite:
     """Where the trainer raised an event: the file (relative to the repository) and line."""
+
     file: str
     line: int
 
@@ -72,30 +74,35 @@ class CallSite:
 @dataclasses.dataclass(frozen=True)
 class StepInfo:
     """One optimizer step done (every step: cheap, no tensor is read)."""
+
     epoch: int
-    step: int                 # steps done in this epoch, from 1
+    step: int  # steps done in this epoch, from 1
     steps_per_epoch: int
-    global_step: int          # steps done in the whole run, resumes included
+    global_step: int  # steps done in the whole run, resumes included
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainLog:
     """Training figures every `train.log_every_steps` steps (the loss of steps already done: two behind)."""
+
     epoch: int
     global_step: int
-    loss: float               # mean over the steps since the previous TrainLog, this rank
+    loss: float  # mean over the steps since the previous TrainLog, this rank
     lr: float
-    samples_per_s: float      # all ranks, over the steps since the previous TrainLog
+    samples_per_s: float  # all ranks, over the steps since the previous TrainLog
 
 
 @dataclasses.dataclass(frozen=True)
 class EpochTrain:
     """An epoch's training figures (common.run.train_mode), at epoch_stop."""
-    global_step: int          # steps done in the whole run at the epoch's end
-    loss: float               # mean of the epoch's step losses over all ranks
-    seconds: float            # this rank's, for the steps of the epoch this process ran (a resume's: the rest)
-    lr: float                 # the LR of the epoch's first step
-    samples_per_s: float      # all ranks, over the steps this process ran
+
+    global_step: int  # steps done in the whole run at the epoch's end
+    loss: float  # mean of the epoch's step losses over all ranks
+    seconds: (
+        float  # this rank's, for the steps of the epoch this process ran (a resume's: the rest)
+    )
+    lr: float  # the LR of the epoch's first step
+    samples_per_s: float  # all ranks, over the steps this process ran
     # With runtime.step_timing, the first epoch this process runs only (None otherwise): its first step's time beside the median
     # of its steps, each waited for, without their wait for input (the first step pays what warm-up
     # did not); and the first step's wait for its batch (cold reads, a shuffle buffer filling).
@@ -133,10 +140,18 @@ class Listener:
     def on_eval_start(self, epoch: int, site: CallSite): ...
     # global_step: the steps done when the model was evaluated; loss: the per-sample mean
     # validation loss (eval_loss), None where not computed.
-    def on_eval_stop(self, epoch: int, global_step: int, value: float, loss: float | None, site: CallSite): ...
+    def on_eval_stop(
+        self, epoch: int, global_step: int, value: float, loss: float | None, site: CallSite
+    ): ...
     # failure: why a run that could not go on stopped (non-finite input or loss: common.run.failures), else None.
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None, failure: "Failure | None",
-                    site: CallSite): ...
+    def on_run_stop(
+        self,
+        status: str,
+        epoch: int,
+        checkpoint: str | None,
+        failure: "Failure | None",
+        site: CallSite,
+    ): ...
     # After run_stop, when runtime.characterize is on: the measurements start.
     def on_characterization_start(self, site: CallSite): ...
     def close(self): ...
@@ -149,7 +164,9 @@ def _check_listener(listener) -> None:
     """A method named like an event that is not one (a typo) would never run: refuse it."""
     for name in dir(type(listener)):
         if name.startswith("on_") and name not in _EVENT_NAMES:
-            raise TypeError(f"{type(listener).__name__}.{name}: no such event (events: {sorted(_EVENT_NAMES)})")
+            raise TypeError(
+                f"{type(listener).__name__}.{name}: no such event (events: {sorted(_EVENT_NAMES)})"
+            )
 
 
 def _caller() -> CallSite:
@@ -158,7 +175,7 @@ def _caller() -> CallSite:
     return CallSite(_relative(frame.f_code.co_filename), frame.f_lineno)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _relative(path: str) -> str:
     """`path` relative to the repository (cached: on_step asks for the same file every step)."""
     try:
@@ -250,7 +267,13 @@ class Events:
         for listener in self.listeners:
             listener.on_eval_stop(epoch, global_step, value, loss, site)
 
-    def on_run_stop(self, status: str, epoch: int, checkpoint: str | None = None, failure: "Failure | None" = None):
+    def on_run_stop(
+        self,
+        status: str,
+        epoch: int,
+        checkpoint: str | None = None,
+        failure: "Failure | None" = None,
+    ):
         site = _caller()
         for listener in self.listeners:
             listener.on_run_stop(status, epoch, checkpoint, failure, site)

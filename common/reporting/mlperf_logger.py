@@ -19,15 +19,23 @@ RESUMED_KEY = "resumed_from"
 LOG_NAME = "mlperf.log"
 
 
-def encode_line(event_type: str, key: str, value, metadata: dict, time_ms: int | None = None) -> str:
+def encode_line(
+    event_type: str, key: str, value, metadata: dict, time_ms: int | None = None
+) -> str:
     """One MLPerf log line, as `mlperf_logging.mllog` writes it (':::MLLOG {json}', keys in its order)."""
-    record = {"namespace": "", "time_ms": int(time.time() * 1e3) if time_ms is None else time_ms,
-              "event_type": event_type, "key": key, "value": value, "metadata": metadata}
+    record = {
+        "namespace": "",
+        "time_ms": int(time.time() * 1e3) if time_ms is None else time_ms,
+        "event_type": event_type,
+        "key": key,
+        "value": value,
+        "metadata": metadata,
+    }
     return ":::MLLOG " + json.dumps(record, default=_json_default)
 
 
 def _json_default(value):
-    if hasattr(value, "item"):   # NumPy scalars
+    if hasattr(value, "item"):  # NumPy scalars
         return value.item()
     if hasattr(value, "tolist"):
         return value.tolist()
@@ -50,7 +58,7 @@ class MLPerfLogger(Listener):
 
     def __init__(self, output_dir, submission: dict, metric_key: str, instance: dict | None = None):
         self.metric_key = metric_key
-        self._instance = dict(instance or {})   # weak scaling: instance_id, number_of_instances
+        self._instance = dict(instance or {})  # weak scaling: instance_id, number_of_instances
         self.final = Path(output_dir) / LOG_NAME
         self.partial = Path(output_dir) / (LOG_NAME + ".partial")
         self.partial.unlink(missing_ok=True)
@@ -62,7 +70,9 @@ class MLPerfLogger(Listener):
         self._lock = threading.RLock()
 
     def _write(self, event_type, key, value, site: CallSite, metadata: dict):
-        line = encode_line(event_type, key, value, {"file": site.file, "lineno": site.line, **metadata})
+        line = encode_line(
+            event_type, key, value, {"file": site.file, "lineno": site.line, **metadata}
+        )
         with self._lock:
             if not self._closed:
                 self._file.write(line + "\n")
@@ -103,13 +113,21 @@ class MLPerfLogger(Listener):
         self._start("staging_start", site)
 
     def on_staging_stop(self, stats, site):
-        self._end("staging_stop", site, files=stats.files, bytes=stats.bytes, seconds=stats.seconds,
-                  gb_per_s=stats.gb_per_s)
+        self._end(
+            "staging_stop",
+            site,
+            files=stats.files,
+            bytes=stats.bytes,
+            seconds=stats.seconds,
+            gb_per_s=stats.gb_per_s,
+        )
 
     def on_caches_cleared(self, cleared, files, site):
         # True only when this rank's input files were evicted from the page cache
         # (common.inputs.page_cache); metadata says how many files that covered.
-        self._event("cache_clear", bool(cleared), site, files=files, method="posix_fadvise(DONTNEED)")
+        self._event(
+            "cache_clear", bool(cleared), site, files=files, method="posix_fadvise(DONTNEED)"
+        )
 
     def on_run_start(self, site):
         self._start("run_start", site)

@@ -17,7 +17,9 @@ def plot_training_curve(history, metric_name: str, target: float, title: str, pa
     epochs = [h["epoch"] for h in history]
     evaluated = [h for h in history if "metric" in h]
     fig, (ax_metric, ax_speed) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_metric.plot([h["epoch"] for h in evaluated], [h["metric"] for h in evaluated], "o-", label=metric_name)
+    ax_metric.plot(
+        [h["epoch"] for h in evaluated], [h["metric"] for h in evaluated], "o-", label=metric_name
+    )
     ax_metric.plot(epochs, [h["loss"] for h in history], "s--", alpha=0.7, label="train loss")
     ax_metric.axhline(target, color="red", linestyle=":", label=f"target {target}")
     ax_metric.set_xlabel("epoch")

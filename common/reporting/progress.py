@@ -30,7 +30,7 @@ def format_duration(seconds: float) -> str:
 def _isatty(stream) -> bool:
     try:
         return bool(stream.isatty())
-    except (AttributeError, ValueError):   # no isatty, or a closed file
+    except (AttributeError, ValueError):  # no isatty, or a closed file
         return False
 
 
@@ -39,7 +39,9 @@ def bar(done: int, total: int) -> str:
     return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + "]"
 
 
-def eta_or_took(final: bool, elapsed: float, remaining: float, rate: float, took: str | None = None) -> str:
+def eta_or_took(
+    final: bool, elapsed: float, remaining: float, rate: float, took: str | None = None
+) -> str:
     """'took ...' once done, else 'ETA ...' of `remaining` units at `rate` per second ('ETA --' without one)."""
     if final:
         return f"took {took or format_duration(elapsed)}"
@@ -59,9 +61,9 @@ class StatusLine:
         self.stream = stream
         self.tty = _isatty(stream)
         self.interval = REDRAW_S if self.tty else every_s
-        self.last = None       # clock time of the last draw (or of the start, off a terminal)
-        self.width = 0         # characters on the terminal line now
-        self.open = False      # a terminal line is drawn and not yet ended
+        self.last = None  # clock time of the last draw (or of the start, off a terminal)
+        self.width = 0  # characters on the terminal line now
+        self.open = False  # a terminal line is drawn and not yet ended
 
     def start(self, now: float) -> None:
         # A terminal shows the bar at once; a file gets its first line after every_s,
@@ -113,8 +115,15 @@ class Progress:
       clock: a monotonic clock in seconds (tests pass a fake one).
     """
 
-    def __init__(self, label: str, total: int, unit: str = "files", stream=None, every_s: float = 30.0,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str = "files",
+        stream=None,
+        every_s: float = 30.0,
+        clock=time.monotonic,
+    ):
         self.label, self.total, self.unit = label, int(total), unit
         self.clock = clock
         self.line = StatusLine(sys.stdout if stream is None else stream, every_s)
@@ -142,21 +151,32 @@ class Progress:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             self.close()
-        else:   # the error says what happened: only end a terminal line, no summary
+        else:  # the error says what happened: only end a terminal line, no summary
             self.closed = True
             self.line.end()
 
     def text(self, now: float, final: bool = False) -> str:
         elapsed = now - self.start
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        when = eta_or_took(final, elapsed, max(0, self.total - self.done), rate, took=f"{elapsed:.1f} s")
+        when = eta_or_took(
+            final, elapsed, max(0, self.total - self.done), rate, took=f"{elapsed:.1f} s"
+        )
         pct = percent(self.done, self.total)
         if self.line.tty:
-            parts = [f"[{self.label}] {bar(self.done, self.total)} {self.done}/{self.total} {self.unit}",
-                     f"{pct:3d}%", f"{rate:.1f} {self.unit}/s", when, self.extra]
+            parts = [
+                f"[{self.label}] {bar(self.done, self.total)} {self.done}/{self.total} {self.unit}",
+                f"{pct:3d}%",
+                f"{rate:.1f} {self.unit}/s",
+                when,
+                self.extra,
+            ]
             return "  ".join(p for p in parts if p)
-        parts = [f"[{self.label}] {self.done}/{self.total} {self.unit} ({pct}%)", f"{rate:.1f} {self.unit}/s",
-                 when, self.extra]
+        parts = [
+            f"[{self.label}] {self.done}/{self.total} {self.unit} ({pct}%)",
+            f"{rate:.1f} {self.unit}/s",
+            when,
+            self.extra,
+        ]
         return ", ".join(p for p in parts if p)
 
 

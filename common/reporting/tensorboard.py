@@ -26,9 +26,21 @@ import tensorflow as tf
 from common.reporting.events import Listener, RunInfo
 
 # RunInfo fields shown in the `run` table (hyperparameters have their own).
-_RUN_FIELDS = ("benchmark", "seed", "num_nodes", "ranks", "accelerators_per_node", "global_batch_size",
-               "train_samples", "eval_samples", "steps_per_epoch", "n_epochs", "target_name", "target",
-               "resumed_from")
+_RUN_FIELDS = (
+    "benchmark",
+    "seed",
+    "num_nodes",
+    "ranks",
+    "accelerators_per_node",
+    "global_batch_size",
+    "train_samples",
+    "eval_samples",
+    "steps_per_epoch",
+    "n_epochs",
+    "target_name",
+    "target",
+    "resumed_from",
+)
 
 
 def markdown_table(rows) -> str:
@@ -73,22 +85,35 @@ class TensorBoardListener(Listener):
         with self.writer.as_default():
             tf.summary.text("config", f"```yaml\n{self.config_text.rstrip()}\n```", step=0)
             tf.summary.text("hyperparameters", markdown_table(info.hyperparameters.items()), step=0)
-            tf.summary.text("run", markdown_table((k, facts[k]) for k in _RUN_FIELDS if facts[k] is not None),
-                            step=0)
+            tf.summary.text(
+                "run",
+                markdown_table((k, facts[k]) for k in _RUN_FIELDS if facts[k] is not None),
+                step=0,
+            )
         self.writer.flush()
 
     def on_train_log(self, log, site):
-        self._scalars(log.global_step, {"train/loss": log.loss, "train/learning_rate": log.lr,
-                                        "train/samples_per_s": log.samples_per_s})
+        self._scalars(
+            log.global_step,
+            {
+                "train/loss": log.loss,
+                "train/learning_rate": log.lr,
+                "train/samples_per_s": log.samples_per_s,
+            },
+        )
 
     def on_epoch_stop(self, epoch, train, site):
-        self._scalars(train.global_step, {"train/epoch_loss": train.loss,
-                                          "train/epoch_samples_per_s": train.samples_per_s})
+        self._scalars(
+            train.global_step,
+            {"train/epoch_loss": train.loss, "train/epoch_samples_per_s": train.samples_per_s},
+        )
 
     def on_eval_stop(self, epoch, global_step, value, loss, site):
         name = self.info.target_name if self.info is not None else "metric"
-        self._scalars(global_step, {f"eval/{name}": value} | ({} if loss is None else {"eval/loss": loss}))
-        self.writer.flush()   # the curve people watch: on disk at once, not at the next 2-minute flush
+        self._scalars(
+            global_step, {f"eval/{name}": value} | ({} if loss is None else {"eval/loss": loss})
+        )
+        self.writer.flush()  # the curve people watch: on disk at once, not at the next 2-minute flush
 
     def on_run_stop(self, status, epoch, checkpoint, failure, site):
         if self._writer is not None:

@@ -15,15 +15,19 @@ def run_benchmark(ctx, train_ds) -> RunResult:
     accumulation = t.gradient_accumulation_frequency
     # As many batches as the timed steps read, after the warm-up steps' worth.
     from common.run.characterization import pipeline_samples_per_s
-    input_rate = pipeline_samples_per_s(iter(train_ds), ctx.shards.local_batch_size,
-                                        t.benchmark_steps * accumulation,
-                                        warmup_batches=t.benchmark_warmup_steps * accumulation)
+
+    input_rate = pipeline_samples_per_s(
+        iter(train_ds),
+        ctx.shards.local_batch_size,
+        t.benchmark_steps * accumulation,
+        warmup_batches=t.benchmark_warmup_steps * accumulation,
+    )
     train_iter = iter(train_ds)
     loss = None
     for _ in range(t.benchmark_warmup_steps):
         loss = ctx.train_step(train_iter).loss
     if loss is not None:
-        float(loss)   # the warm-up steps are done before the clock starts
+        float(loss)  # the warm-up steps are done before the clock starts
     dist.barrier()
     start = time.perf_counter()
     for step in range(1, t.benchmark_steps + 1):
@@ -36,10 +40,15 @@ def run_benchmark(ctx, train_ds) -> RunResult:
     per_group = t.benchmark_steps * ctx.shards.local_batch_size * accumulation / seconds
     total = per_group * ctx.mesh.groups
     throughput = {
-        "steps": t.benchmark_steps, "warmup_steps": t.benchmark_warmup_steps, "seconds": seconds,
-        "samples_per_s_per_rank": total / dist.size, "samples_per_s": total,
+        "steps": t.benchmark_steps,
+        "warmup_steps": t.benchmark_warmup_steps,
+        "seconds": seconds,
+        "samples_per_s_per_rank": total / dist.size,
+        "samples_per_s": total,
         "spatial_ranks": ctx.mesh.size,
         "input_samples_per_s_per_rank": float(dist.allreduce_mean([input_rate])[0]),
-        "global_batch_size": ctx.info.global_batch_size, "ranks": dist.size,
-        "precision": ctx.precision}
+        "global_batch_size": ctx.info.global_batch_size,
+        "ranks": dist.size,
+        "precision": ctx.precision,
+    }
     return RunResult(status="benchmarked", throughput=throughput)

@@ -17,13 +17,19 @@ import numpy as np
 import tensorflow as tf
 
 FLOPS_METHOD = "TF profiler float_operation on the forward graph; training step = 3x forward"
-TRAFFIC_METHOD = "forward: layer inputs + outputs + weights once each; training = 3x forward (lower bound)"
+TRAFFIC_METHOD = (
+    "forward: layer inputs + outputs + weights once each; training = 3x forward (lower bound)"
+)
 
 
 def forward_flops_per_sample(model, sample_shape) -> int:
     """Forward-pass FLOPs of one sample, from TensorFlow's profiler."""
     spec = tf.TensorSpec([1, *sample_shape], tf.float32)
-    graph = tf.function(lambda x: model(x, training=False), autograph=False).get_concrete_function(spec).graph
+    graph = (
+        tf.function(lambda x: model(x, training=False), autograph=False)
+        .get_concrete_function(spec)
+        .graph
+    )
     options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
     return int(tf.compat.v1.profiler.profile(graph=graph, options=options).total_float_ops)
@@ -46,7 +52,9 @@ def peak_host_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def pipeline_samples_per_s(iterator, batch_size: int, n_batches: int, warmup_batches: int = 2) -> float:
+def pipeline_samples_per_s(
+    iterator, batch_size: int, n_batches: int, warmup_batches: int = 2
+) -> float:
     """Samples/s a tf.data iterator delivers alone (each batch materialized; warm-up not timed)."""
     for _ in range(warmup_batches):
         next(iterator)
@@ -62,7 +70,7 @@ def allreduce_seconds(dist, variables, compression: str, repeats: int = 5) -> fl
         return 0.0
     grads = [tf.ones_like(v) for v in variables]
     reduce = tf.function(lambda g: dist.average_gradients(g, compression, grouped=True))
-    tf.nest.map_structure(lambda t: t.numpy(), reduce(grads))   # warm-up: negotiation, buffers
+    tf.nest.map_structure(lambda t: t.numpy(), reduce(grads))  # warm-up: negotiation, buffers
     start = time.perf_counter()
     for _ in range(repeats):
         out = reduce(grads)
@@ -70,18 +78,33 @@ def allreduce_seconds(dist, variables, compression: str, repeats: int = 5) -> fl
     return (time.perf_counter() - start) / repeats
 
 
-def characterize_run(*, model, dist, sample_shape, history, staging, global_batch_size, compression,
-                     make_train_dataset, local_batch_size, files_read, samples_read) -> dict:
+def characterize_run(
+    *,
+    model,
+    dist,
+    sample_shape,
+    history,
+    staging,
+    global_batch_size,
+    compression,
+    make_train_dataset,
+    local_batch_size,
+    files_read,
+    samples_read,
+) -> dict:
     """The run's figures for offline.characterize (collective: every rank calls it)."""
     forward = forward_flops_per_sample(model, sample_shape)
-    timed = history[1:] or history          # epoch 1 includes warm-up (graph optimization, caches)
+    timed = history[1:] or history  # epoch 1 includes warm-up (graph optimization, caches)
     train_rate = float(np.mean([h["samples_per_s"] for h in timed])) if timed else 0.0
-    local_input = pipeline_samples_per_s(iter(make_train_dataset()), local_batch_size, n_batches=8,
-                                         warmup_batches=1)
+    local_input = pipeline_samples_per_s(
+        iter(make_train_dataset()), local_batch_size, n_batches=8, warmup_batches=1
+    )
     input_rate = float(dist.allreduce_sum([local_input])[0])
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     grad_bytes = params * (2 if compression == "fp16" else 4)
-    reduce_s = float(dist.allreduce_max([allreduce_seconds(dist, model.trainable_variables, compression)])[0])
+    reduce_s = float(
+        dist.allreduce_max([allreduce_seconds(dist, model.trainable_variables, compression)])[0]
+    )
     step_s = global_batch_size / train_rate if train_rate else float("nan")
     bytes_on_disk, samples = dist.allreduce_sum([sum(_size(f) for f in files_read), samples_read])
     return {

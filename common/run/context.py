@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # names for the annotations only: importing them here would import the whole run
+if TYPE_CHECKING:  # names for the annotations only: importing them here would import the whole run
     import tf_keras
 
     from common.base_config import BaseConfig
@@ -20,11 +21,12 @@ if TYPE_CHECKING:   # names for the annotations only: importing them here would 
 @dataclasses.dataclass
 class RunState:
     """Where the run stands now: the training loop advances it, common.run.launch reads it on a crash."""
-    epoch: int = 0          # the epoch in progress (the last one started); 0 before the first
+
+    epoch: int = 0  # the epoch in progress (the last one started); 0 before the first
     # Optimizer steps done, over the whole run (resumes included): the run's one count of steps;
     # listeners read it from the events that carry it (common.reporting.events).
     global_step: int = 0
-    started: bool = False   # run_start was logged: a crash must close the log as aborted
+    started: bool = False  # run_start was logged: a crash must close the log as aborted
 
 
 @dataclasses.dataclass
@@ -44,6 +46,7 @@ class RunContext:
 
     Each mode returns what it found as a RunResult; the trainer adds what init found.
     """
+
     cfg: BaseConfig
     task: Task
     dist: Distribution
@@ -55,7 +58,7 @@ class RunContext:
     schedule: EpochWarmupStepDecay | StepWarmupSchedule
     metric: EvalMetric
     train_step: TrainStep
-    eval_step: Callable   # (x, y) -> the batch's vector (common.run.steps.make_eval_step; EvalSums names it)
+    eval_step: Callable  # (x, y) -> the batch's vector (common.run.steps.make_eval_step; EvalSums names it)
     saver: CheckpointSaver
     info: RunInfo
     precision: str
@@ -72,4 +75,6 @@ class RunContext:
 
     def reached(self, value: float) -> bool:
         """Whether a metric value meets the task's target."""
-        return value <= self.task.target if self.metric.lower_is_better else value >= self.task.target
+        return (
+            value <= self.task.target if self.metric.lower_is_better else value >= self.task.target
+        )

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 from common.files import write_text_atomic
 from common.inputs.staging import StageStats, stage_files
@@ -18,8 +17,9 @@ from common.inputs.staging_layouts import Conversion
 from common.task import Shards
 
 
-def prepare_data(cfg, dist, shards: Shards, events, run_dir,
-                 conversion: Optional[Conversion] = None) -> tuple[Shards, StageStats | None]:
+def prepare_data(
+    cfg, dist, shards: Shards, events, run_dir, conversion: Conversion | None = None
+) -> tuple[Shards, StageStats | None]:
     """Every rank: stage (when staging.stage_dir is set) and record its shard; returns readable paths.
 
     Args:
@@ -41,25 +41,30 @@ def prepare_data(cfg, dist, shards: Shards, events, run_dir,
         shards, stats = stage(cfg, dist, shards, events.on_staging_progress, conversion)
         events.on_staging_stop(stats)
     if cfg.runtime.record_shards:
-        record(dist, shards, run_dir)   # the paths actually read, staged or not
+        record(dist, shards, run_dir)  # the paths actually read, staged or not
     return shards, stats
 
 
-def stage(cfg, dist, shards: Shards, progress=None,
-          conversion: Optional[Conversion] = None) -> tuple[Shards, StageStats]:
+def stage(
+    cfg, dist, shards: Shards, progress=None, conversion: Conversion | None = None
+) -> tuple[Shards, StageStats]:
     """Stages this rank's files into the node-local stage_dir (in `conversion`'s layout, or copied);
     (staged Shards, figures of all ranks)."""
     s = cfg.staging
     # '{node}' / '{host}' in the path name a directory per node, for nodes
     # that share a file system (or several "nodes" on one machine).
-    stage_dir = Path(s.stage_dir.replace("{node}", str(dist.node_rank)).replace("{host}", dist.hostname))
+    stage_dir = Path(
+        s.stage_dir.replace("{node}", str(dist.node_rank)).replace("{host}", dist.hostname)
+    )
     start = time.perf_counter()
     options = dict(verify=s.verify, threads=s.threads)
     train, st = stage_files(shards.train_files, stage_dir, conversion, progress, **options)
     valid, sv = stage_files(shards.valid_files, stage_dir, conversion, progress, **options)
     seconds = time.perf_counter() - start
     # Staging ends when the slowest rank is done; bytes add up over ranks.
-    nbytes, nfiles, nskipped = dist.allreduce_sum([st.bytes + sv.bytes, st.files + sv.files, st.skipped + sv.skipped])
+    nbytes, nfiles, nskipped = dist.allreduce_sum(
+        [st.bytes + sv.bytes, st.files + sv.files, st.skipped + sv.skipped]
+    )
     seconds = float(dist.allreduce_max([seconds])[0])
     stats = StageStats(files=int(nfiles), skipped=int(nskipped), bytes=int(nbytes), seconds=seconds)
     return dataclasses.replace(shards, train_files=train, valid_files=valid), stats
@@ -69,6 +74,14 @@ def record(dist, shards: Shards, run_dir) -> None:
     """Writes run_dir/shards/rank-NNNNN.json: this rank's host and files (tests, audits)."""
     d = Path(run_dir) / "shards"
     d.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(d / f"rank-{dist.rank:05d}.json",
-                      json.dumps({"rank": dist.rank, "host": dist.hostname,
-                                  "train": shards.train_files, "valid": shards.valid_files}))
+    write_text_atomic(
+        d / f"rank-{dist.rank:05d}.json",
+        json.dumps(
+            {
+                "rank": dist.rank,
+                "host": dist.hostname,
+                "train": shards.train_files,
+                "valid": shards.valid_files,
+            }
+        ),
+    )

@@ -21,9 +21,19 @@ def evaluate(ctx, valid_ds, epoch: int) -> tuple[float, float]:
     # The ranks of a spatial group evaluate the same samples: each group counted once.
     total = EvalSums.of(ctx.dist.allreduce_sum(sums) / ctx.mesh.size)
     if total.non_finite_batches:
-        culprit = ctx.dist.allreduce_max([ctx.dist.rank + 1.0 if local.non_finite_batches else 0.0])[0]
-        fail_on_input(ctx.dist, ctx.task, int(culprit) - 1, ctx.shards.valid_files, epoch, None, "validation",
-                      ctx.state.global_step)
+        culprit = ctx.dist.allreduce_max(
+            [ctx.dist.rank + 1.0 if local.non_finite_batches else 0.0]
+        )[0]
+        fail_on_input(
+            ctx.dist,
+            ctx.task,
+            int(culprit) - 1,
+            ctx.shards.valid_files,
+            epoch,
+            None,
+            "validation",
+            ctx.state.global_step,
+        )
     loss = float(total.loss / total.samples) if total.samples else float("nan")
     return float(ctx.metric.finalize(total.metric)), loss
 
@@ -33,6 +43,6 @@ def run_evaluation(ctx, valid_ds, start_epoch: int) -> RunResult:
     rank 0's report says the result (no run, so no run events)."""
     try:
         metric = evaluate(ctx, valid_ds, ctx.state.epoch)[0]
-    except RunFailed as e:   # no run started: bad input like any other
+    except RunFailed as e:  # no run started: bad input like any other
         raise InputError(e.failure.message) from None
     return RunResult(status="evaluated", epochs=start_epoch, metric=metric)

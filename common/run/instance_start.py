@@ -43,6 +43,7 @@ def write_marker(directory, instance_id: int, kind: str) -> None:
 class Meeting:
     """How the instances met: rank 0's wait, the instances that ended before they were ready,
     and those neither ready nor ended when the wait timed out."""
+
     waited_s: float
     gone: tuple = ()
     missing: tuple = ()
@@ -68,7 +69,8 @@ def meet_the_other_instances(mlperf, dist) -> Meeting | None:
     meeting = None
     if dist.rank == 0:
         write_marker(mlperf.start_barrier_dir, mlperf.instance_id, READY)
-        meeting = wait_for_instances(mlperf.start_barrier_dir, mlperf.number_of_instances,
-                                     mlperf.start_barrier_timeout_s)
-    dist.barrier()   # the instance's other ranks wait for its rank 0
+        meeting = wait_for_instances(
+            mlperf.start_barrier_dir, mlperf.number_of_instances, mlperf.start_barrier_timeout_s
+        )
+    dist.barrier()  # the instance's other ranks wait for its rank 0
     return meeting

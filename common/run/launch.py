@@ -18,38 +18,77 @@ import sys
 import traceback
 from pathlib import Path
 
-from common import benchmarks, runtime as runtime_lib
+from common import benchmarks
+from common import runtime as runtime_lib
 from common.config_loading import dump_config, load_config, replace, yaml_text
+from common.errors import ConfigError, ExitCode, InputError
 from common.parallel import cycle_time
 from common.parallel.distribution import Distribution, launcher_env
-from common.errors import ConfigError, ExitCode, InputError
 from common.reporting.console import Console
 from common.reporting.events import Events
 from common.reporting.mlperf_logger import MLPerfLogger
-from common.run import report as run_report, termination
+from common.run import report as run_report
+from common.run import termination
 from common.run.result import write_summary
 from common.run.trainer import Trainer
 
+
 def build_parser(task) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"{task.name}/train.py",
-                                     description=f"Train {task.name} (MLPerf HPC).")
-    parser.add_argument("config", nargs="?", default=None,
-                        help="YAML config file (see configs/); default: the closed config of the job's global batch")
+    parser = argparse.ArgumentParser(
+        prog=f"{task.name}/train.py", description=f"Train {task.name} (MLPerf HPC)."
+    )
+    parser.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="YAML config file (see configs/); default: the closed config of the job's global batch",
+    )
     for flag in task.flags:
         if flag.is_switch:
-            parser.add_argument(*flag.names, dest=flag.key, action="store_const", const=True,
-                                default=None, help=flag.help)
+            parser.add_argument(
+                *flag.names,
+                dest=flag.key,
+                action="store_const",
+                const=True,
+                default=None,
+                help=flag.help,
+            )
         else:
-            parser.add_argument(*flag.names, dest=flag.key, default=None, metavar="VALUE", help=flag.help)
-    parser.add_argument("--tensorboard", dest="runtime.tensorboard", action="store_const", const=True, default=None,
-                        help="write TensorBoard event files to <run dir>/tensorboard (rank 0)")
-    parser.add_argument("--benchmark", dest="train.benchmark_steps", default=None, metavar="STEPS",
-                        help="benchmark mode: time STEPS training steps through the real loop (staging, input "
-                             "pipeline, Horovod) after train.benchmark_warmup_steps, print samples/s; no MLPerf log")
-    parser.add_argument("--tiny", dest="runtime.tiny", action="store_const", const=True, default=None,
-                        help="shrink the config into a smoke run of a few small steps (runtime.tiny)")
-    parser.add_argument("--set", dest="_set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config key, e.g. --set model.dropout=0.2 (repeatable)")
+            parser.add_argument(
+                *flag.names, dest=flag.key, default=None, metavar="VALUE", help=flag.help
+            )
+    parser.add_argument(
+        "--tensorboard",
+        dest="runtime.tensorboard",
+        action="store_const",
+        const=True,
+        default=None,
+        help="write TensorBoard event files to <run dir>/tensorboard (rank 0)",
+    )
+    parser.add_argument(
+        "--benchmark",
+        dest="train.benchmark_steps",
+        default=None,
+        metavar="STEPS",
+        help="benchmark mode: time STEPS training steps through the real loop (staging, input "
+        "pipeline, Horovod) after train.benchmark_warmup_steps, print samples/s; no MLPerf log",
+    )
+    parser.add_argument(
+        "--tiny",
+        dest="runtime.tiny",
+        action="store_const",
+        const=True,
+        default=None,
+        help="shrink the config into a smoke run of a few small steps (runtime.tiny)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="_set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set model.dropout=0.2 (repeatable)",
+    )
     return parser
 
 
@@ -86,8 +125,9 @@ def load_run_config(task, config_path, overrides: dict, ranks: int) -> tuple[obj
     cfg = load_config(task.config_class, config_path, overrides)
     if cfg.runtime.tiny:
         cfg = replace(cfg, {**task.tiny_overrides(cfg), **overrides})
-        note = (note + "; " if note else "") + "runtime.tiny: the config is shrunk into a smoke run " \
-            "(not a benchmark result)"
+        note = (
+            note + "; " if note else ""
+        ) + "runtime.tiny: the config is shrunk into a smoke run (not a benchmark result)"
     return cfg, note
 
 
@@ -100,13 +140,22 @@ def closed_config_for(task, overrides: dict, ranks: int) -> str:
     spatial = int(overrides.get("parallel.spatial_ranks", 1))
     if spatial > 1 and ranks % spatial == 0:
         ranks //= spatial
-    path = benchmarks.closed_config_for_ranks(task.name, ranks, int(local_batch) if local_batch else None,
-                                              int(accumulation) if accumulation else None)
+    path = benchmarks.closed_config_for_ranks(
+        task.name,
+        ranks,
+        int(local_batch) if local_batch else None,
+        int(accumulation) if accumulation else None,
+    )
     if path is not None:
         return str(path)
-    offered = ", ".join(f"{p.name} (global batch {gbs})" for p, gbs, _, _ in benchmarks.closed_config_batches(task.name))
-    raise ConfigError(f"no config given and no closed config of {task.name} has this job's global batch "
-                      f"({ranks} ranks): give a config file, or launch as one of {offered}")
+    offered = ", ".join(
+        f"{p.name} (global batch {gbs})"
+        for p, gbs, _, _ in benchmarks.closed_config_batches(task.name)
+    )
+    raise ConfigError(
+        f"no config given and no closed config of {task.name} has this job's global batch "
+        f"({ranks} ranks): give a config file, or launch as one of {offered}"
+    )
 
 
 def _fail(rank_prefix: str, message: str, code: int) -> None:
@@ -123,8 +172,12 @@ def main(task, argv=None) -> int:
 
     def terminated():
         _abort(events, trainer)
-        print(f"error:{rank_prefix} terminated (SIGTERM): log closed as aborted; stopping at the next "
-              f"step with a checkpoint if every rank gets there in time", file=sys.stderr, flush=True)
+        print(
+            f"error:{rank_prefix} terminated (SIGTERM): log closed as aborted; stopping at the next "
+            f"step with a checkpoint if every rank gets there in time",
+            file=sys.stderr,
+            flush=True,
+        )
 
     # A launcher ends the other ranks with SIGTERM when one dies (horovodrun, mpirun,
     # srun --kill-on-bad-exit): the log is closed as aborted before SIGKILL follows.
@@ -133,8 +186,10 @@ def main(task, argv=None) -> int:
     try:
         config_path, overrides = parse_overrides(task, argv)
         # Horovod reads its cycle time during init: shorter when batch-norm groups chain collectives.
-        cycle_time.set_for_batchnorm_groups(task.requested_batchnorm_group_size(config_path, overrides))
-        dist = Distribution()   # Horovod's init, the device pinned by local rank
+        cycle_time.set_for_batchnorm_groups(
+            task.requested_batchnorm_group_size(config_path, overrides)
+        )
+        dist = Distribution()  # Horovod's init, the device pinned by local rank
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
         cfg, note = load_run_config(task, config_path, overrides, dist.size)
         termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
@@ -146,7 +201,7 @@ def main(task, argv=None) -> int:
         run_dir = Path(cfg.run_dir)
         listeners, console = [], None
         if dist.is_root:
-            console = Console()   # rank 0's console: every line a person reads, in order
+            console = Console()  # rank 0's console: every line a person reads, in order
             if note:
                 console.note(note)
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -159,21 +214,38 @@ def main(task, argv=None) -> int:
         if dist.is_root:
             report = run_report.finish(bound, result, run_dir, ExitCode.PREEMPTED)
             console.report(report)
-            write_summary(result, run_dir / "summary.json",
-                          {"benchmark": task.name, "ranks": dist.size, "nodes": dist.num_nodes,
-                           "controller": dist.controller(), "launcher": launcher_env(),
-                           "metric_name": bound.metric_name, "target": bound.target,
-                           "log_check": report.log_check})
+            write_summary(
+                result,
+                run_dir / "summary.json",
+                {
+                    "benchmark": task.name,
+                    "ranks": dist.size,
+                    "nodes": dist.num_nodes,
+                    "controller": dist.controller(),
+                    "launcher": launcher_env(),
+                    "metric_name": bound.metric_name,
+                    "target": bound.target,
+                    "log_check": report.log_check,
+                },
+            )
         # Every rank waits for rank 0's report: a rank that exits first with a
         # non-zero status would make the launcher kill rank 0 mid-write.
         dist.barrier()
-        if result.failure:   # every rank agreed on it and says it, as on any bad input
-            print(f"error:{rank_prefix} {' '.join(result.failure.message.split())}", file=sys.stderr, flush=True)
+        if result.failure:  # every rank agreed on it and says it, as on any bad input
+            print(
+                f"error:{rank_prefix} {' '.join(result.failure.message.split())}",
+                file=sys.stderr,
+                flush=True,
+            )
             return result.failure.exit_code
         if result.status == "preempted":
-            termination.stopped()   # in order: the SIGTERM deadline no longer applies
+            termination.stopped()  # in order: the SIGTERM deadline no longer applies
             return ExitCode.PREEMPTED
-        return ExitCode.OK if result.status in ("success", "evaluated", "benchmarked") else ExitCode.NOT_CONVERGED
+        return (
+            ExitCode.OK
+            if result.status in ("success", "evaluated", "benchmarked")
+            else ExitCode.NOT_CONVERGED
+        )
     except InputError as e:
         _abort(events, trainer)
         _fail(rank_prefix, " ".join(str(e).split()), ExitCode.INPUT_ERROR)
@@ -202,14 +274,26 @@ def _abort(events, trainer) -> None:
 def _listeners(task, cfg, run_dir, console) -> list:
     """Rank 0's listeners: the MLPerf log (a benchmark run only), the console, TensorBoard."""
     listeners = [console]
-    if not (cfg.train.evaluate_only or cfg.train.benchmark_steps):   # no benchmark run: no MLPerf log
-        submission = {"benchmark": task.name, "org": cfg.mlperf.org, "division": cfg.mlperf.division,
-                      "status": cfg.mlperf.status, "platform": cfg.mlperf.platform}
-        instance = {k: getattr(cfg.mlperf, k) for k in ("instance_id", "number_of_instances")
-                    if getattr(cfg.mlperf, k) is not None}
-        listeners.insert(0, MLPerfLogger(run_dir, submission, metric_key=task.metric_name,
-                                         instance=instance))
+    if not (
+        cfg.train.evaluate_only or cfg.train.benchmark_steps
+    ):  # no benchmark run: no MLPerf log
+        submission = {
+            "benchmark": task.name,
+            "org": cfg.mlperf.org,
+            "division": cfg.mlperf.division,
+            "status": cfg.mlperf.status,
+            "platform": cfg.mlperf.platform,
+        }
+        instance = {
+            k: getattr(cfg.mlperf, k)
+            for k in ("instance_id", "number_of_instances")
+            if getattr(cfg.mlperf, k) is not None
+        }
+        listeners.insert(
+            0, MLPerfLogger(run_dir, submission, metric_key=task.metric_name, instance=instance)
+        )
     if cfg.runtime.tensorboard:
-        from common.reporting.tensorboard import TensorBoardListener   # --tensorboard only
+        from common.reporting.tensorboard import TensorBoardListener  # --tensorboard only
+
         listeners.append(TensorBoardListener(run_dir / "tensorboard", yaml_text(cfg)))
     return listeners

@@ -44,7 +44,7 @@ def write_summary(result: RunResult, path, extra: dict) -> None:
     data = dataclasses.asdict(result) | extra
     data["staging"] = staging_dict(result.staging)
     if result.failure is not None:
-        data["failure"] = result.failure.as_dict()   # the keys of its reason, not all of Failure's
+        data["failure"] = result.failure.as_dict()  # the keys of its reason, not all of Failure's
     write_text_atomic(path, json.dumps(data, indent=2, default=float))
 
 

@@ -10,8 +10,9 @@ import tf_keras
 
 class StepResult(NamedTuple):
     """What one optimizer step hands back (tensors: reading one waits for the step)."""
-    loss: tf.Tensor            # this rank's mean loss over the step's micro-batches
-    inputs_finite: tf.Tensor   # bool: every value of the step's preprocessed batches was finite
+
+    loss: tf.Tensor  # this rank's mean loss over the step's micro-batches
+    inputs_finite: tf.Tensor  # bool: every value of the step's preprocessed batches was finite
 
 
 def all_finite(tensors) -> tf.Tensor:
@@ -26,10 +27,17 @@ def all_finite(tensors) -> tf.Tensor:
     tensors = [t for t in tensors if t.dtype.is_floating]
     if not tensors:
         return tf.constant(True)
-    sums = [tf.reduce_sum(t) if t.dtype in (tf.float32, tf.float64) else tf.reduce_sum(tf.cast(t, tf.float32))
-            for t in tensors]
-    return tf.cond(tf.reduce_all(tf.stack([tf.math.is_finite(s) for s in sums])), lambda: tf.constant(True),
-                   lambda: tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])))
+    sums = [
+        tf.reduce_sum(t)
+        if t.dtype in (tf.float32, tf.float64)
+        else tf.reduce_sum(tf.cast(t, tf.float32))
+        for t in tensors
+    ]
+    return tf.cond(
+        tf.reduce_all(tf.stack([tf.math.is_finite(s) for s in sums])),
+        lambda: tf.constant(True),
+        lambda: tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])),
+    )
 
 
 class TrainStep:
@@ -66,12 +74,23 @@ class TrainStep:
     from the optimizer, and the updated variables are allgathered over the spatial group.
     """
 
-    def __init__(self, model, optimizer, loss_fn, dist, compression: str = "none", xla: bool = False,
-                 accumulation: int = 1, preprocess=None, gradient_scales=None, grouped_allreduce: bool = False,
-                 shard=None):
+    def __init__(
+        self,
+        model,
+        optimizer,
+        loss_fn,
+        dist,
+        compression: str = "none",
+        xla: bool = False,
+        accumulation: int = 1,
+        preprocess=None,
+        gradient_scales=None,
+        grouped_allreduce: bool = False,
+        shard=None,
+    ):
         self.model, self.optimizer, self.dist = model, optimizer, dist
         self._shard = shard
-        self._grouped = grouped_allreduce   # else an allreduce per gradient, overlapping backward
+        self._grouped = grouped_allreduce  # else an allreduce per gradient, overlapping backward
         # Per trainable variable, a factor applied before the allreduce average: the group
         # size for the layers that hold a slab of each sample (common.parallel.spatial.gradient_scales).
         self._gradient_scales = None
@@ -83,24 +102,33 @@ class TrainStep:
         self._loss_fn = loss_fn
         self._compression = compression
         self._clip_norm = None
-        if shard is not None:   # the optimizer sees this rank's gradients only: the clip over all is ours
+        if (
+            shard is not None
+        ):  # the optimizer sees this rank's gradients only: the clip over all is ours
             inner = optimizer.inner_optimizer if self._scaled else optimizer
             self._clip_norm, inner.global_clipnorm = inner.global_clipnorm, None
         # Variables made on first use inside tf.cond's branch would be refused: make them now
         # (as the LossScaleOptimizer does; a no-op for a built optimizer).
         with tf.init_scope():
-            optimizer.build(shard.owned_variables() if shard is not None else model.trainable_variables)
+            optimizer.build(
+                shard.owned_variables() if shard is not None else model.trainable_variables
+            )
         # With XLA, forward and backward are one compiled function, the allreduce outside it. Without,
         # they are traced into the step's own graph, not called as a nested function: a function call
         # hands back all its outputs at once, at its end, which would hold each gradient's allreduce
         # until backward is done (no overlap; seen in Horovod's timeline, tests/test_gradient_overlap.py).
-        self._loss_and_grads = (tf.function(self._loss_and_grads_py, jit_compile=True) if xla
-                                else self._loss_and_grads_py)
+        self._loss_and_grads = (
+            tf.function(self._loss_and_grads_py, jit_compile=True)
+            if xla
+            else self._loss_and_grads_py
+        )
         if self.accumulation == 1:
             self._fused = tf.function(self._fused_py)
         else:
-            self._sums = [tf.Variable(tf.zeros_like(v), trainable=False, name="grad_sum")
-                          for v in model.trainable_variables]
+            self._sums = [
+                tf.Variable(tf.zeros_like(v), trainable=False, name="grad_sum")
+                for v in model.trainable_variables
+            ]
             self._accumulate = tf.function(self._accumulate_py)
             self._apply_sums = tf.function(self._apply_sums_py)
 
@@ -131,7 +159,7 @@ class TrainStep:
             self._apply_sharded(grads)
             return
         pairs = list(zip(grads, self.model.trainable_variables))
-        if self._scaled:   # skips non-finite gradients itself, and lowers the loss scale
+        if self._scaled:  # skips non-finite gradients itself, and lowers the loss scale
             self.optimizer.apply_gradients(pairs)
             return
 
@@ -154,6 +182,7 @@ class TrainStep:
             poison = tf.where(finite, 0.0, float("nan"))
             self.optimizer.apply_gradients([(g + tf.cast(poison, g.dtype), v) for g, v in pairs])
         else:
+
             def update():
                 self.optimizer.apply_gradients(pairs)
 
@@ -161,7 +190,7 @@ class TrainStep:
                 self.optimizer.iterations.assign_add(1, read_value=False)
 
             tf.cond(finite, update, skip)
-        self._shard.share()   # reads the variables after their update (automatic control dependencies)
+        self._shard.share()  # reads the variables after their update (automatic control dependencies)
 
     def _fused_py(self, x, y):
         loss, finite, grads = self._loss_and_grads(x, y)
@@ -185,7 +214,9 @@ class TrainStep:
             return StepResult(*self._fused(*next(batches)))
         losses, flags = zip(*[self._accumulate(*next(batches)) for _ in range(self.accumulation)])
         self._apply_sums()
-        return StepResult(tf.add_n(list(losses)) / self.accumulation, tf.reduce_all(tf.stack(flags)))
+        return StepResult(
+            tf.add_n(list(losses)) / self.accumulation, tf.reduce_all(tf.stack(flags))
+        )
 
     def state_variables(self) -> list:
         """The variables the step keeps of its own (the accumulated gradients), beside the model's and
@@ -209,10 +240,11 @@ _EVAL_TAIL = 3
 @dataclasses.dataclass(frozen=True)
 class EvalSums:
     """The eval step's sums over batches (and over ranks, once allreduced), by name."""
-    metric: np.ndarray           # the metric's sums: common.task.EvalMetric.finalize's input
-    loss: float                  # the loss times the samples of each batch; 0 without a loss function
-    samples: float               # 0 without a loss function
-    non_finite_batches: float    # batches whose preprocessed values held a NaN or Inf
+
+    metric: np.ndarray  # the metric's sums: common.task.EvalMetric.finalize's input
+    loss: float  # the loss times the samples of each batch; 0 without a loss function
+    samples: float  # 0 without a loss function
+    non_finite_batches: float  # batches whose preprocessed values held a NaN or Inf
 
     @staticmethod
     def zero_vector(n_sums: int) -> np.ndarray:
@@ -223,7 +255,9 @@ class EvalSums:
     def of(cls, vector) -> "EvalSums":
         """Names the entries of a sum of the eval step's vectors."""
         loss, samples, non_finite = vector[-_EVAL_TAIL:]
-        return cls(metric=vector[:-_EVAL_TAIL], loss=loss, samples=samples, non_finite_batches=non_finite)
+        return cls(
+            metric=vector[:-_EVAL_TAIL], loss=loss, samples=samples, non_finite_batches=non_finite
+        )
 
 
 def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=None):
@@ -239,7 +273,11 @@ def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=No
         pred = model(x, training=False)
         sums = tf.cast(metric.update(y, tf.cast(pred, tf.float32)), tf.float64)
         samples = tf.cast(tf.shape(y)[0], tf.float64)
-        loss = tf.cast(loss_fn(y, pred), tf.float64) * samples if loss_fn else tf.constant(0.0, tf.float64)
+        loss = (
+            tf.cast(loss_fn(y, pred), tf.float64) * samples
+            if loss_fn
+            else tf.constant(0.0, tf.float64)
+        )
         non_finite = 1.0 - tf.cast(all_finite([x, y]), tf.float64)
         return tf.concat([sums, tf.stack([loss, samples if loss_fn else 0.0, non_finite])], axis=0)
 

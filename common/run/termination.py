@@ -30,7 +30,7 @@ from common.errors import ExitCode
 
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _state = {"callback": None, "grace_s": 0.0, "requested": None, "started": False}
-_stopped = threading.Event()   # the main thread finished its orderly stop: no deadline any more
+_stopped = threading.Event()  # the main thread finished its orderly stop: no deadline any more
 
 
 def on_signals(on_sigterm, grace_s: float = 0.0) -> None:
@@ -81,16 +81,17 @@ def stopped() -> None:
 
 
 # "No bad step" in the agreement's allreduce_max of negated steps.
-_NO_STEP = 2.0 ** 62
+_NO_STEP = 2.0**62
 
 
 @dataclasses.dataclass(frozen=True)
 class Agreement:
     """What every rank learnt from one `agree`: the same on every rank but `bad_input_step`."""
-    stop: bool                      # some rank got SIGUSR1 or SIGTERM
-    bad_input_rank: int | None      # the highest rank that read a non-finite batch
-    bad_input_step: int | None      # this rank's first global step with a non-finite batch
-    bad_loss_step: int | None       # the first global step whose loss was not finite on some rank
+
+    stop: bool  # some rank got SIGUSR1 or SIGTERM
+    bad_input_rank: int | None  # the highest rank that read a non-finite batch
+    bad_input_step: int | None  # this rank's first global step with a non-finite batch
+    bad_loss_step: int | None  # the first global step whose loss was not finite on some rank
 
 
 def agree(dist, first_step: int, losses: np.ndarray, inputs_finite: np.ndarray) -> Agreement:
@@ -105,13 +106,19 @@ def agree(dist, first_step: int, losses: np.ndarray, inputs_finite: np.ndarray) 
     bad_batch = _first(~np.asarray(inputs_finite, bool))
     bad_loss = _first(~np.isfinite(np.asarray(losses, np.float64)))
     # [stop, 1 + the rank of a non-finite batch, minus the first global step with a non-finite loss]
-    stop, culprit, loss_step = dist.allreduce_max([
-        1.0 if stop_requested() else 0.0,
-        0.0 if bad_batch is None else dist.rank + 1.0,
-        -_NO_STEP if bad_loss is None else -float(first_step + bad_loss)])
-    return Agreement(stop=bool(stop > 0), bad_input_rank=int(culprit) - 1 if culprit else None,
-                     bad_input_step=None if bad_batch is None else first_step + bad_batch,
-                     bad_loss_step=int(-loss_step) if loss_step > -_NO_STEP else None)
+    stop, culprit, loss_step = dist.allreduce_max(
+        [
+            1.0 if stop_requested() else 0.0,
+            0.0 if bad_batch is None else dist.rank + 1.0,
+            -_NO_STEP if bad_loss is None else -float(first_step + bad_loss),
+        ]
+    )
+    return Agreement(
+        stop=bool(stop > 0),
+        bad_input_rank=int(culprit) - 1 if culprit else None,
+        bad_input_step=None if bad_batch is None else first_step + bad_batch,
+        bad_loss_step=int(-loss_step) if loss_step > -_NO_STEP else None,
+    )
 
 
 def agree_to_stop(dist) -> bool:

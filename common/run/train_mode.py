@@ -11,12 +11,12 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from common.run import termination
+from common.parallel.sync_batchnorm import average_batchnorm_statistics
 from common.reporting.events import EpochTrain, StepInfo, TrainLog
+from common.run import termination
 from common.run.evaluate_mode import evaluate
 from common.run.failures import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run.result import RunResult, staging_dict
-from common.parallel.sync_batchnorm import average_batchnorm_statistics
 
 # How many steps behind the newest one launched a step must be before its values are read: by then
 # it has finished, so the read does not wait for it (on a GPU, it would empty the launch queue).
@@ -35,12 +35,14 @@ class TrainingRun:
         self.ctx = ctx
         self.start = start
         # This rank's losses of the epoch in progress (a mid-epoch checkpoint's, resumed).
-        self.epoch_losses = [tf.constant(v) for v in start.rank_state.losses] if start.rank_state else []
+        self.epoch_losses = (
+            [tf.constant(v) for v in start.rank_state.losses] if start.rank_state else []
+        )
         # What a failed run still reports: the epochs done and the last evaluation.
-        self.history = []   # one record per epoch (RunResult.history)
+        self.history = []  # one record per epoch (RunResult.history)
         self.metric = float("nan")
-        self.completed = False   # ended at the target or the last epoch: neither stopped nor failed
-        self.timed_epochs = 0    # epochs whose steps were each timed (the first this process runs)
+        self.completed = False  # ended at the target or the last epoch: neither stopped nor failed
+        self.timed_epochs = 0  # epochs whose steps were each timed (the first this process runs)
 
     def run(self, train_ds, valid_ds) -> RunResult:
         """Every rank: the timed run, to its run_stop; what it found."""
@@ -57,15 +59,15 @@ class TrainingRun:
         ctx = self.ctx
         events, state, saver, t = ctx.events, ctx.state, ctx.saver, ctx.cfg.train
         status, checkpoint = "aborted", None
-        epoch = state.epoch = self.start.position.epoch - 1   # the last epoch done
+        epoch = state.epoch = self.start.position.epoch - 1  # the last epoch done
         stopped = False
         for epoch in range(self.start.position.epoch, t.n_epochs + 1):
             state.epoch = epoch
             events.on_epoch_start(epoch, state.global_step)
             train = self._epoch(train_iter, epoch)
-            if train is None:   # stopped on request mid-epoch, checkpoint written
+            if train is None:  # stopped on request mid-epoch, checkpoint written
                 stopped = True
-                epoch -= 1      # the last epoch done
+                epoch -= 1  # the last epoch done
                 break
             # As the MLCommons DeepCAM reference: after every epoch's training,
             # evaluated or not, each rank's batch-norm running statistics (from
@@ -74,11 +76,19 @@ class TrainingRun:
             # on every rank. A collective: every rank calls it, here.
             average_batchnorm_statistics(ctx.model, ctx.dist)
             events.on_epoch_stop(epoch, train)
-            record = {"epoch": epoch, "loss": train.loss, "samples_per_s": train.samples_per_s, "lr": train.lr}
+            record = {
+                "epoch": epoch,
+                "loss": train.loss,
+                "samples_per_s": train.samples_per_s,
+                "lr": train.lr,
+            }
             if train.first_step_s is not None:
-                record.update(first_step_s=train.first_step_s, median_step_s=train.median_step_s,
-                              p90_step_s=train.p90_step_s,
-                              first_input_wait_s=train.first_input_wait_s)
+                record.update(
+                    first_step_s=train.first_step_s,
+                    median_step_s=train.median_step_s,
+                    p90_step_s=train.p90_step_s,
+                    first_input_wait_s=train.first_input_wait_s,
+                )
             self.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
@@ -97,7 +107,9 @@ class TrainingRun:
             if stopped:
                 break
         if saver.enabled and not stopped:
-            saver.save(epoch, ctx.steps_per_epoch, state.global_step)   # the final state, unless just saved
+            saver.save(
+                epoch, ctx.steps_per_epoch, state.global_step
+            )  # the final state, unless just saved
         saver.wait()
         checkpoint_save = saver.figures()
         if stopped:
@@ -109,8 +121,15 @@ class TrainingRun:
         # A stopped run's log says aborted, and where it can go on from.
         events.on_run_stop("aborted" if stopped else status, state.epoch, checkpoint)
         self.completed = not stopped
-        return RunResult(status=status, epochs=epoch, metric=self.metric, time_to_train_s=time_to_train_s,
-                         history=self.history, checkpoint=checkpoint, checkpoint_save=checkpoint_save)
+        return RunResult(
+            status=status,
+            epochs=epoch,
+            metric=self.metric,
+            time_to_train_s=time_to_train_s,
+            history=self.history,
+            checkpoint=checkpoint,
+            checkpoint_save=checkpoint_save,
+        )
 
     def _epoch(self, train_iter, epoch) -> EpochTrain | None:
         """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
@@ -126,11 +145,11 @@ class TrainingRun:
         ctx = self.ctx
         t, state, saver, per_epoch = ctx.cfg.train, ctx.state, ctx.saver, ctx.steps_per_epoch
         start = time.perf_counter()
-        losses = self.epoch_losses   # the steps a resumed run did before, if any
+        losses = self.epoch_losses  # the steps a resumed run did before, if any
         first = len(losses)
-        flags = []                   # each step's StepResult.inputs_finite, from step first + 1
-        checked = first              # losses[:checked] went through an agreement
-        log_from, log_launched, log_start = first, first, start   # what the last TrainLog covered
+        flags = []  # each step's StepResult.inputs_finite, from step first + 1
+        checked = first  # losses[:checked] went through an agreement
+        log_from, log_launched, log_start = first, first, start  # what the last TrainLog covered
         # runtime.step_timing (a measurement, off by default): the first epoch's steps each waited
         # for and timed, their wait for input apart, for the [timing] line.
         timed = ctx.cfg.runtime.step_timing and self.timed_epochs == 0
@@ -142,7 +161,7 @@ class TrainingRun:
                 step_start = time.perf_counter()
                 result = ctx.train_step(batches)
                 if timed:
-                    result.loss.numpy()   # waits for the step: the measurement's cost, opted into
+                    result.loss.numpy()  # waits for the step: the measurement's cost, opted into
                     waited = batches.take_wait()
                     step_times.append(time.perf_counter() - step_start - waited)
                     input_waits.append(waited)
@@ -151,41 +170,66 @@ class TrainingRun:
                 state.global_step += 1
                 ctx.events.on_step(StepInfo(epoch, step, per_epoch, state.global_step))
                 if step == per_epoch:
-                    break   # the epoch's end checks and saves after its statistics are averaged
-                finished = max(len(losses) - READ_LAG, checked)   # losses[:finished] are done
-                if t.log_every_steps and state.global_step % t.log_every_steps == 0 and finished > log_from:
+                    break  # the epoch's end checks and saves after its statistics are averaged
+                finished = max(len(losses) - READ_LAG, checked)  # losses[:finished] are done
+                if (
+                    t.log_every_steps
+                    and state.global_step % t.log_every_steps == 0
+                    and finished > log_from
+                ):
                     now = time.perf_counter()
-                    ctx.events.on_train_log(self._train_log(
-                        epoch, losses[log_from:finished], state.global_step - (len(losses) - finished),
-                        len(losses) - log_launched, now - log_start))
+                    ctx.events.on_train_log(
+                        self._train_log(
+                            epoch,
+                            losses[log_from:finished],
+                            state.global_step - (len(losses) - finished),
+                            len(losses) - log_launched,
+                            now - log_start,
+                        )
+                    )
                     log_from, log_launched, log_start = finished, len(losses), now
                 stop = False
                 if state.global_step % t.stop_check_steps == 0:
-                    stop = self._agree(epoch, step, losses[checked:finished], flags[checked - first:finished - first],
-                                       first_step=state.global_step - (len(losses) - checked) + 1)
+                    stop = self._agree(
+                        epoch,
+                        step,
+                        losses[checked:finished],
+                        flags[checked - first : finished - first],
+                        first_step=state.global_step - (len(losses) - checked) + 1,
+                    )
                     checked = finished
                 if saver.due_mid_epoch(state.global_step):
                     saver.save(epoch, step, state.global_step, losses)
                 if stop:
                     saver.save(epoch, step, state.global_step, losses, wait=True)
                     return None
-            loss = self._end_epoch(epoch, losses[checked:], flags[checked - first:], losses)
+            loss = self._end_epoch(epoch, losses[checked:], flags[checked - first :], losses)
         self.epoch_losses = []
         seconds = time.perf_counter() - start
         steps = per_epoch - first
-        return EpochTrain(global_step=ctx.state.global_step, loss=loss, seconds=seconds,
-                          lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
-                          samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds,
-                          first_step_s=step_times[0] if step_times else None,
-                          median_step_s=float(np.median(step_times)) if step_times else None,
-                          p90_step_s=float(np.percentile(step_times, 90)) if step_times else None,
-                          first_input_wait_s=input_waits[0] if input_waits else None)
+        return EpochTrain(
+            global_step=ctx.state.global_step,
+            loss=loss,
+            seconds=seconds,
+            lr=ctx.schedule.at_step((epoch - 1) * per_epoch),
+            samples_per_s=ctx.samples_per_epoch * steps / per_epoch / seconds,
+            first_step_s=step_times[0] if step_times else None,
+            median_step_s=float(np.median(step_times)) if step_times else None,
+            p90_step_s=float(np.percentile(step_times, 90)) if step_times else None,
+            first_input_wait_s=input_waits[0] if input_waits else None,
+        )
 
     def _end_epoch(self, epoch, unchecked, flags, losses) -> float:
         """After the epoch's last step: the agreement over the steps not yet agreed on (a stop request
         waits for the epoch's end checks), then the epoch's mean loss over all ranks."""
         global_step = self.ctx.state.global_step
-        self._agree(epoch, self.ctx.steps_per_epoch, unchecked, flags, first_step=global_step - len(unchecked) + 1)
+        self._agree(
+            epoch,
+            self.ctx.steps_per_epoch,
+            unchecked,
+            flags,
+            first_step=global_step - len(unchecked) + 1,
+        )
         return float(self.ctx.dist.allreduce_mean([_mean(losses)])[0])
 
     def _agree(self, epoch, step, losses, flags, first_step: int) -> bool:
@@ -197,26 +241,48 @@ class TrainingRun:
         finite = tf.stack(flags).numpy() if flags else np.ones(0, bool)
         verdict = termination.agree(ctx.dist, first, values, finite)
         if verdict.bad_input_rank is not None:
-            fail_on_input(ctx.dist, ctx.task, verdict.bad_input_rank, ctx.shards.train_files, epoch,
-                          verdict.bad_input_step, "training", global_step)
+            fail_on_input(
+                ctx.dist,
+                ctx.task,
+                verdict.bad_input_rank,
+                ctx.shards.train_files,
+                epoch,
+                verdict.bad_input_step,
+                "training",
+                global_step,
+            )
         if verdict.bad_loss_step is not None:
+
             def save_now():
                 ctx.saver.save(epoch, step, global_step, self.epoch_losses, wait=True)
                 return ctx.saver.folder(global_step)
-            fail_on_loss(ctx.dist, ctx.model.variables + ctx.optimizer.variables, save_now,
-                         ctx.saver.checkpointer.latest, epoch, verdict.bad_loss_step,
-                         values[verdict.bad_loss_step - first])
+
+            fail_on_loss(
+                ctx.dist,
+                ctx.model.variables + ctx.optimizer.variables,
+                save_now,
+                ctx.saver.checkpointer.latest,
+                epoch,
+                verdict.bad_loss_step,
+                values[verdict.bad_loss_step - first],
+            )
         return verdict.stop
 
     def _end_failed(self, failure: Failure, run_start: float) -> RunResult:
         """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
         ctx = self.ctx
-        ctx.saver.wait()   # the last finite state is on disk before anyone exits
+        ctx.saver.wait()  # the last finite state is on disk before anyone exits
         time_to_train_s = time.perf_counter() - run_start
         ctx.events.on_run_stop("aborted", ctx.state.epoch, failure.checkpoint, failure)
-        return RunResult(status="aborted", epochs=ctx.state.epoch - 1, metric=self.metric,
-                         time_to_train_s=time_to_train_s, history=self.history, checkpoint=failure.checkpoint,
-                         failure=failure)
+        return RunResult(
+            status="aborted",
+            epochs=ctx.state.epoch - 1,
+            metric=self.metric,
+            time_to_train_s=time_to_train_s,
+            history=self.history,
+            checkpoint=failure.checkpoint,
+            failure=failure,
+        )
 
     def _train_log(self, epoch, losses, global_step, launched, seconds) -> TrainLog:
         """This rank's mean loss over `losses` (done steps, the last of them `global_step`) and its LR;
@@ -224,9 +290,13 @@ class TrainingRun:
         ctx = self.ctx
         loss = float(np.mean(tf.stack(losses).numpy(), dtype=np.float64))
         samples = launched * ctx.samples_per_epoch / ctx.steps_per_epoch
-        return TrainLog(epoch=epoch, global_step=global_step, loss=loss,
-                        lr=float(ctx.schedule.at_step(global_step - 1)),
-                        samples_per_s=samples / seconds if seconds > 0 else 0.0)
+        return TrainLog(
+            epoch=epoch,
+            global_step=global_step,
+            loss=loss,
+            lr=float(ctx.schedule.at_step(global_step - 1)),
+            samples_per_s=samples / seconds if seconds > 0 else 0.0,
+        )
 
     def characterize(self, train_ds, staging) -> dict:
         """Every rank, after run_stop and the weights check: FLOPs, input pipeline, memory and allreduce
@@ -240,14 +310,23 @@ class TrainingRun:
         if not (ctx.cfg.runtime.characterize and self.completed):
             return {}
         ctx.events.on_characterization_start()
-        from common.run.characterization import characterize_run   # runtime.characterize only
+        from common.run.characterization import characterize_run  # runtime.characterize only
+
         return characterize_run(
-            model=ctx.model, dist=ctx.dist, sample_shape=train_ds.element_spec[0].shape[1:], history=self.history,
-            staging=staging_dict(staging), global_batch_size=ctx.info.global_batch_size,
+            model=ctx.model,
+            dist=ctx.dist,
+            sample_shape=train_ds.element_spec[0].shape[1:],
+            history=self.history,
+            staging=staging_dict(staging),
+            global_batch_size=ctx.info.global_batch_size,
             compression=ctx.cfg.runtime.gradient_compression,
-            make_train_dataset=lambda: ctx.task.build_inputs(ctx.shards, ctx.mesh.group, ctx.dist.local_size)[0],
-            local_batch_size=ctx.shards.local_batch_size, files_read=ctx.shards.train_files,
-            samples_read=len(ctx.shards.train_files))
+            make_train_dataset=lambda: ctx.task.build_inputs(
+                ctx.shards, ctx.mesh.group, ctx.dist.local_size
+            )[0],
+            local_batch_size=ctx.shards.local_batch_size,
+            files_read=ctx.shards.train_files,
+            samples_read=len(ctx.shards.train_files),
+        )
 
 
 class _TimedBatches:

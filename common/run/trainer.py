@@ -17,22 +17,22 @@ from pathlib import Path
 import numpy as np
 import tf_keras
 
-from common.inputs import epochs
-from common.inputs.device_prefetch import prefetch_to
 from common import runtime as runtime_lib
-from common.run.benchmark_mode import run_benchmark
 from common.checkpoints.checkpointer import ResumePoint, resume_point
 from common.checkpoints.save_policy import CheckpointSaver
-from common.run.data_preparation import prepare_data
 from common.errors import InputError
-from common.run.evaluate_mode import run_evaluation
-from common.reporting.events import RunInfo
+from common.inputs import epochs
+from common.inputs.device_prefetch import prefetch_to
 from common.inputs.page_cache import drop_from_page_cache
-from common.run.context import RunContext, RunState
 from common.parallel.fingerprint import variables_in_sync
+from common.parallel.sync_batchnorm import batchnorm_statistics
+from common.reporting.events import RunInfo
+from common.run.benchmark_mode import run_benchmark
+from common.run.context import RunContext, RunState
+from common.run.data_preparation import prepare_data
+from common.run.evaluate_mode import run_evaluation
 from common.run.result import RunResult
 from common.run.steps import TrainStep, make_eval_step
-from common.parallel.sync_batchnorm import batchnorm_statistics
 from common.run.train_mode import TrainingRun
 from common.run.warmup import state_variables, warm_up
 
@@ -42,8 +42,12 @@ def batchnorm_group(dist, task):
     K when samples are split (a slab's statistics are not its sample's). Collective (registers a
     process set): every rank, in the same order."""
     k = task.mesh.size if task.mesh is not None else 1
-    return dist.rank_group(task.batchnorm_group_size * k, "batchnorm_group_size" if k == 1 else
-                           f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})")
+    return dist.rank_group(
+        task.batchnorm_group_size * k,
+        "batchnorm_group_size"
+        if k == 1
+        else f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})",
+    )
 
 
 def optimizer_shard(cfg, model, mesh):
@@ -52,9 +56,14 @@ def optimizer_shard(cfg, model, mesh):
     spatial group; else None (every rank updates all of them)."""
     if not cfg.parallel.shard_optimizer:
         return None
-    from common.parallel.sharded_optimizer import ShardedUpdate   # sharded runs only
-    return ShardedUpdate(model.trainable_variables, mesh.index, mesh.size,
-                         lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"))
+    from common.parallel.sharded_optimizer import ShardedUpdate  # sharded runs only
+
+    return ShardedUpdate(
+        model.trainable_variables,
+        mesh.index,
+        mesh.size,
+        lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"),
+    )
 
 
 class Trainer:
@@ -73,8 +82,8 @@ class Trainer:
         self.task, self.cfg, self.dist, self.events = task, task.cfg, dist, events
         self.runtime = runtime
         self.output_dir = Path(run_dir)
-        self.state = RunState()   # where the run stands (common.run.launch reads it on a crash)
-        self.optimizer_shard = None   # a ShardedUpdate when parallel.shard_optimizer (set by _build)
+        self.state = RunState()  # where the run stands (common.run.launch reads it on a crash)
+        self.optimizer_shard = None  # a ShardedUpdate when parallel.shard_optimizer (set by _build)
 
     def run(self) -> RunResult:
         """init -> (staging) -> one run mode: the order every Horovod program follows, a line a step."""
@@ -90,38 +99,73 @@ class Trainer:
         if cfg.parallel.shard_optimizer:
             split += ", the optimizer's state sharded over each group"
         events.on_runtime_configured(dist.describe() + split, runtime)
-        shards = task.shard(mesh.group, mesh.groups)                   # this rank's (its group's) files
+        shards = task.shard(mesh.group, mesh.groups)  # this rank's (its group's) files
         plan = _plan_epochs(shards, mesh.groups, cfg.train.gradient_accumulation_frequency)
         # The LR scaled for the global batch:
         model, optimizer, schedule, loss_fn, metric = self._build(runtime["precision"], plan, mesh)
-        saver = CheckpointSaver(self.output_dir / "checkpoints", model, optimizer, dist, cfg.train,
-                                plan.steps_per_epoch, task.name, optimizer_shard=self.optimizer_shard)
+        saver = CheckpointSaver(
+            self.output_dir / "checkpoints",
+            model,
+            optimizer,
+            dist,
+            cfg.train,
+            plan.steps_per_epoch,
+            task.name,
+            optimizer_shard=self.optimizer_shard,
+        )
         saver.prepare()
-        start = self._restore_or_start(saver, model, plan)               # rank 0 picks the checkpoint, if any
+        start = self._restore_or_start(saver, model, plan)  # rank 0 picks the checkpoint, if any
         self.state.global_step = start.global_step
         # All start from rank 0's state. A sharded optimizer's differs by rank: zeros from scratch,
         # and each rank's own part of a checkpoint, read by every rank.
-        dist.broadcast_variables(model.variables + (optimizer.variables if self.optimizer_shard is None else []))
+        dist.broadcast_variables(
+            model.variables + (optimizer.variables if self.optimizer_shard is None else [])
+        )
         if start.rank_state is not None:
             # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
             start.rank_state.restore_batchnorm(model, start.source)
-        train_step, eval_step = self._build_steps(model, optimizer, loss_fn, metric)   # gradients allreduced inside
+        train_step, eval_step = self._build_steps(
+            model, optimizer, loss_fn, metric
+        )  # gradients allreduced inside
         # Compile and autotune on synthetic batches, the state put back: not in the timed region.
-        warmup = warm_up(train_step, eval_step, task.input_specs(), state_variables(model, optimizer, train_step),
-                         0 if cfg.train.evaluate_only else cfg.train.warmup_steps)
+        warmup = warm_up(
+            train_step,
+            eval_step,
+            task.input_specs(),
+            state_variables(model, optimizer, train_step),
+            0 if cfg.train.evaluate_only else cfg.train.warmup_steps,
+        )
         info = self._run_info(runtime, mesh, shards, plan, model, metric, start, warmup)
         events.on_init_stop(info)
 
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
-        shards, staging = prepare_data(cfg, dist, shards, events, self.output_dir, task.staged_layout())
+        shards, staging = prepare_data(
+            cfg, dist, shards, events, self.output_dir, task.staged_layout()
+        )
         train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
         # The last stage, the same for every task: batches copied to the device while the step before runs.
-        train_ds, valid_ds = (prefetch_to(ds, runtime["prefetch_to_device"]) for ds in (train_ds, valid_ds))
+        train_ds, valid_ds = (
+            prefetch_to(ds, runtime["prefetch_to_device"]) for ds in (train_ds, valid_ds)
+        )
         self._check_specs(train_ds)
-        ctx = RunContext(cfg=cfg, task=task, dist=dist, events=events, mesh=mesh, shards=shards, model=model,
-                         optimizer=optimizer, schedule=schedule, metric=metric, train_step=train_step,
-                         eval_step=eval_step, saver=saver, info=info, precision=runtime["precision"],
-                         state=self.state)
+        ctx = RunContext(
+            cfg=cfg,
+            task=task,
+            dist=dist,
+            events=events,
+            mesh=mesh,
+            shards=shards,
+            model=model,
+            optimizer=optimizer,
+            schedule=schedule,
+            metric=metric,
+            train_step=train_step,
+            eval_step=eval_step,
+            saver=saver,
+            info=info,
+            precision=runtime["precision"],
+            state=self.state,
+        )
         training = None
         if cfg.train.evaluate_only:
             result = run_evaluation(ctx, valid_ds, start.start_epoch)
@@ -129,20 +173,29 @@ class Trainer:
             result = run_benchmark(ctx, train_ds)
         else:
             self._clear_page_cache(shards)
-            if cfg.mlperf.start_barrier_dir:   # weak scaling: the set of instances starts together
+            if cfg.mlperf.start_barrier_dir:  # weak scaling: the set of instances starts together
                 from common.run.instance_start import meet_the_other_instances
+
                 events.on_instances_met(meet_the_other_instances(cfg.mlperf, dist))
             training = TrainingRun(ctx, start)
-            result = training.run(train_ds, valid_ds)                    # metrics averaged; rank 0 writes
+            result = training.run(train_ds, valid_ds)  # metrics averaged; rank 0 writes
         # A collective, once on every rank whatever the mode and however it ended: after run_stop,
         # before the characterization's collectives and rank 0's report. All ranks must end with
         # identical variables, batch-norm statistics included (common.parallel.fingerprint).
         in_sync, compared = variables_in_sync(model.variables, dist)
-        result = dataclasses.replace(result, runtime=runtime, num_params=info.num_params,
-                                     resumed_from=start.resumed_from, staging=staging,
-                                     weights_in_sync=in_sync, weights_compared=compared)
+        result = dataclasses.replace(
+            result,
+            runtime=runtime,
+            num_params=info.num_params,
+            resumed_from=start.resumed_from,
+            staging=staging,
+            weights_in_sync=in_sync,
+            weights_compared=compared,
+        )
         if training is not None:
-            result = dataclasses.replace(result, characterization=training.characterize(train_ds, staging))
+            result = dataclasses.replace(
+                result, characterization=training.characterize(train_ds, staging)
+            )
         return result
 
     # ---------------------------------------------------------------- set-up
@@ -154,9 +207,13 @@ class Trainer:
         with runtime_lib.dtype_policy(precision):
             model = task.build_model(batchnorm_group(self.dist, task))
         optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
-        optimizer = runtime_lib.wrap_optimizer(optimizer, precision)   # fp16: dynamic loss scaling
+        optimizer = runtime_lib.wrap_optimizer(optimizer, precision)  # fp16: dynamic loss scaling
         self.optimizer_shard = optimizer_shard(self.cfg, model, mesh)
-        optimizer.build(self.optimizer_shard.owned_variables() if self.optimizer_shard else model.trainable_variables)
+        optimizer.build(
+            self.optimizer_shard.owned_variables()
+            if self.optimizer_shard
+            else model.trainable_variables
+        )
         return model, optimizer, schedule, task.build_losses(), task.build_metrics()
 
     def _restore_or_start(self, saver, model, plan) -> ResumePoint:
@@ -167,20 +224,38 @@ class Trainer:
         # Rank 0 chooses for all: ranks that see the file system differently
         # must not resume from different epochs (and hang in the first collective).
         source = self.dist.broadcast_object(None if source is None else str(source))
-        return resume_point(saver.checkpointer, source, model=model, rank=self.dist.rank, ranks=self.dist.size,
-                            steps_per_epoch=plan.steps_per_epoch, optimizer_shard=self.optimizer_shard,
-                            accumulation=t.gradient_accumulation_frequency)
+        return resume_point(
+            saver.checkpointer,
+            source,
+            model=model,
+            rank=self.dist.rank,
+            ranks=self.dist.size,
+            steps_per_epoch=plan.steps_per_epoch,
+            optimizer_shard=self.optimizer_shard,
+            accumulation=t.gradient_accumulation_frequency,
+        )
 
     def _build_steps(self, model, optimizer, loss_fn, metric):
         """Traces the train and eval steps from the task's TensorSpecs: init work under the MLPerf
         rules (graphs built, no training sample touched)."""
         cfg, task = self.cfg, self.task
         rt = cfg.runtime
-        train_step = TrainStep(model, optimizer, loss_fn, self.dist, rt.gradient_compression, rt.xla,
-                               cfg.train.gradient_accumulation_frequency, preprocess=task.preprocess_batch,
-                               gradient_scales=task.gradient_scales(model),
-                               grouped_allreduce=rt.gradient_allreduce == "grouped", shard=self.optimizer_shard)
-        eval_step = make_eval_step(model, metric, rt.xla, preprocess=task.preprocess_batch, loss_fn=loss_fn)
+        train_step = TrainStep(
+            model,
+            optimizer,
+            loss_fn,
+            self.dist,
+            rt.gradient_compression,
+            rt.xla,
+            cfg.train.gradient_accumulation_frequency,
+            preprocess=task.preprocess_batch,
+            gradient_scales=task.gradient_scales(model),
+            grouped_allreduce=rt.gradient_allreduce == "grouped",
+            shard=self.optimizer_shard,
+        )
+        eval_step = make_eval_step(
+            model, metric, rt.xla, preprocess=task.preprocess_batch, loss_fn=loss_fn
+        )
         specs = task.input_specs()
         train_step.trace(specs)
         eval_step.get_concrete_function(*specs)
@@ -189,28 +264,46 @@ class Trainer:
     def _run_info(self, runtime, mesh, shards, plan, model, metric, start, warmup) -> RunInfo:
         cfg, dist, task = self.cfg, self.dist, self.task
         return RunInfo(
-            benchmark=task.name, seed=cfg.train.seed, num_nodes=dist.num_nodes, ranks=dist.size,
+            benchmark=task.name,
+            seed=cfg.train.seed,
+            num_nodes=dist.num_nodes,
+            ranks=dist.size,
             accelerators_per_node=runtime_lib.accelerators_per_node(runtime["device"], dist),
-            global_batch_size=plan.global_batch, train_samples=shards.train_set_size or shards.n_train,
-            eval_samples=shards.n_valid, hyperparameters=task.mlperf_hyperparameters(plan.global_batch),
-            target_name=metric.name, target=task.target, steps_per_epoch=plan.steps_per_epoch,
-            n_epochs=cfg.train.n_epochs, resumed_from=start.resumed_from,
-            model_name=model.name, num_params=int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-            spatial_ranks=mesh.size, spatial_plan=task.describe_split(model) if mesh.is_split else "",
-            batchnorm_layers=len(batchnorm_statistics(model)) // 2, samples_per_epoch=plan.samples_per_epoch,
-            shard_samples=shards.n_train, resumed_source=start.source, warmup_steps=warmup.steps,
-            warmup_s=warmup.seconds)
+            global_batch_size=plan.global_batch,
+            train_samples=shards.train_set_size or shards.n_train,
+            eval_samples=shards.n_valid,
+            hyperparameters=task.mlperf_hyperparameters(plan.global_batch),
+            target_name=metric.name,
+            target=task.target,
+            steps_per_epoch=plan.steps_per_epoch,
+            n_epochs=cfg.train.n_epochs,
+            resumed_from=start.resumed_from,
+            model_name=model.name,
+            num_params=int(sum(np.prod(v.shape) for v in model.trainable_variables)),
+            spatial_ranks=mesh.size,
+            spatial_plan=task.describe_split(model) if mesh.is_split else "",
+            batchnorm_layers=len(batchnorm_statistics(model)) // 2,
+            samples_per_epoch=plan.samples_per_epoch,
+            shard_samples=shards.n_train,
+            resumed_source=start.source,
+            warmup_steps=warmup.steps,
+            warmup_s=warmup.seconds,
+        )
 
     def _check_specs(self, train_ds):
         """The graphs traced at init are the ones training runs: no tracing inside the timed region."""
         declared, actual = tuple(self.task.input_specs()), tuple(train_ds.element_spec)
         if any(d.shape != a.shape or d.dtype != a.dtype for d, a in zip(declared, actual)):
-            raise RuntimeError(f"{self.task.name}: input_specs() {declared} differ from the training "
-                               f"dataset's element_spec {actual}")
+            raise RuntimeError(
+                f"{self.task.name}: input_specs() {declared} differ from the training "
+                f"dataset's element_spec {actual}"
+            )
 
     def _clear_page_cache(self, shards) -> None:
         files = list(shards.train_files) + list(shards.valid_files)
-        done, failed = drop_from_page_cache(files) if self.cfg.runtime.cache_clear else (0, len(files))
+        done, failed = (
+            drop_from_page_cache(files) if self.cfg.runtime.cache_clear else (0, len(files))
+        )
         done, failed = self.dist.allreduce_sum([done, failed])
         self.events.on_caches_cleared(bool(failed == 0 and done > 0), int(done))
 
@@ -218,6 +311,7 @@ class Trainer:
 @dataclasses.dataclass(frozen=True)
 class _EpochPlan:
     """One epoch in optimizer steps, and the global batch of a step."""
+
     steps_per_epoch: int
     global_batch: int
 
@@ -231,8 +325,13 @@ def _plan_epochs(shards, groups: int, accumulation: int) -> _EpochPlan:
     # Gradient accumulation makes each optimizer step see n local batches; the ranks of a
     # spatial group share theirs.
     global_batch = shards.local_batch_size * groups * accumulation
-    steps = epochs.batches_per_epoch(len(shards.train_files), shards.local_batch_size, accumulation) // accumulation
+    steps = (
+        epochs.batches_per_epoch(len(shards.train_files), shards.local_batch_size, accumulation)
+        // accumulation
+    )
     if steps == 0:
-        raise InputError(f"{len(shards.train_files)} training samples per rank make no whole step of "
-                         f"local batch {shards.local_batch_size} x accumulation {accumulation}")
+        raise InputError(
+            f"{len(shards.train_files)} training samples per rank make no whole step of "
+            f"local batch {shards.local_batch_size} x accumulation {accumulation}"
+        )
     return _EpochPlan(steps, global_batch)

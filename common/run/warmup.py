@@ -28,9 +28,9 @@ from common.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class WarmupResult:
-    steps: int          # optimizer steps run (each of `accumulation` micro-batches)
-    seconds: float      # wall time of the steps and of putting the state back
-    variables: int      # variables put back
+    steps: int  # optimizer steps run (each of `accumulation` micro-batches)
+    seconds: float  # wall time of the steps and of putting the state back
+    variables: int  # variables put back
 
 
 def state_variables(model, optimizer, train_step) -> list:
@@ -38,8 +38,12 @@ def state_variables(model, optimizer, train_step) -> list:
     statistics), the optimizer's (slots, iterations, a loss scale), the dropout generators' states,
     the train step's accumulation sums."""
     found, seen = [], set()
-    for variable in (list(model.variables) + list(optimizer.variables) + train_step.state_variables()
-                     + [g.state for g in random_generators(model)]):
+    for variable in (
+        list(model.variables)
+        + list(optimizer.variables)
+        + train_step.state_variables()
+        + [g.state for g in random_generators(model)]
+    ):
         if variable.ref() not in seen:
             seen.add(variable.ref())
             found.append(variable)
@@ -93,7 +97,7 @@ def warm_up(train_step, eval_step, specs, variables, steps: int) -> WarmupResult
         for _ in range(steps):
             loss = train_step(feed).loss
         eval_step(*batch).numpy()
-        float(loss)   # the steps are done before the state goes back
+        float(loss)  # the steps are done before the state goes back
     except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
         missing = _missing_kernel(e.message)
         if missing is None:
@@ -113,13 +117,17 @@ def _missing_kernel(message: str) -> str | None:
     if found:
         dtype = re.search(r"\bT=DT_(\w+)", message)
         devices = re.search(r"Registered devices: \[([^\]]*)\]", message)
-        return (f"warm-up: TensorFlow has no kernel for {found.group(1)}"
-                f"{' in ' + dtype.group(1).lower() if dtype else ''} on this host's devices "
-                f"({devices.group(1) if devices else 'unknown'}): this precision and device cannot train the "
-                f"model {advice}")
+        return (
+            f"warm-up: TensorFlow has no kernel for {found.group(1)}"
+            f"{' in ' + dtype.group(1).lower() if dtype else ''} on this host's devices "
+            f"({devices.group(1) if devices else 'unknown'}): this precision and device cannot train the "
+            f"model {advice}"
+        )
     found = re.search(r"(Current CPU implementations do not yet support [^\n]*)", message)
     if found:
         node = re.search(r"\{\{node ([^}]+)\}\}", message)
-        return (f"warm-up: {found.group(1).rstrip('.')} ({node.group(1) if node else 'an op'}): this precision "
-                f"and device cannot train the model {advice}")
+        return (
+            f"warm-up: {found.group(1).rstrip('.')} ({node.group(1) if node else 'an op'}): this precision "
+            f"and device cannot train the model {advice}"
+        )
     return None

@@ -26,6 +26,7 @@ MEMORY_BYTES = 64 << 20
 @dataclasses.dataclass(frozen=True)
 class Lscpu:
     """What lscpu says of the node (zeros where it says nothing)."""
+
     model: str
     sockets: int
     cores_per_socket: int
@@ -39,6 +40,7 @@ class Lscpu:
 @dataclasses.dataclass(frozen=True)
 class DevicePeaks:
     """One rank's measured figures (FLOP/s, bytes/s)."""
+
     matmul_flop_per_s: float
     memory_bytes_per_s: float
 
@@ -56,17 +58,25 @@ def parse_lscpu(text: str) -> Lscpu:
             return int(fields.get(key, "0"))
         except ValueError:
             return 0
-    return Lscpu(model=fields.get("Model name", ""), sockets=number("Socket(s)"),
-                 cores_per_socket=number("Core(s) per socket"), threads_per_core=number("Thread(s) per core"))
+
+    return Lscpu(
+        model=fields.get("Model name", ""),
+        sockets=number("Socket(s)"),
+        cores_per_socket=number("Core(s) per socket"),
+        threads_per_core=number("Thread(s) per core"),
+    )
 
 
 def lscpu() -> tuple[Lscpu, str]:
     """This node's lscpu, and where its figures came from."""
     try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30, check=True).stdout
+        text = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
         return parse_lscpu(text), "lscpu"
     except (OSError, subprocess.SubprocessError):
         from common import cpu
+
         return Lscpu(cpu.describe()["cpu"], 0, 0, 0), "/proc/cpuinfo (no lscpu)"
 
 
@@ -78,12 +88,15 @@ def matmul_edge(device: str) -> int:
 def measure(device: str, seconds: float = 0.5) -> DevicePeaks:
     """This rank's best matmul FLOP/s and x + 1 bytes/s on its device, each over about `seconds`."""
     import tensorflow as tf
+
     n = matmul_edge(device)
     a = tf.random.stateless_uniform([n, n], seed=[1, 2], dtype=tf.float32)
     matmul = _best(lambda: tf.linalg.matmul(a, a), seconds)
     x = tf.zeros([MEMORY_BYTES // 4], tf.float32)
     add = _best(lambda: x + 1.0, seconds)
-    return DevicePeaks(matmul_flop_per_s=2 * n ** 3 / matmul, memory_bytes_per_s=2 * MEMORY_BYTES / add)
+    return DevicePeaks(
+        matmul_flop_per_s=2 * n**3 / matmul, memory_bytes_per_s=2 * MEMORY_BYTES / add
+    )
 
 
 def _best(op, seconds: float) -> float:
@@ -97,41 +110,58 @@ def _best(op, seconds: float) -> float:
     return best
 
 
-def machine_yaml(*, host: str, cpu: Lscpu, cpu_source: str, device_name: str, matmul_edge: int,
-                 peaks: list[DevicePeaks], devices_per_node: int, busbw: float | None, latency_s: float | None,
-                 ranks: int, command: str) -> str:
+def machine_yaml(
+    *,
+    host: str,
+    cpu: Lscpu,
+    cpu_source: str,
+    device_name: str,
+    matmul_edge: int,
+    peaks: list[DevicePeaks],
+    devices_per_node: int,
+    busbw: float | None,
+    latency_s: float | None,
+    ranks: int,
+    command: str,
+) -> str:
     """The machine file's text: the figures of this host with where each came from (comments)."""
     peak = min(p.matmul_flop_per_s for p in peaks)
     memory = min(p.memory_bytes_per_s for p in peaks)
     link = busbw if busbw else memory
-    link_note = (f"the preflight's busbw at its largest allreduce, {ranks} ranks" if busbw else
-                 "NOT MEASURED (one rank: no allreduce); the memory bandwidth stands in")
+    link_note = (
+        f"the preflight's busbw at its largest allreduce, {ranks} ranks"
+        if busbw
+        else "NOT MEASURED (one rank: no allreduce); the memory bandwidth stands in"
+    )
     cores = cpu.cores or os.cpu_count()
-    return "\n".join([
-        f"# {host} as the preflight measured it ({datetime.date.today().isoformat()}): not a published figure.",
-        f"#   {command}",
-        f"# CPU from {cpu_source}: {cpu.model or 'unknown'}, {cpu.sockets} socket(s) x {cpu.cores_per_socket} "
-        f"core(s) x {cpu.threads_per_core} thread(s).",
-        f"# A device is one rank ({devices_per_node} per node here). Every rank measured at once; the slowest "
-        f"rank's figure is kept:",
-        f"#   peak: the best float32 matmul ({matmul_edge} x {matmul_edge}, TensorFlow) on the rank's device; "
-        f"memory: the best x + 1 over {MEMORY_BYTES >> 20} MiB.",
-        f"name: {_quoted(f'{host}, measured by the preflight')}",
-        f"device: {_quoted(device_name)}",
-        "peak_flop_per_s:",
-        f"  fp32: {peak:.4e}",
-        f"memory_bytes_per_s: {memory:.4e}",
-        f"devices_per_node: {devices_per_node}",
-        f"cores_per_node: {cores}",
-        f"nic_bytes_per_s: {link * devices_per_node:.4e}   # {link_note}, x the devices of a node",
-        f"nic_latency_s: {latency_s or 0.0:.4e}   # the smallest allreduce's time / its 2(n-1) ring steps",
-        f"intra_node_bytes_per_s: {link:.4e}   # {link_note}",
-        "filesystem_bytes_per_s: null    # not measured",
-        "node_local_write_bytes_per_s: null",
-        "precision: fp32",
-        "allreduce_overlap: 0.0",
-        "efficiency: 1.0                  # not calibrated: the roofline itself",
-        ""])
+    return "\n".join(
+        [
+            f"# {host} as the preflight measured it ({datetime.date.today().isoformat()}): not a published figure.",
+            f"#   {command}",
+            f"# CPU from {cpu_source}: {cpu.model or 'unknown'}, {cpu.sockets} socket(s) x {cpu.cores_per_socket} "
+            f"core(s) x {cpu.threads_per_core} thread(s).",
+            f"# A device is one rank ({devices_per_node} per node here). Every rank measured at once; the slowest "
+            f"rank's figure is kept:",
+            f"#   peak: the best float32 matmul ({matmul_edge} x {matmul_edge}, TensorFlow) on the rank's device; "
+            f"memory: the best x + 1 over {MEMORY_BYTES >> 20} MiB.",
+            f"name: {_quoted(f'{host}, measured by the preflight')}",
+            f"device: {_quoted(device_name)}",
+            "peak_flop_per_s:",
+            f"  fp32: {peak:.4e}",
+            f"memory_bytes_per_s: {memory:.4e}",
+            f"devices_per_node: {devices_per_node}",
+            f"cores_per_node: {cores}",
+            f"nic_bytes_per_s: {link * devices_per_node:.4e}   # {link_note}, x the devices of a node",
+            f"nic_latency_s: {latency_s or 0.0:.4e}   # the smallest allreduce's time / its 2(n-1) ring steps",
+            f"intra_node_bytes_per_s: {link:.4e}   # {link_note}",
+            "filesystem_bytes_per_s: null    # not measured",
+            "node_local_write_bytes_per_s: null",
+            "precision: fp32",
+            "allreduce_overlap: 0.0",
+            "efficiency: 1.0                  # not calibrated: the roofline itself",
+            "",
+        ]
+    )
 
 
 def _quoted(text: str) -> str:

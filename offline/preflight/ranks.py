@@ -21,6 +21,7 @@ class RankFacts:
       intra_op_threads, inter_op_threads: TensorFlow's pools as the run's runtime config set them.
       threads_note: the rule that chose the threads (and anything else the runtime said of them).
     """
+
     rank: int
     host: str
     local_rank: int
@@ -37,23 +38,37 @@ class RankFacts:
 def this_rank(dist, runtime: dict, tf_gpus: int) -> RankFacts:
     """This rank's facts, after common.runtime.configure returned `runtime` (Distribution._pin_device set dist.gpu)."""
     seen = gpus.visible_uuids()
-    return RankFacts(rank=dist.rank, host=dist.hostname, local_rank=dist.local_rank, device=runtime["device"],
-                     gpu_uuid=(dist.gpu.uuid if dist.gpu else None) or "",
-                     nvml_gpus=-1 if seen is None else len(seen), tf_gpus=tf_gpus, cpus=cpu_list(cpu.affinity()),
-                     intra_op_threads=runtime["intra_op_threads"], inter_op_threads=runtime["inter_op_threads"],
-                     threads_note=runtime["threads_note"])
+    return RankFacts(
+        rank=dist.rank,
+        host=dist.hostname,
+        local_rank=dist.local_rank,
+        device=runtime["device"],
+        gpu_uuid=(dist.gpu.uuid if dist.gpu else None) or "",
+        nvml_gpus=-1 if seen is None else len(seen),
+        tf_gpus=tf_gpus,
+        cpus=cpu_list(cpu.affinity()),
+        intra_op_threads=runtime["intra_op_threads"],
+        inter_op_threads=runtime["inter_op_threads"],
+        threads_note=runtime["threads_note"],
+    )
 
 
 def facts_table(facts: list[RankFacts]) -> str:
     """One line per rank, then each rank's thread rule."""
-    lines = [f"{'rank':>4} {'host':<16} {'local':>5} {'device':<6} {'GPU (NVML UUID)':<42} {'NVML':>4} {'TF':>3} "
-             f"{'CPUs':<16} {'threads':>7}"]
+    lines = [
+        f"{'rank':>4} {'host':<16} {'local':>5} {'device':<6} {'GPU (NVML UUID)':<42} {'NVML':>4} {'TF':>3} "
+        f"{'CPUs':<16} {'threads':>7}"
+    ]
     for f in facts:
         nvml = "-" if f.nvml_gpus < 0 else str(f.nvml_gpus)
-        lines.append(f"{f.rank:>4} {f.host:<16} {f.local_rank:>5} {f.device:<6} {f.gpu_uuid or '-':<42} {nvml:>4} "
-                     f"{f.tf_gpus:>3} {f.cpus:<16} {f.intra_op_threads:>3}/{f.inter_op_threads:<3}")
-    lines.append("NVML, TF: GPUs the rank sees through NVML ('-': no NVML) and through TensorFlow; "
-                 "threads: intra-op/inter-op")
+        lines.append(
+            f"{f.rank:>4} {f.host:<16} {f.local_rank:>5} {f.device:<6} {f.gpu_uuid or '-':<42} {nvml:>4} "
+            f"{f.tf_gpus:>3} {f.cpus:<16} {f.intra_op_threads:>3}/{f.inter_op_threads:<3}"
+        )
+    lines.append(
+        "NVML, TF: GPUs the rank sees through NVML ('-': no NVML) and through TensorFlow; "
+        "threads: intra-op/inter-op"
+    )
     lines += [f"rank {f.rank}: {f.threads_note}" for f in facts]
     return "\n".join(lines)
 
@@ -66,5 +81,7 @@ def too_few_gpus(facts: list[RankFacts], expected: int | None) -> str | None:
     if not short:
         return None
     seen = sorted({f.tf_gpus for f in short})
-    return (f"--expect-gpus {expected}: rank(s) {', '.join(str(f.rank) for f in short)} see "
-            f"{'/'.join(map(str, seen))} GPU(s) through TensorFlow (on {', '.join(sorted({f.host for f in short}))})")
+    return (
+        f"--expect-gpus {expected}: rank(s) {', '.join(str(f.rank) for f in short)} see "
+        f"{'/'.join(map(str, seen))} GPU(s) through TensorFlow (on {', '.join(sorted({f.host for f in short}))})"
+    )

@@ -18,13 +18,14 @@ import time
 from common.errors import InputError
 
 DEFAULT_SIZES = (8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20, 64 << 20)
-ELEMENT_BYTES = 4   # float32
+ELEMENT_BYTES = 4  # float32
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepRow:
     """One size of the sweep (seconds per allreduce; bandwidths in bytes/s)."""
+
     size_bytes: int
     count: int
     seconds: float
@@ -41,7 +42,9 @@ def parse_sizes(text: str) -> tuple[int, ...]:
             raise InputError(f"--sweep-sizes takes sizes such as 8,64K,1M, got {word!r}")
         size = int(match[1]) * _UNITS[match[2].upper()]
         if size < ELEMENT_BYTES or size % ELEMENT_BYTES:
-            raise InputError(f"--sweep-sizes: {word} is not a whole number of float32 elements (4 bytes each)")
+            raise InputError(
+                f"--sweep-sizes: {word} is not a whole number of float32 elements (4 bytes each)"
+            )
         sizes.append(size)
     if not sizes:
         raise InputError(f"--sweep-sizes names no size: {text!r}")
@@ -51,16 +54,22 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 def bandwidths(size_bytes: int, seconds: float, ranks: int) -> SweepRow:
     """The row nccl-tests prints for one allreduce of `size_bytes` over `ranks` ranks taking `seconds`."""
     algbw = size_bytes / seconds if seconds > 0 else 0.0
-    return SweepRow(size_bytes=size_bytes, count=size_bytes // ELEMENT_BYTES, seconds=seconds, algbw=algbw,
-                    busbw=algbw * 2 * (ranks - 1) / ranks)
+    return SweepRow(
+        size_bytes=size_bytes,
+        count=size_bytes // ELEMENT_BYTES,
+        seconds=seconds,
+        algbw=algbw,
+        busbw=algbw * 2 * (ranks - 1) / ranks,
+    )
 
 
 def run_sweep(dist, sizes, iterations: int, warmup: int = 2) -> list[SweepRow]:
     """Every size's row (a collective: every rank, the same sizes in the same order). [] on one rank."""
     import tensorflow as tf
+
     if dist.size == 1:
         return []
-    group = dist.rank_group(dist.size)   # all ranks: Horovod's global process set, no registration
+    group = dist.rank_group(dist.size)  # all ranks: Horovod's global process set, no registration
     rows = []
     for size in sizes:
         tensor = tf.ones([size // ELEMENT_BYTES], tf.float32)
@@ -78,9 +87,14 @@ def run_sweep(dist, sizes, iterations: int, warmup: int = 2) -> list[SweepRow]:
 
 def sweep_table(rows: list[SweepRow], title: str) -> str:
     """The rows as all_reduce_perf prints them: size (B), count, type, redop, time (us), algbw, busbw (GB/s)."""
-    lines = [title, f"{'size (B)':>12} {'count':>12} {'type':>7} {'redop':>6} {'time (us)':>11} "
-                    f"{'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    lines = [
+        title,
+        f"{'size (B)':>12} {'count':>12} {'type':>7} {'redop':>6} {'time (us)':>11} "
+        f"{'algbw (GB/s)':>13} {'busbw (GB/s)':>13}",
+    ]
     for r in rows:
-        lines.append(f"{r.size_bytes:>12} {r.count:>12} {'float':>7} {'sum':>6} {r.seconds * 1e6:>11.1f} "
-                     f"{r.algbw / 1e9:>13.3f} {r.busbw / 1e9:>13.3f}")
+        lines.append(
+            f"{r.size_bytes:>12} {r.count:>12} {'float':>7} {'sum':>6} {r.seconds * 1e6:>11.1f} "
+            f"{r.algbw / 1e9:>13.3f} {r.busbw / 1e9:>13.3f}"
+        )
     return "\n".join(lines)

@@ -19,6 +19,7 @@ _PRECISIONS = {"float32": "fp32", "mixed_float16": "fp16", "mixed_bfloat16": "bf
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """The measured and the projected step of one benchmark run (seconds)."""
+
     measured_step_s: float
     projected_step_s: float
     precision: str
@@ -38,23 +39,32 @@ class Verdict:
 
     def line(self) -> str:
         verdict = "within" if self.within else "outside"
-        return (f"measured {self.measured_step_s * 1e3:.2f} ms/step, projected {self.projected_step_s * 1e3:.2f} "
-                f"ms/step ({self.precision}, {self.bound}-bound, {self.machine}, efficiency {self.efficiency:g}): "
-                f"ratio {self.ratio:.2f}, {verdict} the tolerance (x{self.tolerance:g} either way)"
-                + (f"; {self.note}" if self.note else ""))
+        return (
+            f"measured {self.measured_step_s * 1e3:.2f} ms/step, projected {self.projected_step_s * 1e3:.2f} "
+            f"ms/step ({self.precision}, {self.bound}-bound, {self.machine}, efficiency {self.efficiency:g}): "
+            f"ratio {self.ratio:.2f}, {verdict} the tolerance (x{self.tolerance:g} either way)"
+            + (f"; {self.note}" if self.note else "")
+        )
 
 
 def model_costs(task):
     """offline.projection's ModelCosts of the task's model (float32), measured on this host now."""
     from common.run import characterization
     from offline.projection.model import ModelCosts
+
     model = task.build_model(None)
     forward = characterization.forward_flops_per_sample(model, model.input_shape[1:])
     weights = sum(int(np.prod(w.shape)) * w.dtype.size for w in model.weights)
     activations = characterization.forward_bytes_per_sample(model) - weights
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    return ModelCosts(flops_train=3 * forward, flops_forward=forward, activation_bytes_train=3 * activations,
-                      activation_bytes_forward=activations, weight_bytes_train=3 * weights, gradient_bytes=4 * params)
+    return ModelCosts(
+        flops_train=3 * forward,
+        flops_forward=forward,
+        activation_bytes_train=3 * activations,
+        activation_bytes_forward=activations,
+        weight_bytes_train=3 * weights,
+        gradient_bytes=4 * params,
+    )
 
 
 def projection_precision(run_precision: str, device: str, peaks: dict) -> tuple[str, str]:
@@ -72,23 +82,44 @@ def projection_precision(run_precision: str, device: str, peaks: dict) -> tuple[
     return fallback, f"the machine file has no {precision} peak: projected at {fallback}"
 
 
-def judge(machine, costs, benchmark: str, throughput: dict, nodes: int, device: str, tolerance: float) -> Verdict:
+def judge(
+    machine, costs, benchmark: str, throughput: dict, nodes: int, device: str, tolerance: float
+) -> Verdict:
     """The run's benchmark figures (summary.json's 'throughput') against the projection on `machine`."""
     from offline.projection import inputs, model
+
     groups = throughput["ranks"] // max(1, throughput["spatial_ranks"])
     local_batch = throughput["global_batch_size"] / groups
     precision, note = projection_precision(throughput["precision"], device, machine.peak_flop_per_s)
     notes = [note]
     if throughput["spatial_ranks"] > 1:
-        notes.append("a split run: projected as unsplit (offline.projection.spatial models the split)")
+        notes.append(
+            "a split run: projected as unsplit (offline.projection.spatial models the split)"
+        )
     devices = nodes * machine.devices_per_node
-    projection = model.project(machine, costs, inputs.DATASETS[benchmark], benchmark, nodes=nodes,
-                               global_batch=max(1, round(local_batch * devices)), epochs=None, precision=precision,
-                               staging_timed=False)
+    projection = model.project(
+        machine,
+        costs,
+        inputs.DATASETS[benchmark],
+        benchmark,
+        nodes=nodes,
+        global_batch=max(1, round(local_batch * devices)),
+        epochs=None,
+        precision=precision,
+        staging_timed=False,
+    )
     if devices != groups:
-        notes.append(f"the machine file has {machine.devices_per_node} device(s) per node, this job "
-                     f"{groups / nodes:g} rank(s) per node: compared per device at local batch {local_batch:g}")
-    return Verdict(measured_step_s=throughput["seconds"] / throughput["steps"], projected_step_s=projection.step_s,
-                   precision=precision, bound=projection.bound, machine=machine.name,
-                   efficiency=machine.efficiency_for(benchmark), tolerance=tolerance,
-                   note="; ".join(filter(None, notes)))
+        notes.append(
+            f"the machine file has {machine.devices_per_node} device(s) per node, this job "
+            f"{groups / nodes:g} rank(s) per node: compared per device at local batch {local_batch:g}"
+        )
+    return Verdict(
+        measured_step_s=throughput["seconds"] / throughput["steps"],
+        projected_step_s=projection.step_s,
+        precision=precision,
+        bound=projection.bound,
+        machine=machine.name,
+        efficiency=machine.efficiency_for(benchmark),
+        tolerance=tolerance,
+        note="; ".join(filter(None, notes)),
+    )

@@ -64,8 +64,10 @@ from offline.projection import (
 from offline.projection.request import Request
 
 # The projection of each split axis of common/benchmarks.py's spatial_split.
-SPLIT_PROJECTIONS = {spatial.AXIS: spatial_report.run_spatial_projection,
-                     height_split.AXIS: height_report.run_height_projection}
+SPLIT_PROJECTIONS = {
+    spatial.AXIS: spatial_report.run_spatial_projection,
+    height_split.AXIS: height_report.run_height_projection,
+}
 
 
 def run_projection(args) -> int:
@@ -77,9 +79,17 @@ def run_projection(args) -> int:
     means = rcp.rcp_means(args.benchmark, args.ruleset, args.rcp_pass)
     if args.staging == "timed":
         inputs.check_staging_rates(args.machine, machine, inputs.DATASETS[args.benchmark])
-    request = Request(args.benchmark, machine, inputs.parse_nodes(args.nodes), args.global_batch,
-                      args.local_batch or inputs.default_local_batch(args.benchmark), precision, args.instances,
-                      args.staging == "timed", means)
+    request = Request(
+        args.benchmark,
+        machine,
+        inputs.parse_nodes(args.nodes),
+        args.global_batch,
+        args.local_batch or inputs.default_local_batch(args.benchmark),
+        precision,
+        args.instances,
+        args.staging == "timed",
+        means,
+    )
     rows = request.rows(costs)
     print(report.format_projections(request, costs, costs_line, rows, report.rcp_line(args, means)))
     print()
@@ -94,8 +104,11 @@ def run_projection(args) -> int:
 @tool_main(KeyError, ValueError)
 def main(argv=None) -> int:
     """Returns 0, or 2 (ExitCode.INPUT_ERROR) after one `error: ...` line on stderr."""
-    parser = argparse.ArgumentParser(prog="python -m offline.projection", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m offline.projection",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--benchmark", choices=benchmarks.names())
     parser.add_argument("--machine", help="machines/*.yaml (a path or a name of machines/)")
     parser.add_argument("--nodes", help="node counts, comma-separated")
@@ -110,16 +123,36 @@ def main(argv=None) -> int:
     parser.add_argument("--ruleset", default="3.0.0")
     parser.add_argument("--busy", type=float, default=0.9)
     parser.add_argument("--png")
-    splits = ", ".join(f"{b.name}: {b.spatial_split}" for b in benchmarks.BENCHMARKS if b.spatial_split)
-    parser.add_argument("--spatial-ranks", type=int, default=1, metavar="K",
-                        help=f"split each sample across K consecutive devices ({splits}; K a divisor or a "
-                             f"multiple of a node's devices)")
-    parser.add_argument("--sample-edge", type=int, default=128, choices=spatial.EDGES,
-                        help=f"{spatial.BENCHMARK}: the sample's edge N (N^3 x 4 volumes)")
-    parser.add_argument("--cycle-time-ms", type=float, default=spatial.HOROVOD_CYCLE_S * 1e3,
-                        help="per-collective latency of the split layers (Horovod's cycle time)")
-    parser.add_argument("--validate", action="store_true", help="print the validation table and exit")
-    parser.add_argument("--calibrate", metavar="POINT", help="print the efficiency a published point implies")
+    splits = ", ".join(
+        f"{b.name}: {b.spatial_split}" for b in benchmarks.BENCHMARKS if b.spatial_split
+    )
+    parser.add_argument(
+        "--spatial-ranks",
+        type=int,
+        default=1,
+        metavar="K",
+        help=f"split each sample across K consecutive devices ({splits}; K a divisor or a "
+        f"multiple of a node's devices)",
+    )
+    parser.add_argument(
+        "--sample-edge",
+        type=int,
+        default=128,
+        choices=spatial.EDGES,
+        help=f"{spatial.BENCHMARK}: the sample's edge N (N^3 x 4 volumes)",
+    )
+    parser.add_argument(
+        "--cycle-time-ms",
+        type=float,
+        default=spatial.HOROVOD_CYCLE_S * 1e3,
+        help="per-collective latency of the split layers (Horovod's cycle time)",
+    )
+    parser.add_argument(
+        "--validate", action="store_true", help="print the validation table and exit"
+    )
+    parser.add_argument(
+        "--calibrate", metavar="POINT", help="print the efficiency a published point implies"
+    )
     args = parser.parse_args(argv)
     if args.validate:
         return published_points.run_validation(args.ruleset)
@@ -128,16 +161,23 @@ def main(argv=None) -> int:
         return 0
     if not (args.benchmark and args.machine and args.nodes):
         parser.error("--benchmark, --machine and --nodes are needed (or --validate / --calibrate)")
-    if args.instances < 1 or (args.global_batch is not None and args.global_batch < 1) \
-            or (args.local_batch is not None and args.local_batch < 1):
+    if (
+        args.instances < 1
+        or (args.global_batch is not None and args.global_batch < 1)
+        or (args.local_batch is not None and args.local_batch < 1)
+    ):
         raise InputError("--instances, --global-batch and --local-batch must be at least 1")
     if args.spatial_ranks != 1 or args.sample_edge != spatial.MEASURED_EDGE:
         axis = benchmarks.get(args.benchmark).spatial_split
         if args.sample_edge != spatial.MEASURED_EDGE and axis != spatial.AXIS:
-            raise InputError(f"--sample-edge is for {spatial.BENCHMARK} only (the {spatial.AXIS} split), "
-                             f"not {args.benchmark}")
+            raise InputError(
+                f"--sample-edge is for {spatial.BENCHMARK} only (the {spatial.AXIS} split), "
+                f"not {args.benchmark}"
+            )
         if axis not in SPLIT_PROJECTIONS:
-            raise InputError(f"--spatial-ranks: {args.benchmark} does not split its samples "
-                             f"(no spatial_split in common/benchmarks.py)")
+            raise InputError(
+                f"--spatial-ranks: {args.benchmark} does not split its samples "
+                f"(no spatial_split in common/benchmarks.py)"
+            )
         return SPLIT_PROJECTIONS[axis](args)
     return run_projection(args)

@@ -60,7 +60,7 @@ OUTPUT_STRIDE = 16
 MIDDLE_BLOCKS = 16
 ASPP_RATES = (6, 12, 18)
 EXIT_FLOW_DILATION = 2
-STATE_COPIES = 4               # float32 weights, their gradients, LAMB's two moment slots
+STATE_COPIES = 4  # float32 weights, their gradients, LAMB's two moment slots
 HALO_KINDS = ("conv", "depthwise", "transposed")
 
 
@@ -71,12 +71,13 @@ class Layer:
     `top` and `bottom` are the rows it reads beyond its slab when split, `cols` the zero columns
     padded each side (the unsplit layer pads them all).
     """
+
     name: str
-    kind: str       # 'input', 'pad', 'conv', 'depthwise', 'transposed', 'bn', 'relu', 'add', 'concat',
-                    # 'slice', 'pool', 'affine', 'upsample', 'gather'
+    kind: str  # 'input', 'pad', 'conv', 'depthwise', 'transposed', 'bn', 'relu', 'add', 'concat',
+    # 'slice', 'pool', 'affine', 'upsample', 'gather'
     in_shape: tuple
     out_shape: tuple
-    in_elements: int            # every input's elements (an add's two, a concat's all)
+    in_elements: int  # every input's elements (an add's two, a concat's all)
     split: bool = True
     params: int = 0
     kernel: int = 1
@@ -86,7 +87,7 @@ class Layer:
 
     @property
     def forward_flops(self) -> int:
-        k2 = self.kernel ** 2
+        k2 = self.kernel**2
         if self.kind == "conv":
             return 2 * k2 * self.in_shape[-1] * math.prod(self.out_shape)
         if self.kind == "depthwise":
@@ -119,7 +120,9 @@ class _Net:
     def add(self, name, kind, x, out_shape, *, inputs=None, split=None, **kw):
         """Appends a layer reading `x` (and `inputs`, all its inputs when given) and returns its output."""
         in_elements = sum(math.prod(shape) for _, shape in (inputs or [x]))
-        split = x[1][0] > 1 if split is None else split   # a 1x1 map (the pooled branch) is whole on every rank
+        split = (
+            x[1][0] > 1 if split is None else split
+        )  # a 1x1 map (the pooled branch) is whole on every rank
         self.layers.append(Layer(name, kind, x[1], tuple(out_shape), in_elements, split, **kw))
         return name, tuple(out_shape)
 
@@ -144,25 +147,45 @@ class _Net:
         if stride == 1:
             top = bottom = halo
             out = (h, w, filters)
-        else:   # entry_conv: symmetric padding 1, its last zero row never read
+        else:  # entry_conv: symmetric padding 1, its last zero row never read
             top, bottom = halo, halo - 1
             x = self.pad(x, halo, halo, halo, f"{name}_pad")
             out = (h // 2, w // 2, filters)
         self.reads(x, top, bottom)
         params = kernel * kernel * c * filters + (filters if use_bias else 0)
-        return self.add(name, "conv", x, out, params=params, kernel=kernel, top=top, bottom=bottom, cols=halo)
+        return self.add(
+            name, "conv", x, out, params=params, kernel=kernel, top=top, bottom=bottom, cols=halo
+        )
 
     def sep_conv(self, x, filters, name, stride=1, dilation=1):
         h, w, c = x[1]
         if stride == 1:
             self.reads(x, dilation, dilation)
-            x = self.add(f"{name}.conv1", "depthwise", x, (h, w, c), params=9 * c, kernel=3,
-                         top=dilation, bottom=dilation, cols=dilation)
+            x = self.add(
+                f"{name}.conv1",
+                "depthwise",
+                x,
+                (h, w, c),
+                params=9 * c,
+                kernel=3,
+                top=dilation,
+                bottom=dilation,
+                cols=dilation,
+            )
         else:
             x = self.pad(x, dilation, dilation, dilation, f"{name}_pad")
             self.reads(x, dilation, dilation - 1)
-            x = self.add(f"{name}.conv1", "depthwise", x, (h // 2, w // 2, c), params=9 * c, kernel=3,
-                         top=dilation, bottom=dilation - 1, cols=dilation)
+            x = self.add(
+                f"{name}.conv1",
+                "depthwise",
+                x,
+                (h // 2, w // 2, c),
+                params=9 * c,
+                kernel=3,
+                top=dilation,
+                bottom=dilation - 1,
+                cols=dilation,
+            )
         return self.add(f"{name}.pointwise", "conv", x, x[1][:2] + (filters,), params=c * filters)
 
     def bn(self, x, name):
@@ -171,8 +194,18 @@ class _Net:
     def relu(self, x, name):
         return self.add(name, "relu", x, x[1])
 
-    def block(self, x, planes, reps, name, stride=1, dilation=1, end_with_relu=True, grow_first=True,
-              is_last=False):
+    def block(
+        self,
+        x,
+        planes,
+        reps,
+        name,
+        stride=1,
+        dilation=1,
+        end_with_relu=True,
+        grow_first=True,
+        is_last=False,
+    ):
         inplanes = x[1][-1]
         shortcut = x
         if planes != inplanes or stride != 1:
@@ -198,14 +231,24 @@ class _Net:
     def transposed(self, x, filters, name):
         h, w, c = x[1]
         self.reads(x, 0, 1)
-        return self.add(name, "transposed", x, (2 * h, 2 * w, filters), params=9 * c * filters, kernel=3, bottom=1)
+        return self.add(
+            name,
+            "transposed",
+            x,
+            (2 * h, 2 * w, filters),
+            params=9 * c * filters,
+            kernel=3,
+            bottom=1,
+        )
 
 
 def network_layers(spatial_ranks: int = 1) -> list[Layer]:
     """DeepCAM at 768 x 1152 x 16 as deepcam/model.py builds it, for a split of `spatial_ranks`."""
     n = _Net(spatial_ranks)
     p = "xception_features"
-    x = n.add("fields", "input", ("fields", (HEIGHT, WIDTH, IN_CHANNELS)), (HEIGHT, WIDTH, IN_CHANNELS))
+    x = n.add(
+        "fields", "input", ("fields", (HEIGHT, WIDTH, IN_CHANNELS)), (HEIGHT, WIDTH, IN_CHANNELS)
+    )
     x = n.conv(x, 32, 3, f"{p}.conv1", stride=2)
     x = n.relu(n.bn(x, f"{p}.bn1"), f"{p}.relu1")
     x = n.conv(x, 64, 3, f"{p}.conv2")
@@ -216,7 +259,15 @@ def network_layers(spatial_ranks: int = 1) -> list[Layer]:
     x = n.block(x, 728, 2, f"{p}.block3", stride=2, is_last=True)
     for i in range(MIDDLE_BLOCKS):
         x = n.block(x, 728, 3, f"{p}.block{4 + i}")
-    x = n.block(x, 1024, 2, f"{p}.block{4 + MIDDLE_BLOCKS}", end_with_relu=False, grow_first=False, is_last=True)
+    x = n.block(
+        x,
+        1024,
+        2,
+        f"{p}.block{4 + MIDDLE_BLOCKS}",
+        end_with_relu=False,
+        grow_first=False,
+        is_last=True,
+    )
     for i, filters in enumerate((1536, 1536, 2048), start=3):
         x = n.sep_conv(x, filters, f"{p}.conv{i}", dilation=EXIT_FLOW_DILATION)
         x = n.relu(n.bn(x, f"{p}.bn{i}"), f"{p}.relu{i}")
@@ -243,7 +294,9 @@ def network_layers(spatial_ranks: int = 1) -> list[Layer]:
     for i in (0, 3):
         x = n.transposed(x, c, f"{u}.deconv1.{i}")
         x = n.relu(n.bn(x, f"{u}.deconv1.{i + 1}"), f"{u}.deconv1.{i + 2}")
-    x = n.add(f"{u}.concat", "concat", x, x[1][:2] + (x[1][-1] + low_level[1][-1],), inputs=[x, low_level])
+    x = n.add(
+        f"{u}.concat", "concat", x, x[1][:2] + (x[1][-1] + low_level[1][-1],), inputs=[x, low_level]
+    )
     for i in (0, 3):
         x = n.conv(x, c, 3, f"{u}.conv1.{i}")
         x = n.relu(n.bn(x, f"{u}.conv1.{i + 1}"), f"{u}.conv1.{i + 2}")
@@ -268,9 +321,11 @@ def check_split(machine: Machine, spatial_ranks: int) -> None:
         return
     spatial.group_links(machine, k)
     if HEIGHT % (k * OUTPUT_STRIDE):
-        raise ValueError(f"--spatial-ranks {k}: the height {HEIGHT} must be a multiple of {k} x the output stride "
-                         f"{OUTPUT_STRIDE} (each rank's rows halve evenly down to stride {OUTPUT_STRIDE}): K one of "
-                         + ", ".join(map(str, valid_ranks())))
+        raise ValueError(
+            f"--spatial-ranks {k}: the height {HEIGHT} must be a multiple of {k} x the output stride "
+            f"{OUTPUT_STRIDE} (each rank's rows halve evenly down to stride {OUTPUT_STRIDE}): K one of "
+            + ", ".join(map(str, valid_ranks()))
+        )
 
 
 def valid_ranks() -> list[int]:
@@ -281,8 +336,13 @@ def valid_ranks() -> list[int]:
 def device_costs(measured: ModelCosts, spatial_ranks: int) -> ModelCosts:
     """One device's share of one sample split K ways: every layer's / K, the gathered maps whole.
     The input rate stays the reader's: every rank of a group reads the whole sample."""
-    return spatial.scaled_costs(measured, network_layers(1), network_layers(spatial_ranks), spatial_ranks,
-                                measured.input_samples_per_s_per_core)
+    return spatial.scaled_costs(
+        measured,
+        network_layers(1),
+        network_layers(spatial_ranks),
+        spatial_ranks,
+        measured.input_samples_per_s_per_core,
+    )
 
 
 # ------------------------------------------------------------------ the split's collectives
@@ -295,36 +355,61 @@ def collectives(spatial_ranks: int, precision: str) -> list[spatial.Collective]:
     k, eb = spatial_ranks, ELEMENT_BYTES[precision]
     if k == 1:
         return []
-    ring = 2 * (k - 1) / k          # of the tensor, through each rank's link, in a ring allreduce
+    ring = 2 * (k - 1) / k  # of the tensor, through each rank's link, in a ring allreduce
     out = []
     for layer in network_layers(k):
         part = slab(layer.in_shape, k)
         if layer.kind == "gather":
             whole = math.prod(layer.in_shape) * eb
-            out.append(spatial.Collective(layer.name, "gather", part, (k - 1) / k * whole, ring * whole, 3,
-                                          4 * (k - 1)))
+            out.append(
+                spatial.Collective(
+                    layer.name, "gather", part, (k - 1) / k * whole, ring * whole, 3, 4 * (k - 1)
+                )
+            )
         elif layer.halo and layer.halo <= part[0]:
             sent = spatial.halo_bytes(part, layer.halo, eb)
             out.append(spatial.Collective(layer.name, "halo", part, sent, sent, 2, 2))
         elif layer.kind == "bn":
-            stats = ring * 2 * layer.in_shape[-1] * 4     # [mean, mean of squares], float32
-            out.append(spatial.Collective(layer.name, "allreduce", part, stats, stats, 2, 4 * (k - 1),
-                                          per_sample=False))
+            stats = ring * 2 * layer.in_shape[-1] * 4  # [mean, mean of squares], float32
+            out.append(
+                spatial.Collective(
+                    layer.name, "allreduce", part, stats, stats, 2, 4 * (k - 1), per_sample=False
+                )
+            )
         elif layer.kind == "pool":
-            pooled = ring * layer.in_shape[-1] * 4        # [B, 1, 1, C], float32
-            out.append(spatial.Collective(layer.name, "allreduce", part, pooled, pooled, 2, 4 * (k - 1)))
-    out.append(spatial.Collective("weighted_cross_entropy", "allreduce", (), ring * 4, 0.0, 1, 2 * (k - 1),
-                                  per_sample=False))
+            pooled = ring * layer.in_shape[-1] * 4  # [B, 1, 1, C], float32
+            out.append(
+                spatial.Collective(layer.name, "allreduce", part, pooled, pooled, 2, 4 * (k - 1))
+            )
+    out.append(
+        spatial.Collective(
+            "weighted_cross_entropy",
+            "allreduce",
+            (),
+            ring * 4,
+            0.0,
+            1,
+            2 * (k - 1),
+            per_sample=False,
+        )
+    )
     return out
 
 
-def exchange_seconds(machine: Machine, spatial_ranks: int, precision: str, local_batch: float,
-                     cycle_s: float = spatial.HOROVOD_CYCLE_S) -> float:
+def exchange_seconds(
+    machine: Machine,
+    spatial_ranks: int,
+    precision: str,
+    local_batch: float,
+    cycle_s: float = spatial.HOROVOD_CYCLE_S,
+) -> float:
     """Per step: the split's collectives at `local_batch` samples per group (0 at K = 1)."""
     if spatial_ranks == 1:
         return 0.0
     links = spatial.group_links(machine, spatial_ranks)
-    return sum(c.seconds(links, local_batch, cycle_s) for c in collectives(spatial_ranks, precision))
+    return sum(
+        c.seconds(links, local_batch, cycle_s) for c in collectives(spatial_ranks, precision)
+    )
 
 
 # ------------------------------------------------------------------ memory per device
@@ -343,10 +428,16 @@ def memory_per_device(spatial_ranks: int, precision: str) -> spatial.Memory:
     """Memory on one device of a K-way height split at local batch 1 (module docstring)."""
     k, eb = spatial_ranks, ELEMENT_BYTES[precision]
     layers = network_layers(k)
-    split, whole = spatial.split_and_head([layer for layer in layers if layer.kind != "pad"],
-                                          lambda layer: math.prod(layer.out_shape))
+    split, whole = spatial.split_and_head(
+        [layer for layer in layers if layer.kind != "pad"], lambda layer: math.prod(layer.out_shape)
+    )
     largest = max(math.prod(layer.out_shape) / (k if layer.split else 1) for layer in layers)
-    return spatial.Memory(edge=HEIGHT, spatial_ranks=k, split_activations=eb * split / k,
-                          halo_copies=eb * sum(padded_slab_elements(layer, k) for layer in layers),
-                          head_activations=eb * whole, backward_working=eb * 2 * largest,
-                          state=4 * STATE_COPIES * spatial.parameters(layers))
+    return spatial.Memory(
+        edge=HEIGHT,
+        spatial_ranks=k,
+        split_activations=eb * split / k,
+        halo_copies=eb * sum(padded_slab_elements(layer, k) for layer in layers),
+        head_activations=eb * whole,
+        backward_working=eb * 2 * largest,
+        state=4 * STATE_COPIES * spatial.parameters(layers),
+    )

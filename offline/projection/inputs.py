@@ -24,11 +24,22 @@ POINTS_FILE = OFFLINE / "published_points.yaml"
 
 # What each benchmark stages and trains on: the full data set as published (common/benchmarks.py
 # cites the figures). Its bytes include a test split the runs do not stage, so staging is an upper bound.
-DATASETS = {b.name: Dataset(train_samples=b.published_train_samples, eval_samples=b.published_eval_samples,
-                            bytes=b.published_dataset_bytes) for b in benchmarks.BENCHMARKS}
+DATASETS = {
+    b.name: Dataset(
+        train_samples=b.published_train_samples,
+        eval_samples=b.published_eval_samples,
+        bytes=b.published_dataset_bytes,
+    )
+    for b in benchmarks.BENCHMARKS
+}
 MACHINE_KEYS = {f.name for f in dataclasses.fields(Machine)}
-OPTIONAL_MACHINE_KEYS = {"intra_node_bytes_per_s", "filesystem_bytes_per_s", "node_local_write_bytes_per_s",
-                         "allreduce_overlap", "device_memory_bytes"}
+OPTIONAL_MACHINE_KEYS = {
+    "intra_node_bytes_per_s",
+    "filesystem_bytes_per_s",
+    "node_local_write_bytes_per_s",
+    "allreduce_overlap",
+    "device_memory_bytes",
+}
 
 
 def _number(value, key: str, source) -> float | None:
@@ -57,26 +68,58 @@ def load_machine(path) -> Machine:
     except OSError as e:
         raise InputError(f"cannot read machine file {path}: {e.strerror}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("peak_flop_per_s", {}), dict):
-        raise InputError(f"{path}: a mapping of keys is expected, peak_flop_per_s a mapping of precisions")
+        raise InputError(
+            f"{path}: a mapping of keys is expected, peak_flop_per_s a mapping of precisions"
+        )
     unknown = set(raw) - MACHINE_KEYS
     missing = MACHINE_KEYS - OPTIONAL_MACHINE_KEYS - set(raw)
     if unknown or missing:
-        raise InputError(f"{path}: " + "; ".join(filter(None, [
-            f"unknown keys {', '.join(sorted(unknown))}" if unknown else "",
-            f"missing keys {', '.join(sorted(missing))}" if missing else ""])))
-    peaks = {str(k): _number(v, f"peak_flop_per_s.{k}", path) for k, v in (raw["peak_flop_per_s"] or {}).items()}
+        raise InputError(
+            f"{path}: "
+            + "; ".join(
+                filter(
+                    None,
+                    [
+                        f"unknown keys {', '.join(sorted(unknown))}" if unknown else "",
+                        f"missing keys {', '.join(sorted(missing))}" if missing else "",
+                    ],
+                )
+            )
+        )
+    peaks = {
+        str(k): _number(v, f"peak_flop_per_s.{k}", path)
+        for k, v in (raw["peak_flop_per_s"] or {}).items()
+    }
     efficiency = raw["efficiency"]
-    efficiency = ({str(k): _number(v, f"efficiency.{k}", path) for k, v in efficiency.items()}
-                  if isinstance(efficiency, dict) else {"default": _number(efficiency, "efficiency", path)})
-    numbers = {key: _number(raw.get(key), key, path) for key in
-               ("memory_bytes_per_s", "nic_bytes_per_s", "nic_latency_s", "intra_node_bytes_per_s",
-                "filesystem_bytes_per_s", "node_local_write_bytes_per_s", "device_memory_bytes")}
-    machine = Machine(name=str(raw["name"]), device=str(raw["device"]), peak_flop_per_s=peaks,
-                      devices_per_node=int(raw["devices_per_node"]), cores_per_node=int(raw["cores_per_node"]),
-                      precision=str(raw["precision"]), efficiency=efficiency,
-                      allreduce_overlap=_number(raw.get("allreduce_overlap", 0.0), "allreduce_overlap", path),
-                      **numbers)
-    machine.peak(machine.precision)   # the default precision must have a peak
+    efficiency = (
+        {str(k): _number(v, f"efficiency.{k}", path) for k, v in efficiency.items()}
+        if isinstance(efficiency, dict)
+        else {"default": _number(efficiency, "efficiency", path)}
+    )
+    numbers = {
+        key: _number(raw.get(key), key, path)
+        for key in (
+            "memory_bytes_per_s",
+            "nic_bytes_per_s",
+            "nic_latency_s",
+            "intra_node_bytes_per_s",
+            "filesystem_bytes_per_s",
+            "node_local_write_bytes_per_s",
+            "device_memory_bytes",
+        )
+    }
+    machine = Machine(
+        name=str(raw["name"]),
+        device=str(raw["device"]),
+        peak_flop_per_s=peaks,
+        devices_per_node=int(raw["devices_per_node"]),
+        cores_per_node=int(raw["cores_per_node"]),
+        precision=str(raw["precision"]),
+        efficiency=efficiency,
+        allreduce_overlap=_number(raw.get("allreduce_overlap", 0.0), "allreduce_overlap", path),
+        **numbers,
+    )
+    machine.peak(machine.precision)  # the default precision must have a peak
     return machine
 
 
@@ -84,7 +127,9 @@ def stored_costs(benchmark: str) -> dict:
     """The full-size measurement of offline/model_costs/<benchmark>.json (offline.measure_model_costs)."""
     path = COSTS_DIR / f"{benchmark}.json"
     if not path.exists():
-        raise InputError(f"{path} not found: run python -m offline.measure_model_costs --bench {benchmark}")
+        raise InputError(
+            f"{path} not found: run python -m offline.measure_model_costs --bench {benchmark}"
+        )
     return json.loads(path.read_text())
 
 
@@ -93,26 +138,39 @@ def load_costs(benchmark: str, characterization=None) -> tuple[ModelCosts, str]:
     record = stored_costs(benchmark)
     if characterization is None:
         on = record["measured_on"]
-        return (ModelCosts(flops_train=record["flops_per_sample_train"],
-                           flops_forward=record["flops_per_sample_forward"],
-                           activation_bytes_train=record["activation_bytes_per_sample_train_fp32"],
-                           activation_bytes_forward=record["activation_bytes_per_sample_forward_fp32"],
-                           weight_bytes_train=record["weight_bytes_per_step_train_fp32"],
-                           gradient_bytes=record["gradient_bytes_fp32"],
-                           input_samples_per_s_per_core=record.get("input_samples_per_s_per_core")),
-                f"closed {benchmark} model at full size ({record['parameters']:,} parameters), measured with "
-                f"TensorFlow {on['tensorflow']} on {on['cpu']} ({on['isa']})")
+        return (
+            ModelCosts(
+                flops_train=record["flops_per_sample_train"],
+                flops_forward=record["flops_per_sample_forward"],
+                activation_bytes_train=record["activation_bytes_per_sample_train_fp32"],
+                activation_bytes_forward=record["activation_bytes_per_sample_forward_fp32"],
+                weight_bytes_train=record["weight_bytes_per_step_train_fp32"],
+                gradient_bytes=record["gradient_bytes_fp32"],
+                input_samples_per_s_per_core=record.get("input_samples_per_s_per_core"),
+            ),
+            f"closed {benchmark} model at full size ({record['parameters']:,} parameters), measured with "
+            f"TensorFlow {on['tensorflow']} on {on['cpu']} ({on['isa']})",
+        )
     path = Path(characterization) / "characterization.json"
     if not path.exists():
-        raise InputError(f"{path} not found: run python -m offline.characterize {characterization} first")
+        raise InputError(
+            f"{path} not found: run python -m offline.characterize {characterization} first"
+        )
     c = json.loads(path.read_text())
     # offline.characterize counts a training step as 3x forward and the weights once per sample.
-    return (ModelCosts(flops_train=c["flops_per_sample_train"], flops_forward=c["flops_per_sample_train"] / 3,
-                       activation_bytes_train=c["memory_bytes_per_sample_train"],
-                       activation_bytes_forward=c["memory_bytes_per_sample_train"] / 3,
-                       weight_bytes_train=0.0, gradient_bytes=c["gradient_bytes_per_step"],
-                       input_samples_per_s_per_core=c["input_samples_per_s"] / max(1, c["machine"].get("cpus", 1))),
-            f"the model of run {characterization} ({c['parameters']:,} parameters, its characterization.json)")
+    return (
+        ModelCosts(
+            flops_train=c["flops_per_sample_train"],
+            flops_forward=c["flops_per_sample_train"] / 3,
+            activation_bytes_train=c["memory_bytes_per_sample_train"],
+            activation_bytes_forward=c["memory_bytes_per_sample_train"] / 3,
+            weight_bytes_train=0.0,
+            gradient_bytes=c["gradient_bytes_per_step"],
+            input_samples_per_s_per_core=c["input_samples_per_s"]
+            / max(1, c["machine"].get("cpus", 1)),
+        ),
+        f"the model of run {characterization} ({c['parameters']:,} parameters, its characterization.json)",
+    )
 
 
 def default_local_batch(benchmark: str) -> int:
@@ -140,5 +198,7 @@ def parse_nodes(text: str) -> tuple:
 def check_staging_rates(machine_file, machine: Machine, dataset: Dataset) -> None:
     """Timed staging needs a file-system or a node-local bandwidth in the machine file."""
     if model.staging_seconds(machine, dataset, 1) is None:
-        raise InputError(f"{machine_path(machine_file)} states neither a file-system nor a node-local bandwidth, "
-                         f"so staging cannot be projected: give --staging untimed")
+        raise InputError(
+            f"{machine_path(machine_file)} states neither a file-system nor a node-local bandwidth, "
+            f"so staging cannot be projected: give --staging untimed"
+        )

@@ -72,6 +72,7 @@ class Machine:
       allreduce_overlap: fraction of the allreduce hidden behind the backward pass (0: none).
       device_memory_bytes: one device's memory (None: unknown); what a split sample must fit.
     """
+
     name: str
     device: str
     peak_flop_per_s: dict
@@ -90,13 +91,17 @@ class Machine:
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flop_per_s:
-            raise ValueError(f"{self.name}: no {precision} peak (has {', '.join(self.peak_flop_per_s)})")
+            raise ValueError(
+                f"{self.name}: no {precision} peak (has {', '.join(self.peak_flop_per_s)})"
+            )
         return self.peak_flop_per_s[precision]
 
     def efficiency_for(self, benchmark: str) -> float:
         value = self.efficiency.get(benchmark, self.efficiency.get("default"))
         if value is None:
-            raise ValueError(f"{self.name}: no efficiency for {benchmark} (has {', '.join(self.efficiency)})")
+            raise ValueError(
+                f"{self.name}: no efficiency for {benchmark} (has {', '.join(self.efficiency)})"
+            )
         return value
 
     def with_efficiency(self, benchmark: str, value: float) -> "Machine":
@@ -106,18 +111,20 @@ class Machine:
 @dataclasses.dataclass(frozen=True)
 class ModelCosts:
     """One training sample's cost (offline/model_costs/<benchmark>.json), float32 bytes."""
+
     flops_train: float
     flops_forward: float
     activation_bytes_train: float
     activation_bytes_forward: float
-    weight_bytes_train: float           # per step, whatever the batch
-    gradient_bytes: float               # allreduced per step
+    weight_bytes_train: float  # per step, whatever the batch
+    gradient_bytes: float  # allreduced per step
     input_samples_per_s_per_core: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
     """A benchmark's data: sample counts and the bytes staged from the shared file system."""
+
     train_samples: int
     eval_samples: int
     bytes: float
@@ -126,24 +133,25 @@ class Dataset:
 @dataclasses.dataclass(frozen=True)
 class Projection:
     """Every term of one node count's projection (seconds unless named otherwise)."""
+
     nodes: int
     devices: int
     global_batch: int
     local_batch: float
-    epochs: float | None            # None: no RCP for this global batch
+    epochs: float | None  # None: no RCP for this global batch
     steps_per_epoch: int
-    compute_s: float                # per step, at the roofline (before the efficiency)
+    compute_s: float  # per step, at the roofline (before the efficiency)
     memory_s: float
-    device_step_s: float            # max(compute, memory) / efficiency
-    allreduce_s: float              # one allreduce, all of it
-    step_s: float                   # device step + the allreduce not overlapped
+    device_step_s: float  # max(compute, memory) / efficiency
+    allreduce_s: float  # one allreduce, all of it
+    step_s: float  # device step + the allreduce not overlapped
     eval_epoch_s: float
     train_epoch_s: float
-    staging_s: float | None         # computed whether or not it is timed; None: no rate known
-    staging_timed: bool             # whether it counts in the time to train
-    input_headroom: float | None    # samples/s the host cores can feed / samples/s the devices take
-    spatial_ranks: int = 1          # K devices split each sample (spatial.py)
-    exchange_s: float = 0.0         # per step: the split layers' collectives (halos, gather)
+    staging_s: float | None  # computed whether or not it is timed; None: no rate known
+    staging_timed: bool  # whether it counts in the time to train
+    input_headroom: float | None  # samples/s the host cores can feed / samples/s the devices take
+    spatial_ranks: int = 1  # K devices split each sample (spatial.py)
+    exchange_s: float = 0.0  # per step: the split layers' collectives (halos, gather)
 
     @property
     def bound(self) -> str:
@@ -174,8 +182,12 @@ class Projection:
         if self.epochs is None:
             return None
         steps = self.epochs * self.steps_per_epoch
-        parts = {"compute": steps * self.device_step_s, "allreduce": steps * self.visible_allreduce_s,
-                 "staging": self.timed_staging_s, "eval": self.epochs * self.eval_epoch_s}
+        parts = {
+            "compute": steps * self.device_step_s,
+            "allreduce": steps * self.visible_allreduce_s,
+            "staging": self.timed_staging_s,
+            "eval": self.epochs * self.eval_epoch_s,
+        }
         # A split run's halos and gather: a component of their own, absent (not 0 %) at K = 1.
         return {**parts, "exchange": steps * self.exchange_s} if self.spatial_ranks > 1 else parts
 
@@ -188,7 +200,9 @@ class Projection:
 
 
 # ------------------------------------------------------------------ the terms
-def staging_seconds(machine: Machine, dataset: Dataset, nodes: int, instances: int = 1) -> float | None:
+def staging_seconds(
+    machine: Machine, dataset: Dataset, nodes: int, instances: int = 1
+) -> float | None:
     """Data set bytes over the slower of the file system's share and the nodes' local writes.
 
     `instances` jobs staging at once (weak scaling) share the file system's bandwidth. A rate the
@@ -209,20 +223,27 @@ def staging_saturation_nodes(machine: Machine, instances: int = 1) -> float | No
     return machine.filesystem_bytes_per_s / instances / machine.node_local_write_bytes_per_s
 
 
-def compute_seconds(machine: Machine, costs: ModelCosts, local_batch: float, precision: str) -> float:
+def compute_seconds(
+    machine: Machine, costs: ModelCosts, local_batch: float, precision: str
+) -> float:
     return local_batch * costs.flops_train / machine.peak(precision)
 
 
-def memory_seconds(machine: Machine, costs: ModelCosts, local_batch: float, precision: str) -> float:
+def memory_seconds(
+    machine: Machine, costs: ModelCosts, local_batch: float, precision: str
+) -> float:
     activation = costs.activation_bytes_train * ELEMENT_BYTES[precision] / 4
     return (local_batch * activation + costs.weight_bytes_train) / machine.memory_bytes_per_s
 
 
-def device_step_seconds(machine: Machine, costs: ModelCosts, local_batch: float, precision: str,
-                        benchmark: str) -> float:
+def device_step_seconds(
+    machine: Machine, costs: ModelCosts, local_batch: float, precision: str, benchmark: str
+) -> float:
     """The roofline's step on one device, derated by the benchmark's efficiency."""
-    return (max(compute_seconds(machine, costs, local_batch, precision),
-                memory_seconds(machine, costs, local_batch, precision)) / machine.efficiency_for(benchmark))
+    return max(
+        compute_seconds(machine, costs, local_batch, precision),
+        memory_seconds(machine, costs, local_batch, precision),
+    ) / machine.efficiency_for(benchmark)
 
 
 def allreduce_seconds(machine: Machine, gradient_bytes: float, nodes: int) -> float:
@@ -237,8 +258,14 @@ def allreduce_seconds(machine: Machine, gradient_bytes: float, nodes: int) -> fl
     return 2 * (p - 1) / p * gradient_bytes / link + 2 * (p - 1) * machine.nic_latency_s
 
 
-def eval_seconds(machine: Machine, costs: ModelCosts, dataset: Dataset, devices: int, precision: str,
-                 efficiency: float) -> float:
+def eval_seconds(
+    machine: Machine,
+    costs: ModelCosts,
+    dataset: Dataset,
+    devices: int,
+    precision: str,
+    efficiency: float,
+) -> float:
     """One validation pass: each device's share of the samples through the forward pass.
 
     Split K ways, `devices` counts the groups and `costs` are a device's share of a sample (the
@@ -246,11 +273,15 @@ def eval_seconds(machine: Machine, costs: ModelCosts, dataset: Dataset, devices:
     """
     per_device = math.ceil(dataset.eval_samples / devices)
     compute = costs.flops_forward / machine.peak(precision)
-    memory = costs.activation_bytes_forward * ELEMENT_BYTES[precision] / 4 / machine.memory_bytes_per_s
+    memory = (
+        costs.activation_bytes_forward * ELEMENT_BYTES[precision] / 4 / machine.memory_bytes_per_s
+    )
     return per_device * max(compute, memory) / efficiency
 
 
-def input_headroom(machine: Machine, costs: ModelCosts, local_batch: float, step_s: float) -> float | None:
+def input_headroom(
+    machine: Machine, costs: ModelCosts, local_batch: float, step_s: float
+) -> float | None:
     """Samples/s a node's cores feed (this project's measured pipeline) over the samples/s its devices take."""
     if not costs.input_samples_per_s_per_core:
         return None
@@ -258,10 +289,20 @@ def input_headroom(machine: Machine, costs: ModelCosts, local_batch: float, step
     return machine.cores_per_node * costs.input_samples_per_s_per_core / consumed
 
 
-def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: str, nodes: int,
-            global_batch: int, epochs: float | None, precision: str | None = None,
-            instances: int = 1, staging_timed: bool = True, spatial_ranks: int = 1,
-            exchange_s_for=None) -> Projection:
+def project(
+    machine: Machine,
+    costs: ModelCosts,
+    dataset: Dataset,
+    benchmark: str,
+    nodes: int,
+    global_batch: int,
+    epochs: float | None,
+    precision: str | None = None,
+    instances: int = 1,
+    staging_timed: bool = True,
+    spatial_ranks: int = 1,
+    exchange_s_for=None,
+) -> Projection:
     """Every term at `nodes` nodes and global batch `global_batch` (see the module docstring).
 
     With `spatial_ranks` K > 1 (spatial.py) the devices form devices / K groups
@@ -276,17 +317,23 @@ def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: st
     precision = precision or machine.precision
     staging = staging_seconds(machine, dataset, nodes, instances)
     if staging_timed and staging is None:
-        raise ValueError(f"{machine.name} states no file-system or node-local bandwidth: staging cannot be "
-                         f"projected (project it as untimed)")
+        raise ValueError(
+            f"{machine.name} states no file-system or node-local bandwidth: staging cannot be "
+            f"projected (project it as untimed)"
+        )
     devices = nodes * machine.devices_per_node
     if devices % spatial_ranks:
-        raise ValueError(f"the {devices} device(s) of {nodes} node(s) make no whole groups of {spatial_ranks}")
+        raise ValueError(
+            f"the {devices} device(s) of {nodes} node(s) make no whole groups of {spatial_ranks}"
+        )
     groups = devices // spatial_ranks
     if global_batch < groups:
-        raise ValueError(f"global batch {global_batch} is smaller than the {devices} devices of {nodes} node(s)"
-                         if spatial_ranks == 1 else
-                         f"global batch {global_batch} is smaller than the {groups} groups of {spatial_ranks} "
-                         f"devices on {nodes} node(s)")
+        raise ValueError(
+            f"global batch {global_batch} is smaller than the {devices} devices of {nodes} node(s)"
+            if spatial_ranks == 1
+            else f"global batch {global_batch} is smaller than the {groups} groups of {spatial_ranks} "
+            f"devices on {nodes} node(s)"
+        )
     local_batch = global_batch / groups
     efficiency = machine.efficiency_for(benchmark)
     compute = compute_seconds(machine, costs, local_batch, precision)
@@ -297,11 +344,22 @@ def project(machine: Machine, costs: ModelCosts, dataset: Dataset, benchmark: st
     step = device_step + exchange + (1 - machine.allreduce_overlap) * allreduce
     steps = dataset.train_samples // global_batch
     return Projection(
-        nodes=nodes, devices=devices, global_batch=global_batch, local_batch=local_batch, epochs=epochs,
-        steps_per_epoch=steps, compute_s=compute, memory_s=memory, device_step_s=device_step,
-        allreduce_s=allreduce, step_s=step,
+        nodes=nodes,
+        devices=devices,
+        global_batch=global_batch,
+        local_batch=local_batch,
+        epochs=epochs,
+        steps_per_epoch=steps,
+        compute_s=compute,
+        memory_s=memory,
+        device_step_s=device_step,
+        allreduce_s=allreduce,
+        step_s=step,
         eval_epoch_s=eval_seconds(machine, costs, dataset, groups, precision, efficiency),
-        train_epoch_s=steps * step, staging_s=staging,
+        train_epoch_s=steps * step,
+        staging_s=staging,
         staging_timed=staging_timed,
         input_headroom=input_headroom(machine, costs, local_batch, step),
-        spatial_ranks=spatial_ranks, exchange_s=exchange)
+        spatial_ranks=spatial_ranks,
+        exchange_s=exchange,
+    )

@@ -21,7 +21,12 @@ def rcp_means(benchmark: str, ruleset: str = "3.0.0", rcp_pass: str = "full") ->
 def rcp_records(benchmark: str, ruleset: str = "3.0.0") -> dict:
     """mlperf_logging's rcps_<benchmark>.json of hpc `ruleset`."""
     spec = importlib.util.find_spec("mlperf_logging")
-    path = Path(spec.submodule_search_locations[0]) / "rcp_checker" / f"hpc_{ruleset}" / f"rcps_{benchmark}.json"
+    path = (
+        Path(spec.submodule_search_locations[0])
+        / "rcp_checker"
+        / f"hpc_{ruleset}"
+        / f"rcps_{benchmark}.json"
+    )
     if not path.exists():
         raise InputError(f"mlperf_logging has no RCP table {path.name} for hpc {ruleset}")
     return json.loads(path.read_text())

@@ -54,15 +54,15 @@ from common.parallel import placement
 from offline.projection.model import ELEMENT_BYTES, Machine, ModelCosts
 
 AXIS = "depth"
-BENCHMARK = benchmarks.split_along(AXIS)   # the network rebuilt here (the table's spatial_split)
-MEASURED_EDGE = 128            # offline/model_costs/cosmoflow.json is the 128^3 closed model
+BENCHMARK = benchmarks.split_along(AXIS)  # the network rebuilt here (the table's spatial_split)
+MEASURED_EDGE = 128  # offline/model_costs/cosmoflow.json is the 128^3 closed model
 EDGES = (128, 256, 512)
 IN_CHANNELS = 4
 CONV_SIZE, KERNEL, FC_SIZES, TARGETS = 32, 3, (128, 64), 4
-MAX_CHANNELS = {128: None, 256: 256, 512: 256}     # the closed model; the spatial configs' cap
-HOROVOD_CYCLE_S = 1e-3         # ASSUMPTION (module docstring): at most one cycle per collective
-TRAIN_FACTOR = 3               # a training step is 3x forward
-STATE_COPIES = 3               # float32 weights, their gradients, one SGD momentum slot
+MAX_CHANNELS = {128: None, 256: 256, 512: 256}  # the closed model; the spatial configs' cap
+HOROVOD_CYCLE_S = 1e-3  # ASSUMPTION (module docstring): at most one cycle per collective
+TRAIN_FACTOR = 3  # a training step is 3x forward
+STATE_COPIES = 3  # float32 weights, their gradients, one SGD momentum slot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +71,9 @@ class Layer:
 
     Shapes are (Z, Y, X, C) for volumes, (features,) after Flatten.
     """
+
     name: str
-    kind: str                   # 'input', 'conv', 'act', 'pool', 'gather', 'dense'
+    kind: str  # 'input', 'conv', 'act', 'pool', 'gather', 'dense'
     in_shape: tuple
     out_shape: tuple
     split: bool
@@ -82,7 +83,7 @@ class Layer:
     @property
     def forward_flops(self) -> int:
         if self.kind == "conv":
-            return 2 * self.kernel ** 3 * self.in_shape[-1] * math.prod(self.out_shape)
+            return 2 * self.kernel**3 * self.in_shape[-1] * math.prod(self.out_shape)
         if self.kind == "dense":
             return 2 * self.in_shape[0] * self.out_shape[0]
         return 0
@@ -121,11 +122,15 @@ def check_split(machine: Machine, edge: int, spatial_ranks: int) -> None:
         raise ValueError(f"--spatial-ranks must be at least 1, got {k}")
     if k == 1:
         return
-    group_links(machine, k)   # refuses a K that fits no node: neither a divisor nor a multiple of its devices
+    group_links(
+        machine, k
+    )  # refuses a K that fits no node: neither a divisor nor a multiple of its devices
     least = max(2, halo)
     if edge % k or edge // k < least:
-        raise ValueError(f"--spatial-ranks {k} does not cut the depth {edge} into slabs of at least {least} "
-                         f"planes: at most {edge // least} spatial ranks for this sample")
+        raise ValueError(
+            f"--spatial-ranks {k} does not cut the depth {edge} into slabs of at least {least} "
+            f"planes: at most {edge // least} spatial ranks for this sample"
+        )
 
 
 def network_layers(edge: int, spatial_ranks: int = 1) -> list[Layer]:
@@ -136,10 +141,19 @@ def network_layers(edge: int, spatial_ranks: int = 1) -> list[Layer]:
     planes = edge // spatial_ranks
     layers = [Layer("volume", "input", shape, shape, split)]
     for i in range(n_conv):
-        filters = CONV_SIZE * 2 ** i if cap is None else min(CONV_SIZE * 2 ** i, cap)
+        filters = CONV_SIZE * 2**i if cap is None else min(CONV_SIZE * 2**i, cap)
         out = shape[:3] + (filters,)
-        layers.append(Layer(f"conv{i + 1}", "conv", shape, out, split,
-                            KERNEL ** 3 * shape[-1] * filters + filters, KERNEL))
+        layers.append(
+            Layer(
+                f"conv{i + 1}",
+                "conv",
+                shape,
+                out,
+                split,
+                KERNEL**3 * shape[-1] * filters + filters,
+                KERNEL,
+            )
+        )
         layers.append(Layer(f"conv{i + 1}_act", "act", out, out, split))
         if split and not pool_stays_local(planes):
             layers.append(Layer(f"gather_before_pool{i + 1}", "gather", out, out, False))
@@ -173,13 +187,22 @@ def device_costs(measured: ModelCosts, edge: int, spatial_ranks: int) -> ModelCo
     The input rate is the 128^3 reader's (each rank of a group decodes the whole sample, then
     slices it: issue 21, item 4); at other edges it is unknown (None).
     """
-    return scaled_costs(measured, network_layers(MEASURED_EDGE), network_layers(edge, spatial_ranks),
-                        spatial_ranks,
-                        measured.input_samples_per_s_per_core if edge == MEASURED_EDGE else None)
+    return scaled_costs(
+        measured,
+        network_layers(MEASURED_EDGE),
+        network_layers(edge, spatial_ranks),
+        spatial_ranks,
+        measured.input_samples_per_s_per_core if edge == MEASURED_EDGE else None,
+    )
 
 
-def scaled_costs(measured: ModelCosts, reference: list, layers: list, spatial_ranks: int,
-                 input_rate: float | None) -> ModelCosts:
+def scaled_costs(
+    measured: ModelCosts,
+    reference: list,
+    layers: list,
+    spatial_ranks: int,
+    input_rate: float | None,
+) -> ModelCosts:
     """One device's share of one sample of `layers` split K ways (the split layers' / K plus the
     replicated ones), from the analytic counts scaled by measured / analytic of `reference`, the
     measured model rebuilt. Weights and gradients are the whole model's on every device.
@@ -188,7 +211,9 @@ def scaled_costs(measured: ModelCosts, reference: list, layers: list, spatial_ra
     """
     k = spatial_ranks
     flop_ratio = measured.flops_forward / sum(layer.forward_flops for layer in reference)
-    byte_ratio = measured.activation_bytes_forward / (4 * sum(layer.traffic_elements for layer in reference))
+    byte_ratio = measured.activation_bytes_forward / (
+        4 * sum(layer.traffic_elements for layer in reference)
+    )
     flops_split, flops_head = split_and_head(layers, lambda layer: layer.forward_flops)
     traffic_split, traffic_head = split_and_head(layers, lambda layer: 4 * layer.traffic_elements)
     flops_forward = flop_ratio * (flops_split / k + flops_head)
@@ -197,23 +222,27 @@ def scaled_costs(measured: ModelCosts, reference: list, layers: list, spatial_ra
     return ModelCosts(
         flops_train=flops_forward * measured.flops_train / measured.flops_forward,
         flops_forward=flops_forward,
-        activation_bytes_train=traffic_forward * measured.activation_bytes_train / measured.activation_bytes_forward,
+        activation_bytes_train=traffic_forward
+        * measured.activation_bytes_train
+        / measured.activation_bytes_forward,
         activation_bytes_forward=traffic_forward,
         weight_bytes_train=measured.weight_bytes_train * weight_scale,
         gradient_bytes=measured.gradient_bytes * weight_scale,
-        input_samples_per_s_per_core=input_rate)
+        input_samples_per_s_per_core=input_rate,
+    )
 
 
 # ------------------------------------------------------------------ the split layers' collectives
 @dataclasses.dataclass(frozen=True)
 class GroupLinks:
     """The links between the K consecutive devices of a group, node by node."""
+
     spatial_ranks: int
     devices_per_node: int
-    nodes: int                  # nodes the group spans (placement.group_span)
-    intra_bytes_per_s: float    # between two devices of a node
+    nodes: int  # nodes the group spans (placement.group_span)
+    intra_bytes_per_s: float  # between two devices of a node
     network_bytes_per_s: float  # one device's share of its node's NIC
-    network_latency_s: float    # one message between nodes
+    network_latency_s: float  # one message between nodes
 
     def crossing_boundaries(self) -> list[int]:
         """The slab boundaries that join two nodes: b between slabs b - 1 and b (b = 1 .. K - 1)."""
@@ -235,23 +264,36 @@ def group_links(machine: Machine, spatial_ranks: int) -> GroupLinks:
       ConfigError: K neither divides nor is a multiple of a node's devices.
     """
     d = machine.devices_per_node
-    nodes = placement.group_span(spatial_ranks, d, f"--spatial-ranks {spatial_ranks}",
-                                 f"device(s) per node of {machine.name}")
-    return GroupLinks(spatial_ranks, d, nodes, intra_node_link(machine), machine.nic_bytes_per_s / d,
-                      machine.nic_latency_s)
+    nodes = placement.group_span(
+        spatial_ranks,
+        d,
+        f"--spatial-ranks {spatial_ranks}",
+        f"device(s) per node of {machine.name}",
+    )
+    return GroupLinks(
+        spatial_ranks,
+        d,
+        nodes,
+        intra_node_link(machine),
+        machine.nic_bytes_per_s / d,
+        machine.nic_latency_s,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
     """One split layer's collectives in a step, per sample of the local batch and per rank."""
+
     layer: str
-    what: str                   # 'halo', 'gather' or 'allreduce' (a ring over the group)
-    slab: tuple                 # the rank's input (Zs, Y, X, C), or (Hs, W, C) of a height split
-    forward_bytes: float        # the bytes a rank sends (halo) or receives (gather), forward
-    backward_bytes: float       # the same for the backward
-    count: int                  # collectives per step (forward and backward)
-    network_messages: int       # messages in sequence per step where it crosses nodes (ring steps)
-    per_sample: bool = True     # False: the bytes are the step's whatever the batch (batch-norm statistics)
+    what: str  # 'halo', 'gather' or 'allreduce' (a ring over the group)
+    slab: tuple  # the rank's input (Zs, Y, X, C), or (Hs, W, C) of a height split
+    forward_bytes: float  # the bytes a rank sends (halo) or receives (gather), forward
+    backward_bytes: float  # the same for the backward
+    count: int  # collectives per step (forward and backward)
+    network_messages: int  # messages in sequence per step where it crosses nodes (ring steps)
+    per_sample: bool = (
+        True  # False: the bytes are the step's whatever the batch (batch-norm statistics)
+    )
 
     def crosses(self, links: GroupLinks) -> bool:
         return bool(links.halos_across) if self.what == "halo" else links.nodes > 1
@@ -259,10 +301,14 @@ class Collective:
     def transfer_s(self, links: GroupLinks, local_batch: float) -> float:
         sent = (local_batch if self.per_sample else 1) * (self.forward_bytes + self.backward_bytes)
         if self.what == "halo":
-            off_node = links.halos_across / 2   # of the slowest rank's 2 halos
-            return sent * ((1 - off_node) / links.intra_bytes_per_s + off_node / links.network_bytes_per_s)
+            off_node = links.halos_across / 2  # of the slowest rank's 2 halos
+            return sent * (
+                (1 - off_node) / links.intra_bytes_per_s + off_node / links.network_bytes_per_s
+            )
         # A ring goes at its slowest link: the NIC's share once it joins nodes.
-        return sent / (links.network_bytes_per_s if self.crosses(links) else links.intra_bytes_per_s)
+        return sent / (
+            links.network_bytes_per_s if self.crosses(links) else links.intra_bytes_per_s
+        )
 
     def latency_s(self, links: GroupLinks, cycle_s: float) -> float:
         """The assumed cycle per collective, and the NIC's latency per message between nodes."""
@@ -291,8 +337,17 @@ def collectives(edge: int, spatial_ranks: int, precision: str) -> list[Collectiv
         elif layer.kind == "gather":
             whole = math.prod(layer.in_shape) * eb
             # Ring steps: the allgather K - 1, the allreduce 2 (K - 1), the allgather of sizes K - 1.
-            out.append(Collective(layer.name, "gather", slab, (k - 1) / k * whole, 2 * (k - 1) / k * whole, 3,
-                                  4 * (k - 1)))
+            out.append(
+                Collective(
+                    layer.name,
+                    "gather",
+                    slab,
+                    (k - 1) / k * whole,
+                    2 * (k - 1) / k * whole,
+                    3,
+                    4 * (k - 1),
+                )
+            )
     return out
 
 
@@ -301,24 +356,33 @@ def intra_node_link(machine: Machine) -> float:
     return machine.intra_node_bytes_per_s or machine.nic_bytes_per_s / machine.devices_per_node
 
 
-def exchange_seconds(machine: Machine, edge: int, spatial_ranks: int, precision: str, local_batch: float,
-                     cycle_s: float = HOROVOD_CYCLE_S) -> float:
+def exchange_seconds(
+    machine: Machine,
+    edge: int,
+    spatial_ranks: int,
+    precision: str,
+    local_batch: float,
+    cycle_s: float = HOROVOD_CYCLE_S,
+) -> float:
     """Per step: the split layers' collectives at `local_batch` samples per group (0 at K = 1)."""
     links = group_links(machine, spatial_ranks)
-    return sum(c.seconds(links, local_batch, cycle_s) for c in collectives(edge, spatial_ranks, precision))
+    return sum(
+        c.seconds(links, local_batch, cycle_s) for c in collectives(edge, spatial_ranks, precision)
+    )
 
 
 # ------------------------------------------------------------------ memory per device
 @dataclasses.dataclass(frozen=True)
 class Memory:
     """Bytes on one device at local batch 1 (one sample per group)."""
-    edge: int                   # the sample's size along the split axis (a CosmoFlow edge, DeepCAM's height)
+
+    edge: int  # the sample's size along the split axis (a CosmoFlow edge, DeepCAM's height)
     spatial_ranks: int
-    split_activations: float    # the slab's share of the split layers' saved tensors
-    halo_copies: float          # each split conv's padded slab with its halo planes
-    head_activations: float     # the replicated layers', whole on every rank
-    backward_working: float     # two gradients of the largest tensor at once
-    state: float                # weights, gradients and the momentum slot, float32
+    split_activations: float  # the slab's share of the split layers' saved tensors
+    halo_copies: float  # each split conv's padded slab with its halo planes
+    head_activations: float  # the replicated layers', whole on every rank
+    backward_working: float  # two gradients of the largest tensor at once
+    state: float  # weights, gradients and the momentum slot, float32
 
     @property
     def total(self) -> float:
@@ -326,7 +390,12 @@ class Memory:
 
     def total_at(self, local_batch: float) -> float:
         """With `local_batch` samples per group: the activations grow with it, the state does not."""
-        per_sample = self.split_activations + self.halo_copies + self.head_activations + self.backward_working
+        per_sample = (
+            self.split_activations
+            + self.halo_copies
+            + self.head_activations
+            + self.backward_working
+        )
         return math.ceil(local_batch) * per_sample + self.state
 
     def fits(self, device_bytes: float) -> bool:
@@ -355,7 +424,12 @@ def memory_per_device(edge: int, spatial_ranks: int, precision: str) -> Memory:
     layers = network_layers(edge, k)
     split, head = split_and_head(layers, saved_elements)
     largest = max(saved_elements(layer) / (k if layer.split else 1) for layer in layers)
-    return Memory(edge=edge, spatial_ranks=k, split_activations=eb * split / k,
-                  halo_copies=eb * sum(padded_slab_elements(layer, k) for layer in layers),
-                  head_activations=eb * head, backward_working=eb * 2 * largest,
-                  state=4 * STATE_COPIES * parameters(layers))
+    return Memory(
+        edge=edge,
+        spatial_ranks=k,
+        split_activations=eb * split / k,
+        halo_copies=eb * sum(padded_slab_elements(layer, k) for layer in layers),
+        head_activations=eb * head,
+        backward_working=eb * 2 * largest,
+        state=4 * STATE_COPIES * parameters(layers),
+    )
