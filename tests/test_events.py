@@ -1,5 +1,5 @@
-"""Trainer events: written-out methods, misspelled listeners refused, and the MLPerf log's
-file:line taken from the caller of `Events`, however deep the listeners sit."""
+"""Trainer events: declared once on Listener and dispatched by Events, misspelled listeners
+refused, and the MLPerf log's file:line at the trainer's call of `Events`."""
 
 import inspect
 import json
@@ -8,47 +8,49 @@ import re
 import pytest
 
 from common.errors import ExitCode
-from common.reporting.events import CallSite, EpochTrain, Events, Listener, RunInfo, StepInfo
-from common.reporting.mlperf_logger import MLPerfLogger, encode_line
+from common.reporting.events import EpochTrain, Events, Listener, RunInfo, StepInfo
+from common.reporting.mlperf_logger import MLPerfLogger
 from common.run.failures import NON_FINITE_LOSS, Failure
 
-
-class Recorder(Listener):
-    def __init__(self):
-        self.calls = []
-
-    def on_epoch_start(self, epoch, global_step, site):
-        self.calls.append(("epoch_start", epoch, site))
-
-    def on_step(self, step, site):
-        self.calls.append(("step", step.global_step, site))
+EVENTS = sorted(n for n in vars(Listener) if n.startswith("on_"))
 
 
-def test_every_listener_event_is_a_method_of_events():
-    events = {n for n in vars(Listener) if n.startswith("on_")}
-    assert events == {n for n in vars(Events) if n.startswith("on_")}
-    assert {"on_step", "on_train_log", "on_run_stop"} <= events
+def _recorder(calls):
+    """A listener of every event, recording (event, arguments) in `calls`."""
+
+    def method(name):
+        return lambda self, *args: calls.append((name, args))
+
+    return type("Recorder", (Listener,), {name: method(name) for name in EVENTS})()
+
+
+def test_every_event_reaches_every_listener_in_order_with_the_declared_defaults():
+    first, second = [], []
+    events = Events([_recorder(first), _recorder(second)])
+    assert {"on_step", "on_train_log", "on_run_stop"} <= set(EVENTS)
+    for name in EVENTS:
+        declared = inspect.signature(getattr(Listener, name)).parameters.values()
+        required = [p for p in declared if p.name != "self" and p.default is p.empty]
+        getattr(events, name)(*range(len(required)))
+    assert first == second
+    assert [name for name, _ in first] == EVENTS
+    calls = dict(first)
+    assert calls["on_epoch_start"] == (0, 1)
+    assert calls["on_eval_stop"] == (0, 1, 2, None)  # loss defaults to None
+    assert calls["on_run_stop"] == (0, 1, None, None)  # checkpoint and failure too
+    events.on_run_stop("aborted", 2, failure="why")
+    assert first[-1] == ("on_run_stop", ("aborted", 2, None, "why"))
+    with pytest.raises(TypeError):
+        events.on_epoch_start(1)  # global_step missing: refused by Events, not by a listener
 
 
 def test_a_misspelled_listener_method_is_refused_at_construction():
     class Typo(Listener):
-        def on_epoch_stopp(self, epoch, train, site):  # would never run
+        def on_epoch_stopp(self, epoch, train):  # would never run
             pass
 
     with pytest.raises(TypeError, match="on_epoch_stopp"):
         Events([Typo()])
-
-
-def test_listeners_get_the_event_and_the_callers_line_in_order():
-    first, second = Recorder(), Recorder()
-    events = Events([first, second])
-    line = inspect.currentframe().f_lineno + 1
-    events.on_epoch_start(3, 20)
-    events.on_step(StepInfo(epoch=3, step=1, steps_per_epoch=10, global_step=21))
-    expected_site = CallSite("tests/test_events.py", line)
-    assert first.calls == second.calls
-    assert first.calls[0] == ("epoch_start", 3, expected_site)
-    assert first.calls[1] == ("step", 21, CallSite("tests/test_events.py", line + 1))
 
 
 def _info():
@@ -131,8 +133,10 @@ def test_mlperf_lines_name_the_line_that_raised_the_event(tmp_path):
         "run_stop": "on_run_stop",
     }
     for key, method in body.items():
-        assert by_key[key]["metadata"]["file"] == "tests/test_events.py", key
         assert by_key[key]["metadata"]["lineno"] == call_line[method], key
+    # Every line, the submission, hyperparameter and step keys too, names this file.
+    assert {r["metadata"]["file"] for r in records} == {"tests/test_events.py"}
+    assert {"submission_org", "opt_name", "tracked_stats"} <= by_key.keys()
     assert by_key["epoch_start"]["metadata"]["epoch_num"] == 1
     # As the references log them: the step count with the epoch's end and the evaluation.
     assert by_key["epoch_start"]["metadata"]["step_num"] == 0
@@ -149,14 +153,6 @@ def test_mlperf_lines_name_the_line_that_raised_the_event(tmp_path):
         "nan",
     )
     assert not (tmp_path / "mlperf.log.partial").exists()
-
-
-def test_lines_are_encoded_as_mllog_encodes_them():
-    from mlperf_logging.mllog.mllog import _encode_log
-
-    metadata = {"file": "a.py", "lineno": 3, "epoch_num": 2}
-    ours = encode_line("INTERVAL_START", "epoch_start", None, metadata, time_ms=123)
-    assert ours == _encode_log("", 123, "INTERVAL_START", "epoch_start", None, metadata)
 
 
 def test_the_log_writes_the_step_the_events_carry_and_counts_none_of_its_own(tmp_path):

@@ -8,10 +8,8 @@ import io
 import pytest
 
 from common.reporting.console import StepProgress
-from common.reporting.events import CallSite, EpochTrain, Events, RunInfo, StepInfo
+from common.reporting.events import EpochTrain, Events, RunInfo, StepInfo
 from common.reporting.progress import LineSink, Progress, format_duration, progress_stream
-
-SITE = CallSite("common/run/trainer.py", 1)
 
 
 def run_info(global_batch_size, steps_per_epoch):
@@ -135,10 +133,10 @@ def test_step_progress_off_a_terminal_prints_a_line_every_every_s():
 def test_step_progress_of_a_resumed_epoch_counts_from_the_first_step_seen():
     clock, stream = Clock(), Stream(tty=False)
     listener = StepProgress(stream=stream, every_s=30.0, clock=clock)  # no RunInfo: steps/s
-    listener.on_epoch_start(4, 600, SITE)
+    listener.on_epoch_start(4, 600)
     for step in range(101, 201):
         clock.t = 1000.0 + (step - 100) / 2
-        listener.on_step(StepInfo(4, step, 200, 600 + step), SITE)
+        listener.on_step(StepInfo(4, step, 200, 600 + step))
     assert stream.getvalue() == ("[epoch   4] step 161/200 (80%), 2.00 steps/s, ETA 20s\n")
 
 

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.reporting.events import CallSite, EpochTrain, Events, RunInfo, StepInfo, TrainLog
+from common.reporting.events import EpochTrain, Events, RunInfo, StepInfo, TrainLog
 from common.reporting.tensorboard import TensorBoardListener
 
-SITE = CallSite("common/run/trainer.py", 1)
 CONFIG = "name: cosmoflow\ntrain:\n  n_epochs: 2\n  log_every_steps: 2\n"
 INFO = RunInfo(
     benchmark="cosmoflow",

@@ -22,7 +22,7 @@ SMALL = {
 
 
 class Recorder(Listener):
-    """Every event's name and arguments (the call site dropped), in order."""
+    """Every event's name and arguments, in order."""
 
     def __init__(self):
         self.events = []
@@ -33,7 +33,7 @@ class Recorder(Listener):
 
 def _recording(name):
     def record(self, *args):
-        self.events.append((name, *args[:-1]))
+        self.events.append((name, *args))
 
     return record
 

@@ -42,17 +42,17 @@ class Console(Listener):
         self.print(f"[init] {text}")
 
     # ------------------------------------------------------------ events
-    def on_runtime_configured(self, job, runtime, site):
+    def on_runtime_configured(self, job, runtime):
         for line in runtime_lines(job, runtime):
             self.print(f"[init] {line}")
 
-    def on_init_stop(self, info, site):
+    def on_init_stop(self, info):
         self.info = info
-        self.steps.on_init_stop(info, site)
+        self.steps.on_init_stop(info)
         for line in init_lines(info):
             self.print(f"[init] {line}")
 
-    def on_staging_progress(self, done, total, nbytes, site):
+    def on_staging_progress(self, done, total, nbytes):
         if self.staging_bar is None:
             self.staging_bar = Progress(
                 "staging", total, unit="files", stream=self.stream, every_s=self.every_s
@@ -62,14 +62,14 @@ class Console(Listener):
             self.staging_bar.close()
             self.staging_bar = None
 
-    def on_staging_stop(self, stats, site):
+    def on_staging_stop(self, stats):
         self.print(
             f"[staging] {stats.files} files ({stats.skipped} already staged), "
             f"{stats.bytes / 1e9:.3f} GB in {stats.seconds:.2f} s = {stats.gb_per_s:.3f} GB/s "
             f"(all ranks)"
         )
 
-    def on_instances_met(self, meeting, site):
+    def on_instances_met(self, meeting):
         gone = f"; ended before they were ready: {list(meeting.gone)}" if meeting.gone else ""
         missing = (
             f"; not ready after the timeout, started without them: {list(meeting.missing)}"
@@ -81,17 +81,17 @@ class Console(Listener):
             f"ready{gone}{missing}"
         )
 
-    def on_run_start(self, site):
+    def on_run_start(self):
         self.run_start = time.time()
 
-    def on_epoch_start(self, epoch, global_step, site):
-        self.steps.on_epoch_start(epoch, global_step, site)
+    def on_epoch_start(self, epoch, global_step):
+        self.steps.on_epoch_start(epoch, global_step)
 
-    def on_step(self, step, site):
-        self.steps.on_step(step, site)
+    def on_step(self, step):
+        self.steps.on_step(step)
 
-    def on_epoch_stop(self, epoch, train, site):
-        self.steps.on_epoch_stop(epoch, train, site)
+    def on_epoch_stop(self, epoch, train):
+        self.steps.on_epoch_stop(epoch, train)
         self.train = train
         if train.first_step_s is not None:
             self.print(
@@ -102,10 +102,10 @@ class Console(Listener):
                 f"(cold reads, buffers filling); rank 0"
             )
 
-    def on_eval_start(self, epoch, site):
-        self.steps.on_eval_start(epoch, site)
+    def on_eval_start(self, epoch):
+        self.steps.on_eval_start(epoch)
 
-    def on_eval_stop(self, epoch, global_step, value, loss, site):
+    def on_eval_stop(self, epoch, global_step, value, loss):
         t = self.train
         loss, samples_per_s, lr = (
             (t.loss, t.samples_per_s, t.lr) if t is not None else (float("nan"), 0, 0)
@@ -117,10 +117,8 @@ class Console(Listener):
             f"t={time.time() - self.run_start:.1f}s"
         )
 
-    def on_run_stop(self, status, epoch, checkpoint, failure, site):
-        self.steps.on_run_stop(
-            status, epoch, checkpoint, failure, site
-        )  # a bar ended before the line
+    def on_run_stop(self, status, epoch, checkpoint, failure):
+        self.steps.on_run_stop(status, epoch, checkpoint, failure)  # a bar ended before the line
         minutes = (time.time() - self.run_start) / 60 if self.run_start else float("nan")
         saved = f"; checkpoint {checkpoint}" if checkpoint else ""
         why = f" ({failure.reason} at step {failure.step_num})" if failure else ""
@@ -128,7 +126,7 @@ class Console(Listener):
             f"[run] {status}{why} after {epoch} epoch(s), time to train {minutes:.3f} min{saved}"
         )
 
-    def on_characterization_start(self, site):
+    def on_characterization_start(self):
         self.print(
             "[characterize] measuring FLOPs, input pipeline, memory and allreduce (after run_stop)"
         )
@@ -277,19 +275,19 @@ class StepProgress(Listener):
         self.first = None  # (step, clock) of the first step seen in the epoch
         self.step = None  # the last StepInfo
 
-    def on_init_stop(self, info, site):
+    def on_init_stop(self, info):
         self.batch = info.global_batch_size
 
-    def on_epoch_start(self, epoch, global_step, site):
+    def on_epoch_start(self, epoch, global_step):
         self._end()
         self.epoch, self.first, self.step = epoch, None, None
         self.epoch_start = self.clock()
         self.line = StatusLine(self.stream, self.every_s)
 
-    def on_step(self, step, site):
+    def on_step(self, step):
         now = self.clock()
         if self.line is None:  # steps without an epoch start (not from the trainer): still draw
-            self.on_epoch_start(step.epoch, step.global_step - step.step, site)
+            self.on_epoch_start(step.epoch, step.global_step - step.step)
         self.step = step
         if self.first is None:
             self.first = (step.step, now)
@@ -297,13 +295,13 @@ class StepProgress(Listener):
         if self.line.due(now):
             self.line.draw(self.text(now), now)
 
-    def on_epoch_stop(self, epoch, train, site):
+    def on_epoch_stop(self, epoch, train):
         self._end(final=True)
 
-    def on_eval_start(self, epoch, site):
+    def on_eval_start(self, epoch):
         self._end()
 
-    def on_run_stop(self, status, epoch, checkpoint, failure, site):
+    def on_run_stop(self, status, epoch, checkpoint, failure):
         self._end()  # stopped mid-epoch: end the bar before the run's last line
 
     def _end(self, final: bool = False) -> None:

@@ -5,12 +5,13 @@ listeners decide what to do with it: the MLPerf logger writes mllog lines, rank
 0's console (common.reporting.console) prints, TensorBoard writes scalars. Builders (models,
 datasets, optimizers) emit nothing.
 
-Every event is a method written out on `Listener` and on `Events`, so that
-"go to definition" finds its callers and listeners, and a listener method
-spelled wrong is an error at construction instead of a method that never runs.
-Each event carries the trainer's call site (`CallSite`), taken once where the
-trainer calls `Events`: the file:line an MLPerf log line names does not depend
-on how deep the listeners sit.
+Every event is declared once, as a method of `Listener`; `Events` (a `Listener`)
+hands each call to every listener, so "go to definition" on `events.on_step`
+finds the declaration, and a listener method spelled wrong is an error at
+construction instead of a method that never runs. The trainer's call of an
+`Events` method is always the same number of frames above a listener's method
+(one: the dispatch): the MLPerf logger names that call's file:line through a
+constant stack offset (common.reporting.mlperf_logger).
 
 The run's global step (optimizer steps done, resumes included) is counted once,
 by the trainer (common.run.context.RunState), and travels in the events that
@@ -20,16 +21,13 @@ stand at a step: `StepInfo` and `TrainLog`, `epoch_start`, `EpochTrain` and
 
 import dataclasses
 import functools
-import sys
-from pathlib import Path
+import inspect
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the run's package imports this one: only the annotations name them
     from common.inputs.staging import StageStats
     from common.run.failures import Failure
     from common.run.instance_start import Meeting
-
-_REPO = Path(__file__).resolve().parents[2]  # common/reporting/events.py -> the repository
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +59,6 @@ class RunInfo:
     resumed_source: str | None = None  # the checkpoint folder as named
     warmup_steps: int = 0  # synthetic steps run before run_start, the state put back after
     warmup_s: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class CallSite:
-    """Where the trainer raised an event: the file (relative to the repository) and line."""
-
-    file: str
-    line: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,46 +104,42 @@ class EpochTrain:
 
 
 class Listener:
-    """No-op base: override what you need. Epochs are numbered from 1.
+    """The events, declared once: a no-op base, override what you need. Epochs are numbered from 1."""
 
-    Every method takes the trainer's call site as its last argument.
-    """
-
-    def on_init_start(self, site: CallSite): ...
+    def on_init_start(self): ...
     # job: the ranks, nodes and controller (and the spatial mesh); runtime: common.runtime.configure's
     # figures (device, threads, CPU, precision), known before anything is built.
-    def on_runtime_configured(self, job: str, runtime: dict, site: CallSite): ...
-    def on_init_stop(self, info: RunInfo, site: CallSite): ...
-    def on_staging_start(self, site: CallSite): ...
+    def on_runtime_configured(self, job: str, runtime: dict): ...
+    def on_init_stop(self, info: RunInfo): ...
+    def on_staging_start(self): ...
     # Rank 0's count of files staged so far, of one split's `total` (train, then validation).
-    def on_staging_progress(self, done: int, total: int, nbytes: int, site: CallSite): ...
-    def on_staging_stop(self, stats: "StageStats", site: CallSite): ...
-    def on_caches_cleared(self, cleared: bool, files: int, site: CallSite): ...
+    def on_staging_progress(self, done: int, total: int, nbytes: int): ...
+    def on_staging_stop(self, stats: "StageStats"): ...
+    def on_caches_cleared(self, cleared: bool, files: int): ...
     # Weak scaling: how this instance met the others before run_start (common.run.instance_start).
-    def on_instances_met(self, meeting: "Meeting", site: CallSite): ...
-    def on_run_start(self, site: CallSite): ...
+    def on_instances_met(self, meeting: "Meeting"): ...
+    def on_run_start(self): ...
     # global_step: the steps done in the whole run before the epoch's first.
-    def on_epoch_start(self, epoch: int, global_step: int, site: CallSite): ...
-    def on_step(self, step: StepInfo, site: CallSite): ...
-    def on_train_log(self, log: TrainLog, site: CallSite): ...
-    def on_epoch_stop(self, epoch: int, train: EpochTrain, site: CallSite): ...
-    def on_eval_start(self, epoch: int, site: CallSite): ...
+    def on_epoch_start(self, epoch: int, global_step: int): ...
+    def on_step(self, step: StepInfo): ...
+    def on_train_log(self, log: TrainLog): ...
+    def on_epoch_stop(self, epoch: int, train: EpochTrain): ...
+    def on_eval_start(self, epoch: int): ...
     # global_step: the steps done when the model was evaluated; loss: the per-sample mean
     # validation loss (eval_loss), None where not computed.
     def on_eval_stop(
-        self, epoch: int, global_step: int, value: float, loss: float | None, site: CallSite
+        self, epoch: int, global_step: int, value: float, loss: float | None = None
     ): ...
     # failure: why a run that could not go on stopped (non-finite input or loss: common.run.failures), else None.
     def on_run_stop(
         self,
         status: str,
         epoch: int,
-        checkpoint: str | None,
-        failure: "Failure | None",
-        site: CallSite,
+        checkpoint: str | None = None,
+        failure: "Failure | None" = None,
     ): ...
     # After run_stop, when runtime.characterize is on: the measurements start.
-    def on_characterization_start(self, site: CallSite): ...
+    def on_characterization_start(self): ...
     def close(self): ...
 
 
@@ -169,120 +155,35 @@ def _check_listener(listener) -> None:
             )
 
 
-def _caller() -> CallSite:
-    """The call site of the `Events` method that calls this (the trainer's line)."""
-    frame = sys._getframe(2)
-    return CallSite(_relative(frame.f_code.co_filename), frame.f_lineno)
+def _dispatch(name: str):
+    """The `Events` method of event `name`: the arguments as `Listener` declares them (defaults
+    filled in) to every listener, in order. One frame between the trainer's call and a listener."""
+    declared = getattr(Listener, name)
+    signature = inspect.signature(declared)
+
+    @functools.wraps(declared)
+    def dispatch(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        for listener in self.listeners:
+            getattr(listener, name)(*bound.args[1:])
+
+    return dispatch
 
 
-@functools.cache
-def _relative(path: str) -> str:
-    """`path` relative to the repository (cached: on_step asks for the same file every step)."""
-    try:
-        return str(Path(path).resolve().relative_to(_REPO))
-    except ValueError:
-        return path
-
-
-class Events:
-    """Hands each event to every listener, in order, with the caller's file:line."""
+class Events(Listener):
+    """Hands each event to every listener, in order: its on_ methods are `_dispatch`'s, one per
+    event `Listener` declares (set below the class)."""
 
     def __init__(self, listeners):
         self.listeners = list(listeners)
         for listener in self.listeners:
             _check_listener(listener)
 
-    def on_init_start(self):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_init_start(site)
-
-    def on_runtime_configured(self, job: str, runtime: dict):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_runtime_configured(job, runtime, site)
-
-    def on_init_stop(self, info: RunInfo):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_init_stop(info, site)
-
-    def on_staging_start(self):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_staging_start(site)
-
-    def on_staging_progress(self, done: int, total: int, nbytes: int):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_staging_progress(done, total, nbytes, site)
-
-    def on_staging_stop(self, stats: "StageStats"):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_staging_stop(stats, site)
-
-    def on_caches_cleared(self, cleared: bool, files: int):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_caches_cleared(cleared, files, site)
-
-    def on_instances_met(self, meeting: "Meeting"):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_instances_met(meeting, site)
-
-    def on_run_start(self):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_run_start(site)
-
-    def on_epoch_start(self, epoch: int, global_step: int):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_epoch_start(epoch, global_step, site)
-
-    def on_step(self, step: StepInfo):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_step(step, site)
-
-    def on_train_log(self, log: TrainLog):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_train_log(log, site)
-
-    def on_epoch_stop(self, epoch: int, train: EpochTrain):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_epoch_stop(epoch, train, site)
-
-    def on_eval_start(self, epoch: int):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_eval_start(epoch, site)
-
-    def on_eval_stop(self, epoch: int, global_step: int, value: float, loss: float | None = None):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_eval_stop(epoch, global_step, value, loss, site)
-
-    def on_run_stop(
-        self,
-        status: str,
-        epoch: int,
-        checkpoint: str | None = None,
-        failure: "Failure | None" = None,
-    ):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_run_stop(status, epoch, checkpoint, failure, site)
-
-    def on_characterization_start(self):
-        site = _caller()
-        for listener in self.listeners:
-            listener.on_characterization_start(site)
-
     def close(self):
         for listener in self.listeners:
             listener.close()
+
+
+for _name in _EVENT_NAMES:
+    setattr(Events, _name, _dispatch(_name))

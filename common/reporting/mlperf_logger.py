@@ -5,49 +5,30 @@ renamed to `mlperf.log` once the run has stopped, so `mlperf.log` is always a
 finished log. A log already there (a resumed run) is kept as mlperf.log.1, .2...
 """
 
-import json
+import logging
 import os
+import re
 import threading
-import time
 from pathlib import Path
 
-from mlperf_logging.mllog import constants
+from mlperf_logging.mllog import mllog
 
-from common.reporting.events import CallSite, Listener, RunInfo
+from common.reporting.events import Listener, RunInfo
 
 RESUMED_KEY = "resumed_from"
 LOG_NAME = "mlperf.log"
-
-
-def encode_line(
-    event_type: str, key: str, value, metadata: dict, time_ms: int | None = None
-) -> str:
-    """One MLPerf log line, as `mlperf_logging.mllog` writes it (':::MLLOG {json}', keys in its order)."""
-    record = {
-        "namespace": "",
-        "time_ms": int(time.time() * 1e3) if time_ms is None else time_ms,
-        "event_type": event_type,
-        "key": key,
-        "value": value,
-        "metadata": metadata,
-    }
-    return ":::MLLOG " + json.dumps(record, default=_json_default)
-
-
-def _json_default(value):
-    if hasattr(value, "item"):  # NumPy scalars
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"not JSON serializable: {value!r}")
+_REPO = Path(__file__).parents[2]  # common/reporting/mlperf_logger.py -> the repository
+# mllog names the frame `stack_offset` above its event/start/end: 1 is _write, 2 _event, _start or
+# _end, 3 the on_ method, 4 the dispatch of `Events` and 5 the trainer's call of `Events`.
+_STACK_OFFSET = 5
 
 
 class MLPerfLogger(Listener):
     """Listener that writes the MLPerf log of one run.
 
-    Each line's metadata names the trainer's call site that the event carries
-    (`CallSite`), in mllog's format, without mllog's stack walk (whose depth
-    would change with every layer between the trainer and this class).
+    mllog writes the lines; each line's file:line (relative to the repository) is the trainer's
+    call of the `Events` method, a constant `_STACK_OFFSET` frames above mllog's: every line is
+    written through `_event`, `_start` or `_end`, called from the listener method itself.
 
     Args:
       output_dir: where mlperf.log goes.
@@ -62,106 +43,110 @@ class MLPerfLogger(Listener):
         self.final = Path(output_dir) / LOG_NAME
         self.partial = Path(output_dir) / (LOG_NAME + ".partial")
         self.partial.unlink(missing_ok=True)
-        self._file = open(self.partial, "a", encoding="utf-8")
+        # A logger of its own (not registered with logging: no handler of another reaches it).
+        self._logger = logging.Logger(LOG_NAME, logging.INFO)
+        self._handler = logging.FileHandler(self.partial, encoding="utf-8")  # flushed every line
+        self._logger.addHandler(self._handler)
+        # root_dir: mllog trims it from the file names as a regular expression (escaped here).
+        self._mllog = mllog.MLLogger(
+            self._logger,
+            default_stack_offset=_STACK_OFFSET,
+            root_dir=re.escape(str(_REPO)),
+        )
         self._submission = dict(submission)
         self._closed = False
         # SIGTERM closes the log from another thread (common.run.termination) while
         # the main thread may be writing a line: one at a time, none after close.
         self._lock = threading.RLock()
 
-    def _write(self, event_type, key, value, site: CallSite, metadata: dict):
-        line = encode_line(
-            event_type, key, value, {"file": site.file, "lineno": site.line, **metadata}
-        )
+    def _write(self, write, key, value, metadata: dict):
+        """One line through mllog's `write` (event, start or end)."""
         with self._lock:
             if not self._closed:
-                self._file.write(line + "\n")
-                self._file.flush()
+                write(key, value, metadata)
 
-    def _event(self, key, value, site, **metadata):
-        self._write(constants.POINT_IN_TIME, key, value, site, metadata)
+    # Called by the on_ methods only (the frames _STACK_OFFSET counts).
+    def _event(self, key, value, **metadata):
+        self._write(self._mllog.event, key, value, metadata)
 
-    def _start(self, key, site, **metadata):
-        self._write(constants.INTERVAL_START, key, None, site, metadata)
+    def _start(self, key, **metadata):
+        self._write(self._mllog.start, key, None, metadata)
 
-    def _end(self, key, site, **metadata):
-        self._write(constants.INTERVAL_END, key, None, site, metadata)
+    def _end(self, key, **metadata):
+        self._write(self._mllog.end, key, None, metadata)
 
-    def on_init_start(self, site):
-        self._start("init_start", site)
+    def on_init_start(self):
+        self._start("init_start")
         for key in ("benchmark", "org", "division", "status", "platform"):
-            self._event(f"submission_{key}", self._submission[key], site)
+            self._event(f"submission_{key}", self._submission[key])
 
-    def on_init_stop(self, info: RunInfo, site):
-        self._event("seed", info.seed, site)
-        self._event("number_of_nodes", info.num_nodes, site)
-        self._event("number_of_ranks", info.ranks, site)
+    def on_init_stop(self, info: RunInfo):
+        self._event("seed", info.seed)
+        self._event("number_of_nodes", info.num_nodes)
+        self._event("number_of_ranks", info.ranks)
         for key, value in self._instance.items():
-            self._event(key, value, site)
-        self._event("accelerators_per_node", info.accelerators_per_node, site)
-        self._event("global_batch_size", info.global_batch_size, site)
-        self._event("train_samples", info.train_samples, site)
-        self._event("eval_samples", info.eval_samples, site)
+            self._event(key, value)
+        self._event("accelerators_per_node", info.accelerators_per_node)
+        self._event("global_batch_size", info.global_batch_size)
+        self._event("train_samples", info.train_samples)
+        self._event("eval_samples", info.eval_samples)
         for key, value in info.hyperparameters.items():
-            self._event(key, value, site)
+            self._event(key, value)
         if info.resumed_from:
             # Not an MLPerf key: a resumed run is no benchmark result, and scoring refuses it.
-            self._event(RESUMED_KEY, info.resumed_from, site)
-        self._end("init_stop", site)
+            self._event(RESUMED_KEY, info.resumed_from)
+        self._end("init_stop")
 
-    def on_staging_start(self, site):
-        self._start("staging_start", site)
+    def on_staging_start(self):
+        self._start("staging_start")
 
-    def on_staging_stop(self, stats, site):
+    def on_staging_stop(self, stats):
         self._end(
             "staging_stop",
-            site,
             files=stats.files,
             bytes=stats.bytes,
             seconds=stats.seconds,
             gb_per_s=stats.gb_per_s,
         )
 
-    def on_caches_cleared(self, cleared, files, site):
+    def on_caches_cleared(self, cleared, files):
         # True only when this rank's input files were evicted from the page cache
         # (common.inputs.page_cache); metadata says how many files that covered.
-        self._event(
-            "cache_clear", bool(cleared), site, files=files, method="posix_fadvise(DONTNEED)"
-        )
+        self._event("cache_clear", bool(cleared), files=files, method="posix_fadvise(DONTNEED)")
 
-    def on_run_start(self, site):
-        self._start("run_start", site)
+    def on_run_start(self):
+        self._start("run_start")
 
     # step_num: the run's global step, which the references log with epochs and evaluations.
-    def on_epoch_start(self, epoch, global_step, site):
-        self._start("epoch_start", site, epoch_num=epoch, step_num=global_step)
+    def on_epoch_start(self, epoch, global_step):
+        self._start("epoch_start", epoch_num=epoch, step_num=global_step)
 
-    def on_epoch_stop(self, epoch, train, site):
-        self._end("epoch_stop", site, epoch_num=epoch, step_num=train.global_step)
+    def on_epoch_stop(self, epoch, train):
+        self._end("epoch_stop", epoch_num=epoch, step_num=train.global_step)
         # train_loss: the mean of the epoch's step losses over all ranks, where DeepCAM's reference
         # logs its last batch's (driver/trainer.py); learning_rate: the LR of the epoch's first
         # step (the reference's: of its last).
-        self._event("train_loss", train.loss, site, epoch_num=epoch, step_num=train.global_step)
-        self._event("learning_rate", train.lr, site, epoch_num=epoch, step_num=train.global_step)
-        self._event("tracked_stats", {"throughput": train.samples_per_s}, site, step=epoch)
+        self._event("train_loss", train.loss, epoch_num=epoch, step_num=train.global_step)
+        self._event("learning_rate", train.lr, epoch_num=epoch, step_num=train.global_step)
+        self._event("tracked_stats", {"throughput": train.samples_per_s}, step=epoch)
 
-    def on_eval_start(self, epoch, site):
-        self._start("eval_start", site, epoch_num=epoch)
+    def on_eval_start(self, epoch):
+        self._start("eval_start", epoch_num=epoch)
 
-    def on_eval_stop(self, epoch, global_step, value, loss, site):
-        self._end("eval_stop", site, epoch_num=epoch)
-        self._event(self.metric_key, value, site, epoch_num=epoch, step_num=global_step)
+    def on_eval_stop(self, epoch, global_step, value, loss):
+        self._end("eval_stop", epoch_num=epoch)
+        self._event(self.metric_key, value, epoch_num=epoch, step_num=global_step)
         if loss is not None:
-            self._event("eval_loss", loss, site, epoch_num=epoch, step_num=global_step)
+            self._event("eval_loss", loss, epoch_num=epoch, step_num=global_step)
 
-    def on_run_stop(self, status, epoch, checkpoint, failure, site):
+    def on_run_stop(self, status, epoch, checkpoint, failure):
         # A run stopped on request says where it can go on from (aborted-with-checkpoint); one
         # that could not go on says why, at which step and with which loss.
         extra = {"checkpoint": checkpoint} if checkpoint else {}
         if failure:
             named = {k: getattr(failure, k) for k in ("reason", "step_num", "loss", "input_file")}
             extra |= {k: v for k, v in named.items() if v is not None}
-        self._end("run_stop", site, status=status, epoch_num=epoch, **extra)
+        self._end("run_stop", status=status, epoch_num=epoch, **extra)
 
     def close(self):
         """Closes the file and moves it to its final name (idempotent, from any thread)."""
@@ -172,7 +157,8 @@ class MLPerfLogger(Listener):
             self._close_file()
 
     def _close_file(self):
-        self._file.close()
+        self._logger.removeHandler(self._handler)
+        self._handler.close()
         if self.final.exists():
             n = 1
             while self.final.with_name(f"{LOG_NAME}.{n}").exists():

@@ -79,7 +79,7 @@ class TensorBoardListener(Listener):
             for tag, value in values.items():
                 tf.summary.scalar(tag, float(value), step=step)
 
-    def on_init_stop(self, info, site):
+    def on_init_stop(self, info):
         self.info = info
         facts = dataclasses.asdict(info)
         with self.writer.as_default():
@@ -92,7 +92,7 @@ class TensorBoardListener(Listener):
             )
         self.writer.flush()
 
-    def on_train_log(self, log, site):
+    def on_train_log(self, log):
         self._scalars(
             log.global_step,
             {
@@ -102,20 +102,20 @@ class TensorBoardListener(Listener):
             },
         )
 
-    def on_epoch_stop(self, epoch, train, site):
+    def on_epoch_stop(self, epoch, train):
         self._scalars(
             train.global_step,
             {"train/epoch_loss": train.loss, "train/epoch_samples_per_s": train.samples_per_s},
         )
 
-    def on_eval_stop(self, epoch, global_step, value, loss, site):
+    def on_eval_stop(self, epoch, global_step, value, loss):
         name = self.info.target_name if self.info is not None else "metric"
         self._scalars(
             global_step, {f"eval/{name}": value} | ({} if loss is None else {"eval/loss": loss})
         )
         self.writer.flush()  # the curve people watch: on disk at once, not at the next 2-minute flush
 
-    def on_run_stop(self, status, epoch, checkpoint, failure, site):
+    def on_run_stop(self, status, epoch, checkpoint, failure):
         if self._writer is not None:
             self._writer.flush()
 
