@@ -233,7 +233,7 @@ def worker(args) -> int:
     from common.run.trainer import batchnorm_group, optimizer_shard
 
     row = json.loads(args.row)
-    dist = Distribution()
+    dist = Distribution(process_sets=True)
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))
     mesh = dist.spatial_mesh(row["spatial_ranks"])
     base_rss = _current_rss_gib()

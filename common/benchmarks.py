@@ -3,7 +3,7 @@
   python -m common.benchmarks names                        # cosmoflow deepcam
   python -m common.benchmarks get deepcam data_flag        # --data_dir_prefix
   python -m common.benchmarks get deepcam train_script data_flag   # one field a line
-  python -m common.benchmarks closed-config deepcam 512    # deepcam/configs/deepcam_closed_gbs1024.yaml
+  python -m common.benchmarks job-config deepcam 8         # what a job of 8 ranks runs, and why
 
 A benchmark is its folder (`<name>/train.py`, `<name>/configs/`, its task, config and synthetic
 data generator), one entry here and its block of Makefile rules (data, run, bench); slurm/*.sbatch,
@@ -15,6 +15,7 @@ cheaply.
 
 import dataclasses
 import importlib
+import math
 import sys
 from pathlib import Path
 
@@ -263,6 +264,87 @@ def closed_config_batches(name: str) -> list[tuple[Path, int | None, int | None,
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """What a job of `ranks` ranks runs when it is given no config (slurm/env.sh's job_config).
+
+    Closed: `path`'s RCP global batch, reached as ranks x local_batch x accumulation; a local batch
+    or accumulation other than the config's is a train.py override, the hyperparameters stay.
+    Open: no closed config fits, so `path`'s hyperparameters at the global batch nearest its own.
+    """
+
+    path: Path
+    ranks: int
+    local_batch: int
+    accumulation: int
+    global_batch: int  # the config's train.global_batch_size (its RCP entry)
+    closed: bool
+    overrides: tuple[str, ...]  # train.py's arguments after the config: --set KEY=VALUE ...
+
+    def describe(self) -> str:
+        """One line for the job's log: the config, the division and how the global batch is reached."""
+        run_batch = self.ranks * self.local_batch * self.accumulation
+        shape = (
+            f"{self.ranks} ranks x local batch {self.local_batch} x gradient accumulation "
+            f"{self.accumulation} = global batch {run_batch}"
+        )
+        config = self.path.relative_to(REPO)
+        if self.closed:
+            return f"{config}, closed division: {shape}, its RCP's"
+        return (
+            f"{config}, OPEN division: no RCP global batch is a multiple of {self.ranks} ranks x a "
+            f"local batch the closed configs use; {shape}, with the hyperparameters of global batch "
+            f"{self.global_batch}"
+        )
+
+
+def job_config(name: str, ranks: int) -> JobConfig:
+    """The config a job of `ranks` ranks runs: closed where one fits, else the nearest open one.
+
+    Closed: the RCP global batch reached with the least gradient accumulation, at the config's own
+    local batch or a divisor of it (what the closed configs fit in a GPU's memory), the larger local
+    batch first: 32 DeepCAM ranks run global batch 128 at local batch 4 as its config says, one node
+    of 4 runs it at accumulation 8. Open, when no RCP global batch is a multiple of ranks x such a
+    local batch: at a config's own local batch, the accumulation that brings the job nearest (by
+    ratio) to the config's global batch; of those, the config that needs the least accumulation.
+    """
+    key = get(name).local_batch_key
+    configs = [c for c in closed_config_batches(name) if c[1] and c[2]]
+    fits = [
+        (
+            gbs // (ranks * lb),
+            -lb,
+            gbs,
+            path,
+            local,
+            acc,
+        )  # sorted by accumulation, then local batch
+        for path, gbs, local, acc in configs
+        for lb in range(local, 0, -1)
+        if local % lb == 0 and gbs % (ranks * lb) == 0
+    ]
+    if fits:
+        accumulation, minus_lb, gbs, path, local, config_accumulation = min(fits)
+        lb, closed = -minus_lb, True
+    else:
+
+        def accumulation_and_distance(config):
+            _, gbs, local, _ = config
+            accumulation = max(1, round(gbs / (ranks * local)))
+            return accumulation, abs(math.log(ranks * local * accumulation / gbs))
+
+        path, gbs, local, config_accumulation = min(configs, key=accumulation_and_distance)
+        accumulation, _ = accumulation_and_distance((path, gbs, local, 1))
+        lb, closed = local, False
+    sets = [f"{key}={lb}"] if lb != local else []
+    if accumulation != config_accumulation:
+        sets.append(f"train.gradient_accumulation_frequency={accumulation}")
+    if not closed:
+        sets.append("mlperf.division=open")
+    overrides = tuple(arg for item in sets for arg in ("--set", item))
+    return JobConfig(path, ranks, lb, accumulation, gbs, closed, overrides)
+
+
 def _value(b: Benchmark, field: str) -> str:
     value = getattr(b, field)
     return " ".join(value) if isinstance(value, tuple) else str(value)
@@ -277,26 +359,23 @@ def main(argv=None) -> int:
     get_parser = commands.add_parser("get", help="fields of a benchmark's entry, one a line")
     get_parser.add_argument("name", choices=names())
     get_parser.add_argument("fields", nargs="+", choices=FIELDS, metavar="field")
-    closed = commands.add_parser(
-        "closed-config", help="the closed config that RANKS ranks run (ranks x local batch)"
+    job = commands.add_parser(
+        "job-config",
+        help="what a job of RANKS ranks runs without CONFIG: a line saying it, the config, its train.py overrides",
     )
-    closed.add_argument("name", choices=names())
-    closed.add_argument("ranks", type=int)
+    job.add_argument("name", choices=names())
+    job.add_argument("ranks", type=int)
     args = parser.parse_args(argv)
     if args.command == "names":
         print("\n".join(names()))
     elif args.command == "get":
         print("\n".join(_value(get(args.name), field) for field in args.fields))
-    elif args.command == "closed-config":
-        path = closed_config_for_ranks(args.name, args.ranks)
-        if path is None:
-            print(
-                f"no closed {args.name} config runs on {args.ranks} ranks (ranks x local batch must be an RCP "
-                f"global batch; see {Path(get(args.name).closed_configs).parent}/): set CONFIG",
-                file=sys.stderr,
-            )
-            return 1
-        print(path.relative_to(REPO))
+    elif args.command == "job-config":
+        if args.ranks < 1:
+            print(f"error: RANKS must be >= 1, got {args.ranks}", file=sys.stderr)
+            return 2
+        plan = job_config(args.name, args.ranks)
+        print("\n".join([plan.describe(), str(plan.path.relative_to(REPO)), *plan.overrides]))
     return 0
 
 

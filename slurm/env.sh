@@ -8,8 +8,9 @@
 #   OUTPUT_DIR  run directory (default: $REPO/runs/<benchmark>-$SLURM_JOB_ID)
 #   BENCH       the benchmark (`python -m common.benchmarks names`); slurm/cosmoflow.sbatch and
 #               slurm/deepcam.sbatch set it
-#   CONFIG      YAML config (default: the benchmark's closed-division config whose global batch
-#               this job gives: ranks x the config's local batch; see closed_config below)
+#   CONFIG      YAML config (default: what the job's ranks run, said in its first lines: the
+#               closed-division config of an RCP global batch that ranks x local batch x gradient
+#               accumulation reaches, else the nearest open one; see job_config below)
 #   CONTAINER   an Apptainer/Singularity image: ranks run in `apptainer exec --nv $CONTAINER`
 #   VENV        otherwise a virtual environment to activate (default: $REPO/.venv)
 #   SRUN_MPI    srun's PMI plugin (default: pmix; `srun --mpi=list` shows yours)
@@ -119,8 +120,22 @@ submission_folder() {  # OUTPUT_DIR CONFIG BENCH SYSTEM SCALING
     "${PYTHON[@]}" -m offline.run_logs folder "$1" "$2" "$3" --system "$4" --scaling "$5" ${ORG:+--org "$ORG"}
 }
 
-# The closed-division config (one per RCP global batch) that this many ranks run as its
-# RCP entry: ranks x the config's local batch == its train.global_batch_size.
-closed_config() {  # BENCH RANKS
-    "${PYTHON[@]}" -m common.benchmarks closed-config "$1" "$2"
+# Sets CONFIG and CONFIG_ARGS (the config and its train.py overrides) for a job of RANKS ranks and
+# says them: CONFIG when set, else `python -m common.benchmarks job-config`'s choice. A closed config
+# holds the hyperparameters of one RCP global batch and the launch its header names; fewer ranks reach
+# that global batch by gradient accumulation (one node of 4 GPUs runs DeepCAM's 128 as 4 x local
+# batch 4 x 8), more by a smaller local batch. Where no RCP global batch fits the ranks, the nearest
+# closed config runs as open division. Nothing here stops a job before srun.
+job_config() {  # BENCH RANKS
+    if [[ -n "${CONFIG:-}" ]]; then
+        CONFIG_ARGS=("$CONFIG")
+        echo "[sbatch] config: $CONFIG (CONFIG)"
+        return
+    fi
+    local lines
+    lines=$("${PYTHON[@]}" -m common.benchmarks job-config "$1" "$2")
+    mapfile -t CONFIG_ARGS <<< "$lines"
+    echo "[sbatch] config: ${CONFIG_ARGS[0]}${CONFIG_ARGS[2]:+ (${CONFIG_ARGS[*]:2})}"
+    CONFIG_ARGS=("${CONFIG_ARGS[@]:1}")
+    CONFIG=${CONFIG_ARGS[0]}
 }

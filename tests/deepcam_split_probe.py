@@ -128,7 +128,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.threads:  # the control: the same step, summed in another order
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    dist = Distribution()
+    dist = Distribution(process_sets=True)
     meshes = {}
     for job in args.jobs:
         mode, k, *flags = job.split(":")

@@ -1,5 +1,7 @@
 """Run under a launcher by test_horovod.py: exercises Distribution's collectives.
 
+  dist_probe.py OUT_DIR [--process-sets]   # --process-sets: Distribution(process_sets=True)
+
 Each rank writes its results to OUT_DIR/rank-N.json (ranks' stdout lines can interleave).
 """
 
@@ -9,13 +11,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
-dist = Distribution()
+dist = Distribution(process_sets="--process-sets" in sys.argv[2:])
 # Groups of 2 ranks: a process set when the job is larger than 2.
 group = dist.rank_group(2)
 group_sum = group.sum(tf.constant([float(dist.rank)]))
@@ -26,6 +29,14 @@ bn_out = tf.function(lambda x: bn(x, training=True))(tf.fill([2, 3, 3, 4], float
 v = tf.Variable([float(dist.rank + 1)] * 3)
 dist.broadcast_variables([v])
 grads = dist.average_gradients([tf.constant([float(dist.rank)] * 2)])
+dist.barrier()
+# Horovod's own answer to whether its process sets are dynamic: a set of every rank is refused either
+# way, as not dynamic or as the global set again (every rank asks, as a dynamic registration needs).
+try:
+    hvd.add_process_set(list(range(dist.size)))
+    refusal = "none"
+except ValueError as e:
+    refusal = "not dynamic" if "HOROVOD_DYNAMIC_PROCESS_SETS" in str(e) else "duplicate"
 dist.barrier()
 Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
     json.dumps(
@@ -42,6 +53,7 @@ Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
             "grad": grads[0].numpy().tolist(),
             "group_sum": group_sum.numpy().tolist(),
             "group_bn": float(tf.reduce_mean(bn_out)),
+            "process_set_refusal": refusal,
         }
     )
 )

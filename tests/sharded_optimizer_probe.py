@@ -111,7 +111,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     tf.config.experimental.enable_op_determinism()
-    dist = Distribution()
+    dist = Distribution(process_sets=True)
     mesh = dist.spatial_mesh(2)
     batches = _batches(dist.rank)
     arrays, facts = {}, {}

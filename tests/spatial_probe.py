@@ -216,7 +216,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--data-dir")
     args = parser.parse_args()
-    dist = Distribution()
+    dist = Distribution(process_sets=True)
     meshes = {}  # one per K: registering a group's process set twice is refused
     for job in args.jobs:
         mode, k, *flags = job.split(":")

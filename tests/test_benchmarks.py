@@ -5,6 +5,7 @@ script and flags from it.
 
 import ast
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from common import benchmarks
+from common.config_loading import load_config
 from tests.helpers import REPO
 
 NAMES = benchmarks.names()
@@ -98,12 +100,31 @@ def test_closed_configs_give_their_global_batch_and_the_cli_finds_them(name):
         assert global_batch % local_batch == 0, path
         ranks = global_batch // local_batch
         assert benchmarks.closed_config_for_ranks(name, ranks) == path
-        proc = cli("closed-config", name, str(ranks))
-        assert proc.returncode == 0 and proc.stdout.strip() == str(path.relative_to(REPO)), (
-            proc.stderr
-        )
-    proc = cli("closed-config", name, "7")  # no RCP global batch is 7 x a local batch of 2 or 4
-    assert proc.returncode == 1 and proc.stdout == "" and "set CONFIG" in proc.stderr
+        # A job of the config's own launch runs it as it is: no override.
+        plan = benchmarks.job_config(name, ranks)
+        assert (plan.path, plan.closed, plan.overrides) == (path, True, ()), plan
+        proc = cli("job-config", name, str(ranks))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[1:] == [str(path.relative_to(REPO))]
+    assert benchmarks.closed_config_for_ranks(name, 7) is None  # no RCP batch is 7 x a local batch
+    assert cli("job-config", name, "0").returncode == 2
+
+
+def test_a_job_no_closed_config_fits_runs_the_nearest_open_and_says_so():
+    # 3 ranks: no RCP global batch (powers of 2) is a multiple of 3 x a local batch.
+    plan = benchmarks.job_config("deepcam", 3)
+    assert not plan.closed and plan.path.name == "deepcam_closed_gbs128.yaml"
+    assert (plan.local_batch, plan.accumulation) == (4, 11)  # 132, the nearest to 128
+    assert plan.overrides == (
+        "--set",
+        "train.gradient_accumulation_frequency=11",
+        "--set",
+        "mlperf.division=open",
+    )
+    assert "OPEN division" in plan.describe() and "global batch 132" in plan.describe()
+    # More ranks than the largest RCP batch holds at local batch 1: that batch's config, open.
+    plan = benchmarks.job_config("deepcam", 4096)
+    assert not plan.closed and plan.global_batch == 2048 and plan.accumulation == 1
 
 
 def test_names_with_a_field_skip_the_entries_that_leave_it_empty(monkeypatch):
@@ -209,8 +230,8 @@ def fake_slurm(tmp_path) -> dict:
     }
 
 
-def sbatch(script: str, environ: dict) -> list[str]:
-    """Runs slurm/<script> with the fake srun; the arguments srun was given."""
+def sbatch_job(script: str, environ: dict) -> tuple[list[str], str]:
+    """Runs slurm/<script> with the fake srun; the arguments srun was given, and the job's output."""
     proc = subprocess.run(
         ["bash", str(REPO / "slurm" / script)],
         env=environ,
@@ -221,7 +242,12 @@ def sbatch(script: str, environ: dict) -> list[str]:
     )
     args = Path(environ["SRUN_ARGS"])
     assert args.exists(), proc.stdout + proc.stderr
-    return args.read_text().splitlines()
+    return args.read_text().splitlines(), proc.stdout
+
+
+def sbatch(script: str, environ: dict) -> list[str]:
+    """Runs slurm/<script> with the fake srun; the arguments srun was given."""
+    return sbatch_job(script, environ)[0]
 
 
 def _flag_value(args: list[str], flag: str) -> str:
@@ -259,6 +285,63 @@ def test_train_sbatch_passes_the_tables_flags(fake_slurm, name):
     assert _flag_value(args, b.data_flag) == "/data/set"
     assert _flag_value(args, b.output_flag) == fake_slurm["OUTPUT_DIR"]
     assert _flag_value(args, b.stage_flag) == "/local/stage"
+
+
+def _rcp_global_batches(name: str) -> set[int]:
+    import mlperf_logging
+
+    table = Path(mlperf_logging.__file__).parent / "rcp_checker" / "hpc_3.0.0" / f"rcps_{name}.json"
+    return {entry["BS"] for entry in json.loads(table.read_text()).values()}
+
+
+# The job shapes a site starts with (nodes, GPUs a node: a rank each), as docs/running.md names them.
+FIRST_SHAPES = [(1, 4), (1, 8), (2, 8)]
+
+
+@pytest.mark.parametrize("nodes,per_node", FIRST_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("name", NAMES)
+def test_a_sites_first_job_shapes_run_a_closed_config_at_its_rcp_batch(
+    fake_slurm, name, nodes, per_node
+):
+    """No CONFIG: the benchmark's own sbatch script reaches srun with a closed config, whose RCP global
+    batch ranks x local batch x accumulation gives, and says so in its first lines."""
+    ranks = nodes * per_node
+    environ = {k: v for k, v in fake_slurm.items() if k != "CONFIG"} | {
+        "SLURM_NNODES": str(nodes),
+        "SLURM_NTASKS": str(ranks),
+        "SLURM_NTASKS_PER_NODE": str(per_node),
+    }
+    b = benchmarks.get(name)
+    args, output = sbatch_job(f"{name}.sbatch", environ)
+    config = Path(args[args.index(b.train_script) + 1])
+    overrides = dict(
+        args[i + 1].split("=", 1)
+        for i in range(args.index(b.train_script) + 2, args.index(b.data_flag), 2)
+        if args[i] == "--set"
+    )
+    assert set(overrides) <= {"train.gradient_accumulation_frequency", b.local_batch_key}, overrides
+    cfg = load_config(
+        benchmarks.config_class(name), REPO / config, overrides | {"data.data_dir": "/d"}
+    )
+    section, _, key = b.local_batch_key.partition(".")
+    local = getattr(getattr(cfg, section), key)
+    accumulation = cfg.train.gradient_accumulation_frequency
+    assert cfg.mlperf.division == "closed"
+    assert ranks * local * accumulation == cfg.train.global_batch_size
+    assert cfg.train.global_batch_size in _rcp_global_batches(b.submission_name)
+    # The local batch is the config's own; one node reaches the batch by accumulation.
+    assert local == yaml.safe_load((REPO / config).read_text())[section][key]
+    said = [line for line in output.splitlines()[:6] if line.startswith("[sbatch] config: ")]
+    assert said and said[0].startswith(f"[sbatch] config: {config}, closed division: ")
+    assert f"{ranks} ranks x local batch {local} x gradient accumulation {accumulation} " in said[0]
+
+
+def test_a_shape_no_closed_config_fits_still_reaches_srun_as_open(fake_slurm):
+    """The negative control of the shapes above: 3 ranks reach no RCP global batch, and run open."""
+    environ = {k: v for k, v in fake_slurm.items() if k != "CONFIG"} | {"SLURM_NTASKS": "3"}
+    args, output = sbatch_job("deepcam.sbatch", environ)
+    assert "mlperf.division=open" in args
+    assert any("OPEN division" in line for line in output.splitlines()[:6]), output
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,8 @@ def test_two_ranks_disjoint_shards_identical_weights_one_log(
     )
     assert (out / "summary.json").exists(), helpers.failure_output(proc)
     assert "2 rank(s) on 1 node(s)" in proc.stdout
+    # Data parallel: plain hvd.init() (a run with groups says dynamic process sets: test_spatial).
+    assert "process sets" not in proc.stdout
 
     shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text()) for r in (0, 1)]
     for split, total in (("train", 128), ("valid", 32)):
@@ -98,9 +100,11 @@ def test_bad_file_on_one_rank_ends_both_ranks(cosmo_data, tiny_config, tmp_path,
     assert len(errors) == 1 and victim in errors[0], output[-3000:]
 
 
-def run_probe(launcher, ranks, out_dir):
+def run_probe(launcher, ranks, out_dir, *args):
     proc = helpers.LAUNCHERS[launcher](
-        ranks, [helpers.PYTHON, helpers.REPO / "tests" / "dist_probe.py", out_dir], timeout=240
+        ranks,
+        [helpers.PYTHON, helpers.REPO / "tests" / "dist_probe.py", out_dir, *args],
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("rank-*.json"))]
@@ -117,12 +121,17 @@ def test_distribution_collectives(launcher, tmp_path):
         assert r["object"] == {"from": 0}
         assert r["broadcast"] == [1.0, 1.0, 1.0]  # rank 0's initial value everywhere
         assert r["grad"] == [0.5, 0.5]  # average of 0 and 1
+        # Data parallel (its group of 2 is the job): plain hvd.init(), no dynamic process sets.
+        assert r["process_set_refusal"] == "not dynamic"
 
 
 def test_rank_groups_and_group_batch_norm_over_process_sets(launcher, tmp_path):
-    results = run_probe(launcher, 4, tmp_path)
+    results = run_probe(launcher, 4, tmp_path, "--process-sets")
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     for r in results:
+        assert (
+            r["process_set_refusal"] == "duplicate"
+        )  # dynamic: refused only as the global set again
         pair = r["rank"] // 2
         assert r["group_sum"] == [4.0 * pair + 1.0]  # {0, 1} -> 1, {2, 3} -> 5
         assert r["group_bn"] == pytest.approx(-1.0 if r["rank"] % 2 == 0 else 1.0, abs=1e-3)

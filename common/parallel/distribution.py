@@ -25,13 +25,26 @@ from common.parallel import cycle_time, gpus, placement
 class Distribution:
     """Rank, size, node layout and collectives of the current job."""
 
-    def __init__(self):
-        # Dynamic process sets let groups of ranks (sync batch norm) be made
-        # once the job size is known; plain collectives are unaffected.
+    def __init__(self, process_sets: bool = False):
+        """Initialises Horovod and pins this rank's device.
+
+        Args:
+          process_sets: whether the run makes groups of ranks (batch-norm groups, spatial splits:
+            rank_group, spatial_mesh), registered once the job's size is known. Horovod then runs
+            with dynamic process sets, whose bookkeeping its background thread pays in every cycle
+            (a global allgather), so a data-parallel run leaves them off: plain hvd.init().
+        """
         first = (
             not hvd.is_initialized()
         )  # a later init is a no-op: Horovod keeps what it read first
-        hvd.init(process_sets="dynamic")
+        if process_sets:
+            hvd.init(process_sets="dynamic")
+        else:
+            # hvd.init(process_sets="dynamic") leaves this set in the environment, where a plain init
+            # (of this process or of a child) would read it and turn dynamic sets on.
+            os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)
+            hvd.init()
+        self.process_sets = process_sets
         self.cycle_time = cycle_time.at_init(
             first
         )  # as Horovod's background thread read it, in hvd.init
@@ -209,6 +222,11 @@ class Distribution:
         if group_size == self.size:
             return RankGroup(group_size, hvd.global_process_set)
         registered = self._process_sets
+        if group_size not in registered and not self.process_sets:
+            raise RuntimeError(
+                f"{what}={group_size}: groups of ranks need Horovod's process sets, and this "
+                f"Distribution was made without them (Distribution(process_sets=True))"
+            )
         if group_size not in registered:  # Horovod refuses a second set of the same ranks
             sets = [
                 hvd.add_process_set(list(range(first, first + group_size)))
@@ -256,6 +274,7 @@ class Distribution:
         return (
             f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
             f"Horovod {horovod.__version__} over {self.controller()}, {self.cycle_time.describe()}"
+            f"{', dynamic process sets' if self.process_sets else ''}"
         )
 
 

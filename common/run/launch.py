@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import benchmarks
 from common import runtime as runtime_lib
-from common.config_loading import dump_config, load_config, replace, yaml_text
+from common.config_loading import dump_config, load_config, peek, replace, yaml_text
 from common.errors import ConfigError, ExitCode, InputError
 from common.parallel import cycle_time
 from common.parallel.distribution import Distribution, launcher_env
@@ -186,10 +186,11 @@ def main(task, argv=None) -> int:
     try:
         config_path, overrides = parse_overrides(task, argv)
         # Horovod reads its cycle time during init: shorter when batch-norm groups chain collectives.
-        cycle_time.set_for_batchnorm_groups(
-            task.requested_batchnorm_group_size(config_path, overrides)
-        )
-        dist = Distribution()  # Horovod's init, the device pinned by local rank
+        bn_group = task.requested_batchnorm_group_size(config_path, overrides)
+        cycle_time.set_for_batchnorm_groups(bn_group)
+        spatial = peek(task.config_class, config_path, overrides, "parallel.spatial_ranks") or 1
+        # Horovod's init, the device pinned by local rank; process sets only for a run with groups.
+        dist = Distribution(process_sets=max(bn_group, spatial) > 1)
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
         cfg, note = load_run_config(task, config_path, overrides, dist.size)
         termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
