@@ -117,9 +117,10 @@ class ParallelConfig:
     spatial_ranks: int = 1
     # With spatial_ranks > 1: each split convolution computes the planes that read no neighbour
     # while its halo exchange is in flight (CosmoFlow's common.parallel.spatial.SpatialConv3D;
-    # DeepCAM's row split exchanges first), the same function either way. On: a GPU's collectives
-    # run on their own stream beside that compute; false exchanges first, then convolves the slab
-    # in one op (no copy of the output).
+    # DeepCAM's row split exchanges first), the same function either way; false exchanges first,
+    # then convolves the slab in one op (no copy of the output). The overlap is shown on a CPU; on
+    # a GPU, Horovod 0.28.1's alltoall first waits for the work already queued on the GPU, the
+    # interior convolution included, so it is expected to gain nothing there (docs/gpu.md).
     halo_overlap: bool = True
     # With spatial_ranks > 1: the optimizer's slots (LAMB and Adam: two copies of the weights) kept
     # once per group, each variable's by one rank that updates it and hands it to the others

@@ -52,7 +52,11 @@ def test_two_gloo_ranks_report_sweep_benchmark_and_verdict(tmp_path):
     assert proc.returncode == 0, output[-4000:]
     lines = proc.stdout.splitlines()
     # Rank 0 alone prints: the table once, from rank 0 (horovodrun's "[0]<stdout>:" prefix).
-    tables = [line for line in lines if "[preflight] allreduce over Horovod (gloo, 2 ranks" in line]
+    tables = [
+        line
+        for line in lines
+        if "[preflight] allreduce sweep: single eager Horovod allreduces (gloo, 2 ranks" in line
+    ]
     assert len(tables) == 1 and tables[0].startswith("[0]"), output[-4000:]
     assert len([line for line in lines if "[benchmark] cosmoflow: 20 steps" in line]) == 1
     assert len([line for line in lines if "[preflight] verdict: measured" in line]) == 1

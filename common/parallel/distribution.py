@@ -351,7 +351,8 @@ class SpatialMesh:
 
         Compute meant to run while the exchange is in flight waits for what is returned as `sent`
         (a control dependency): the alltoall then starts first, rather than its input's few ops
-        queueing behind that compute for the same threads (CPU) or the same stream (GPU).
+        queueing behind that compute for the same threads (CPU) or the same stream (GPU). On a GPU,
+        Horovod 0.28.1's alltoall then still waits for that compute before it sends (docs/gpu.md).
         """
         zs = x.shape[1]
         if zs is None or zs < halo:

@@ -189,9 +189,11 @@ def main(argv=None) -> int:
     say(
         sweep.sweep_table(
             rows,
-            f"{TAG} allreduce over Horovod ({dist.controller()}, {dist.size} ranks on "
-            f"{dist.num_nodes} node(s)), float32 sum, {args.sweep_iterations} timed after 2 "
-            f"untimed; busbw = algbw x 2(n-1)/n",
+            f"{TAG} allreduce sweep: single eager Horovod allreduces ({dist.controller()}, "
+            f"{dist.size} ranks on {dist.num_nodes} node(s)), float32 sum, each timed end to end "
+            f"(Horovod's cycle and negotiation included: not bare NCCL, for which run nccl-tests' "
+            f"all_reduce_perf), {args.sweep_iterations} timed after 2 untimed; "
+            f"busbw = algbw x 2(n-1)/n",
         )
         if rows
         else f"{TAG} allreduce sweep: one rank, nothing to reduce"

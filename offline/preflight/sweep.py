@@ -1,14 +1,16 @@
-"""An allreduce bandwidth sweep over Horovod, reported as nccl-tests' all_reduce_perf reports it.
+"""A sweep of single eager Horovod allreduces, each timed end to end, printed in the columns of
+nccl-tests' all_reduce_perf.
 
 For each size every rank allreduces (sum) a float32 tensor of that many bytes, a few untimed times,
 then `iterations` times back to back, each call completing before the next (Horovod's eager
 allreduce returns once its collective is done); the time of a size is the slowest rank's mean.
   algorithm bandwidth  algbw = bytes / time
   bus bandwidth        busbw = algbw x 2(n-1)/n     (nccl-tests' factor for allreduce, n ranks)
-busbw is what each rank's link carries in a ring allreduce, comparable across rank counts and to
-the link's speed. What this measures is Horovod's allreduce as training calls it (its negotiation
-and cycle time included) over its controller (NCCL on GPUs built with it, else Gloo or MPI), not
-bare NCCL: nccl-tests' all_reduce_perf gives that.
+busbw is what each rank's link carries in a ring allreduce of that time. One allreduce's time is all of Horovod's path: the eager call, the wait for its background
+thread's next cycle (HOROVOD_CYCLE_TIME), the negotiation between the ranks over its controller
+(MPI or Gloo), the reduction itself (NCCL on GPUs built with it, else Gloo or MPI) and the return to
+TensorFlow; with one tensor a cycle, no fusion buffer. It is not bare NCCL, which nccl-tests'
+all_reduce_perf times.
 """
 
 import dataclasses
@@ -52,7 +54,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 
 def bandwidths(size_bytes: int, seconds: float, ranks: int) -> SweepRow:
-    """The row nccl-tests prints for one allreduce of `size_bytes` over `ranks` ranks taking `seconds`."""
+    """The row, in nccl-tests' columns, of one allreduce of `size_bytes` over `ranks` ranks taking `seconds`."""
     algbw = size_bytes / seconds if seconds > 0 else 0.0
     return SweepRow(
         size_bytes=size_bytes,
@@ -86,7 +88,7 @@ def run_sweep(dist, sizes, iterations: int, warmup: int = 2) -> list[SweepRow]:
 
 
 def sweep_table(rows: list[SweepRow], title: str) -> str:
-    """The rows as all_reduce_perf prints them: size (B), count, type, redop, time (us), algbw, busbw (GB/s)."""
+    """The rows in all_reduce_perf's columns: size (B), count, type, redop, time (us), algbw, busbw (GB/s)."""
     lines = [
         title,
         f"{'size (B)':>12} {'count':>12} {'type':>7} {'redop':>6} {'time (us)':>11} "
