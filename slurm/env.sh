@@ -14,11 +14,13 @@
 #   CONTAINER   an Apptainer/Singularity image: ranks run in `apptainer exec --nv $CONTAINER`
 #   VENV        otherwise a virtual environment to activate (default: $REPO/.venv)
 #   SRUN_MPI    srun's PMI plugin (default: pmix; `srun --mpi=list` shows yours)
-#   CPUS_PER_TASK  CPUs bound to each rank (default: the CPUs the job holds on a node / its tasks there)
-#   CPU_BIND    srun's --cpu-bind (default: cores, each rank its own cores). Where the site knows
-#               which cores sit next to which GPU, it gives the binding that keeps each local rank on
-#               its GPU's NUMA domain, e.g. map_ldom:3,2,1,0 or mask_cpu:0xff000000,... (local rank
-#               i uses GPU i); none: no binding. See docs/scaling.md#gpus-and-cpu-binding.
+#   CPUS_PER_TASK  CPUs bound to each rank (default: the CPUs the job holds on a node / its tasks
+#               there: the whole node's under the scripts' #SBATCH --exclusive)
+#   CPU_BIND    srun's --cpu-bind (default on a node with nvidia-smi: mask_cpu: masks that put local
+#               rank i, which uses GPU i, on CPUS_PER_TASK CPUs of GPU i's NUMA domain, read from
+#               `nvidia-smi topo -m`; without nvidia-smi, or where its output does not give them:
+#               cores, each rank its own cores). A site gives its own, e.g. map_ldom:3,2,1,0;
+#               none: no binding. See docs/scaling.md#gpus-and-cpu-binding.
 #   EXTRA_ARGS  more train.py flags, e.g. "--amp --seed 7"
 #   ORG         result sets: the submitter's name in the submission layout (default: the
 #               config's mlperf.org)
@@ -44,17 +46,35 @@ echo "[sbatch] job ${SLURM_JOB_ID:-?}: ${SLURM_NNODES:-1} node(s), ${SLURM_NTASK
 
 # CPUs and GPUs of a rank. Each rank is bound to CPUS_PER_TASK cores of its own (TensorFlow sizes its
 # thread pools from them, common/parallel/binding.py); srun of SLURM 22.05 does not inherit sbatch's
-# --cpus-per-task, so it is given here. Every rank sees all of its node's GPUs and takes its local
-# rank's (common/parallel/gpus.py): no --gpus-per-task or --gpu-bind, which would hide the others
-# from it and cut NCCL's peer-to-peer (NVLink) paths between the ranks of a node. CUDA numbers the
-# GPUs in PCI bus order, as NVML does, so a rank's GPU index and the UUID it reports name one GPU.
+# --cpus-per-task, so it is given here. SLURM_CPUS_ON_NODE is what the job holds on this node: all of
+# its CPUs under --exclusive, else what -c x tasks asked for (1 a task without -c). Every rank sees
+# all of its node's GPUs and takes its local rank's (common/parallel/gpus.py): no --gpus-per-task or
+# --gpu-bind, which would hide the others from it and cut NCCL's peer-to-peer (NVLink) paths between
+# the ranks of a node. CUDA numbers the GPUs in PCI bus order, as NVML does, so a rank's GPU index and
+# the UUID it reports name one GPU.
 tasks_here=${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-1}}
 tasks_here=${tasks_here%%[(,]*}   # SLURM_TASKS_PER_NODE reads "4(x128)" or "4,3"
 CPUS_PER_TASK=${CPUS_PER_TASK:-$(( ${SLURM_CPUS_ON_NODE:-1} / (tasks_here > 0 ? tasks_here : 1) ))}
 (( CPUS_PER_TASK >= 1 )) || CPUS_PER_TASK=1
-CPU_BIND=${CPU_BIND:-cores}
+# Without CPU_BIND, a GPU node's ranks are bound next to their GPUs: --cpu-bind=cores alone follows
+# SLURM's default distribution (block:cyclic, consecutive tasks on alternating sockets), which puts
+# about half the ranks on the other socket from their GPU. common/parallel/binding.py reads each GPU's
+# CPU affinity from `nvidia-smi topo -m` (this node's; the job's nodes are alike) and gives srun a
+# mask_cpu: mask per local task, disjoint within a NUMA domain. SLURM cuts a mask to the CPUs the step
+# holds ("Ignoring user CPU binding outside of job step allocation"): whole masks need the whole node
+# (#SBATCH --exclusive). Where nvidia-smi gives no topology, the binding stays cores (its error said).
+if [[ -z "${CPU_BIND:-}" ]]; then
+    CPU_BIND=cores
+    if command -v nvidia-smi >/dev/null && topology=$(nvidia-smi topo -m) &&
+            binding=$("${PYTHON[@]}" -m common.parallel.binding gpu-local "$tasks_here" \
+                "$CPUS_PER_TASK" <<< "$topology"); then
+        CPU_BIND=${binding%%$'\n'*}
+        echo "[sbatch] local rank i next to GPU i (nvidia-smi topo -m): ${binding#*$'\n'}"
+    fi
+fi
 export CUDA_DEVICE_ORDER=PCI_BUS_ID
-echo "[sbatch] each rank: $CPUS_PER_TASK CPU(s), --cpu-bind=$CPU_BIND; every GPU of its node visible, its local rank's used"
+echo "[sbatch] srun --cpus-per-task=$CPUS_PER_TASK --cpu-bind=$CPU_BIND;" \
+     "every GPU of its node visible to each rank, its local rank's used"
 # Gradients are allreduced one tensor each as backward produces them (runtime.gradient_allreduce:
 # overlap); Horovod's background thread fuses those ready in one cycle into one buffer. The values are
 # Horovod 0.28's defaults, written out so that the job's log says them and a site tunes them here:

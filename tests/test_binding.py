@@ -1,11 +1,17 @@
 """Intra-op threads from the rank's own affinity and the launcher's binding (common/parallel/binding.py)."""
 
 import json
+import os
+import re
+import shutil
+import stat
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from common.parallel.binding import cpu_list, intra_op_threads
+from common.parallel.binding import cpu_list, gpu_affinity, gpu_local_masks, intra_op_threads
 from tests import helpers
 
 FOUR = frozenset(range(4))
@@ -229,3 +235,174 @@ def test_threads_from_a_real_affinity_under_taskset():
         )[1]
         == 2
     )
+
+
+# The NUMA-local binding of slurm/env.sh: `nvidia-smi topo -m` read by common/parallel/binding.py.
+# The two fixtures are hand-written in nvidia-smi's format (tab-separated, a driver of the 535 series
+# and later: "CPU Affinity", "NUMA Affinity", "GPU NUMA ID" columns), from the published topology:
+# - nvidia_smi_topo_dgx_h100.txt, a DGX H100: 8 H100 SXM on NVSwitch (NV18), 2 Xeon Platinum 8480C of 56
+#   cores with 2 threads each, a NUMA node per socket; GPUs 0-3 on node 0 (CPUs 0-55,112-167), 4-7 on
+#   node 1 (56-111,168-223); 12 NICs (the layout of the output pasted in vllm-project/vllm#13855).
+# - nvidia_smi_topo_dgx_a100.txt, a DGX A100 (an HGX A100 8-GPU board, NV12): 2 AMD EPYC 7742 of 64
+#   cores in NPS4, 8 NUMA nodes, a pair of GPUs on each of nodes 3, 1, 7, 5 in GPU order (as pasted
+#   from DGX A100s in NVIDIA/nccl#1505 and NVIDIA/DCGM#149); 10 NICs.
+FIXTURES = helpers.REPO / "tests" / "fixtures"
+H100 = FIXTURES / "nvidia_smi_topo_dgx_h100.txt"
+A100 = FIXTURES / "nvidia_smi_topo_dgx_a100.txt"
+# (CPUs, NUMA node) of GPU 0..7 as the published topology gives them, written apart from the fixtures.
+H100_GPUS = [("0-55,112-167", 0)] * 4 + [("56-111,168-223", 1)] * 4
+A100_GPUS = [
+    (cpus, node)
+    for cpus, node in [
+        ("48-63,176-191", 3),
+        ("16-31,144-159", 1),
+        ("112-127,240-255", 7),
+        ("80-95,208-223", 5),
+    ]
+    for _ in range(2)
+]
+
+
+def _cpus(text: str) -> frozenset:
+    return frozenset(
+        c
+        for a, _, b in (part.partition("-") for part in text.split(","))
+        for c in range(int(a), int(b or a) + 1)
+    )
+
+
+@pytest.mark.parametrize("fixture, published", [(H100, H100_GPUS), (A100, A100_GPUS)])
+def test_nvidia_smi_topology_gives_each_gpus_cpus_and_numa_node(fixture, published):
+    text = fixture.read_text()
+    gpus = [(g.cpus, g.numa) for g in gpu_affinity(text)]
+    assert gpus == published
+    # A copy from a terminal (runs of spaces for tabs) reads the same.
+    assert [(g.cpus, g.numa) for g in gpu_affinity(text.replace("\t", "    "))] == published
+
+
+def test_a_row_that_lost_a_column_is_refused_not_misread():
+    lines = H100.read_text().splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("GPU5\t"))
+    cells = lines[row].split("\t")
+    lines[row] = "\t".join(
+        cells[:9] + cells[10:]
+    )  # one NIC column fewer: the NUMA node would be read as CPUs
+    with pytest.raises(ValueError, match=f"line {row + 1}: GPU5's row"):
+        gpu_affinity("\n".join(lines))
+    # The header with a column fewer shifts every row: refused at GPU0.
+    lines = H100.read_text().splitlines()
+    lines[0] = lines[0].replace("\tNIC11", "")
+    with pytest.raises(ValueError, match="line 2: GPU0's row"):
+        gpu_affinity("\n".join(lines))
+    with pytest.raises(ValueError, match="no GPU row"):
+        gpu_affinity("No devices were found\n")
+
+
+def _check_numa_local(masks, published, each):
+    """Every rank's CPUs in its own GPU's domain, `each` of them, whole cores (both threads), no CPU twice."""
+    assert len(masks) == len(published)
+    for rank, mask in enumerate(masks):
+        domain = _cpus(published[rank][0])
+        assert mask <= domain and len(mask) == each, (rank, cpu_list(mask))
+        # A domain's first threads pair with its second ones (0 with 112): a rank holds both or neither.
+        cores = len(domain) // 2
+        pairs = dict(zip(sorted(domain)[:cores], sorted(domain)[cores:], strict=True))
+        assert all(pairs[c] in mask for c in mask if c in pairs), (rank, cpu_list(mask))
+    assert sum(map(len, masks)) == len(frozenset().union(*masks))
+
+
+def test_each_rank_gets_cpus_of_its_gpus_numa_domain_of_its_own():
+    # DGX H100, 8 ranks of 224 CPUs / 8 = 28: a domain's 4 ranks split its 112 CPUs.
+    _check_numa_local(gpu_local_masks(gpu_affinity(H100.read_text()), 8, 28), H100_GPUS, 28)
+    # DGX A100, 8 ranks of 256 / 8 = 32: a pair of GPUs per NUMA node of 32 CPUs, 16 each.
+    _check_numa_local(gpu_local_masks(gpu_affinity(A100.read_text()), 8, 32), A100_GPUS, 16)
+    # 4 ranks of 56: each its GPU's domain, the other GPUs' ranks absent.
+    _check_numa_local(gpu_local_masks(gpu_affinity(H100.read_text()), 4, 56), H100_GPUS[:4], 28)
+    with pytest.raises(ValueError, match="9 local ranks, but nvidia-smi lists 8 GPU"):
+        gpu_local_masks(gpu_affinity(H100.read_text()), 9, 1)
+
+
+SRUN = """#!/bin/bash
+printf '%s\\n' "$@" > "$SRUN_ARGS"
+"""
+
+
+def _run_ranks(tmp_path, nvidia_smi: str | None, **variables) -> tuple[list[str], str]:
+    """srun's arguments from slurm/env.sh's run_ranks on one node of 8 tasks and 224 CPUs, with a
+    stand-in srun that records them and, unless None, a stand-in nvidia-smi running `nvidia_smi`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stand_ins = {"srun": SRUN} | (
+        {"nvidia-smi": f"#!/bin/bash\n{nvidia_smi}\n"} if nvidia_smi else {}
+    )
+    for name, script in stand_ins.items():
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CPU"))}
+    path = f"{bin_dir}{os.pathsep}{environ['PATH']}"
+    if nvidia_smi is None and shutil.which("nvidia-smi", path=path):
+        pytest.skip("this host has an nvidia-smi of its own")
+    environ |= {
+        "PATH": path,
+        "REPO": str(helpers.REPO),
+        "VENV": str(Path(sys.executable).parent.parent),
+        "DATA_DIR": "/data/set",
+        "SRUN_ARGS": str(tmp_path / "srun_args"),
+        "SLURM_CPUS_ON_NODE": "224",
+        "SLURM_NTASKS_PER_NODE": "8",
+    } | variables
+    proc = subprocess.run(
+        ["bash", "-c", "source slurm/env.sh && run_ranks true"],
+        env=environ,
+        cwd=helpers.REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return (tmp_path / "srun_args").read_text().splitlines(), proc.stdout + proc.stderr
+
+
+def _cpu_bind(args: list[str]) -> str:
+    return next(a.removeprefix("--cpu-bind=") for a in args if a.startswith("--cpu-bind="))
+
+
+def test_env_sh_binds_a_gpu_nodes_ranks_next_to_their_gpus(tmp_path):
+    args, output = _run_ranks(tmp_path, f"cat {H100}")
+    assert "--cpus-per-task=28" in args  # 224 CPUs over 8 tasks
+    kind, _, masks = _cpu_bind(args).partition(":")
+    assert kind == "mask_cpu"
+    masks = [frozenset(i for i in range(256) if int(m, 16) >> i & 1) for m in masks.split(",")]
+    _check_numa_local(masks, H100_GPUS, 28)
+    assert (
+        "[sbatch] local rank i next to GPU i (nvidia-smi topo -m): GPU 0-3 (NUMA node 0, CPUs"
+        " 0-55,112-167): 28 CPUs a rank; GPU 4-7 (NUMA node 1, CPUs 56-111,168-223): 28 CPUs a rank\n"
+    ) in output
+
+
+@pytest.mark.parametrize(
+    "nvidia_smi, says",
+    [
+        (None, ""),  # a CPU node (this host): no nvidia-smi
+        # A node whose driver does not answer: nvidia-smi's own message, exit 9.
+        ("echo NVIDIA-SMI has failed >&2; exit 9", "NVIDIA-SMI has failed"),
+        # An output without the matrix: the parser's error line, and the binding stays cores.
+        ("echo No devices were found", "error: nvidia-smi topo -m: no GPU row"),
+    ],
+)
+def test_env_sh_keeps_cores_where_nvidia_smi_gives_no_topology(tmp_path, nvidia_smi, says):
+    args, output = _run_ranks(tmp_path, nvidia_smi)
+    assert _cpu_bind(args) == "cores" and says in output
+    assert "--cpus-per-task=28" in args
+
+
+def test_env_sh_keeps_the_sites_cpu_bind(tmp_path):
+    args, _ = _run_ranks(tmp_path, f"cat {H100}", CPU_BIND="map_ldom:0,0,0,0,1,1,1,1")
+    assert _cpu_bind(args) == "map_ldom:0,0,0,0,1,1,1,1"
+
+
+def test_the_sbatch_scripts_ask_for_whole_nodes():
+    scripts = sorted((helpers.REPO / "slurm").glob("*.sbatch"))
+    assert scripts
+    for script in scripts:
+        assert re.search(r"^#SBATCH --exclusive$", script.read_text(), re.M), script.name
