@@ -1,12 +1,17 @@
-"""Checkpoints written at commit c5be9f3 restore and continue bitwise with today's code.
+"""Checkpoints written at commit c5be9f3 restore and continue with today's code.
 
 tests/fixtures/checkpoints_c5be9f3/ (its README says how they were made) holds, per benchmark, two
 checkpoints of a 1-rank `--deterministic` run: one at the end of epoch 1 and one mid-epoch 2 with
 its rank-00000.npz (the epoch's losses so far, DeepCAM's batch-norm statistics too), and the final
 state that resuming from either ended with at c5be9f3. Resumed here with the same data, config
-and flags, each run must end with that state, bit for bit, every tensor of the same name (model,
-optimizer, CosmoFlow's dropout generators), and with the same last-epoch loss (for the mid-epoch
-checkpoint, the mean over the losses read from its rank file and the steps run after).
+and flags, each run must end with every tensor of the same name (model, optimizer, CosmoFlow's
+dropout generators) and the same last-epoch loss (for the mid-epoch checkpoint, the mean over the
+losses read from its rank file and the steps run after), to within what another CPU changes:
+oneDNN picks its kernels by the CPU's instruction set, and DeepCAM's state made on the Intel Xeon
+with AMX that wrote the fixtures ends up to 6e-6 away on an AMD EPYC Zen 4 with c5be9f3's own code
+(CosmoFlow's bit for bit). Bit-for-bit equality before and after a change is checked side by side
+on one machine (the README's commands at both commits). The tolerance is about 17 times that drift,
+far below what training changes: the state 4 steps before the end is outside it (its control).
 The control: the same checkpoint with one layer stored under another name must fail to restore.
 """
 
@@ -115,12 +120,33 @@ def test_a_c5be9f3_checkpoint_resumes_to_the_same_final_state(bench, step, fixtu
     with np.load(folder / "expected_final.npz") as f:
         want = {k: f[k] for k in f.files}
     assert sorted(got) == sorted(want)
-    differ = [n for n in want if not np.array_equal(want[n], got[n])]
+    differ = [n for n in want if not _close(want[n], got[n])]
     assert not differ, (
         f"{len(differ)} of {len(want)} tensors differ from c5be9f3's, e.g. {differ[:3]}"
     )
     assert summary["history"][-1]["epoch"] == expected["last_epoch"]
-    assert summary["history"][-1]["loss"] == expected["last_epoch_loss"]
+    assert summary["history"][-1]["loss"] == pytest.approx(expected["last_epoch_loss"], rel=1e-6)
+
+
+def _close(want, got) -> bool:
+    """Equal, or for floats within the tolerance (the module's docstring says why)."""
+    if want.dtype.kind != "f":
+        return np.array_equal(want, got)
+    return np.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_tolerance_tells_four_steps_of_training(fixtures):
+    """Control of the tolerance: DeepCAM's mid-epoch checkpoint (4 steps before the end) is not
+    within it of the final state."""
+    import tensorflow as tf
+
+    folder, _, _ = fixtures["deepcam"]
+    reader = tf.train.load_checkpoint(str(folder / "checkpoints" / "step-0000000012" / "ckpt"))
+    with np.load(folder / "expected_final.npz") as f:
+        want = {k: f[k] for k in f.files}
+    model = [n for n in want if n.startswith("model/") and want[n].dtype.kind == "f"]
+    differ = [n for n in model if not _close(want[n], reader.get_tensor(n))]
+    assert len(differ) > len(model) // 2, f"{len(differ)} of {len(model)} model tensors differ"
 
 
 GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
