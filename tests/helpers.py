@@ -255,8 +255,7 @@ def _rank_pid(rank: int, run_dir):
     """PID of the training process of `rank` of the run writing to `run_dir`: a Python whose arguments
     hold run_dir, with the rank in its launcher variables. Never another test's rank, nor a launcher
     (srun, horovodrun) whose own arguments hold run_dir: CI runs two test files at once, and a search
-    by "/train.py" alone once sent SIGKILL and SIGTERM to the other file's ranks and srun (stop 36's
-    exit 137s, stop 37's rehearsal)."""
+    by "/train.py" alone would send SIGKILL and SIGTERM to the other file's ranks and srun."""
     wanted = b"\0" + str(run_dir).encode() + b"\0"
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():

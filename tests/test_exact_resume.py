@@ -163,11 +163,11 @@ def _resume_and_compare(runs, bench, ranks, broken):
     print(f"{bench}, {ranks} rank(s): ended bitwise equal to the uninterrupted run")
 
 
-# DeepCAM on 2 ranks is not a case (it was until stop 36, 3-6 minutes of CI): what a second rank adds
+# DeepCAM on 2 ranks is not a case (3-6 minutes of CI): what a second rank adds
 # to a resume (every rank restores the same checkpoint, the shards and the dropout generators follow
 # the step) is the shared trainer's and checkpoint code's, which CosmoFlow's 2-rank case proves;
 # DeepCAM's own state (LAMB's slots, batch-norm statistics, its step schedule) is its 1-rank case's.
-# Nor CosmoFlow on 1 rank (until stop 40, 181 s of CI): a single process killed and resumed is
+# Nor CosmoFlow on 1 rank (181 s of CI): a single process killed and resumed is
 # DeepCAM's 1-rank case, and CosmoFlow's state is its 2-rank case's.
 @pytest.mark.parametrize("bench,ranks", [("cosmoflow", 2), ("deepcam", 1)])
 def test_killed_and_resumed_run_ends_bitwise_equal(bench, ranks, runs, tmp_path):

@@ -199,9 +199,9 @@ DEEPCAM_SPLIT_BENCH = [
 ]  # narrowed: bf16 is emulated, slowly, on an AVX2 CPU
 
 
-# DeepCAM's pairs in one run of 4 ranks (until stop 36 also two 2-rank runs, a split with bf16 and
-# accumulation and group batch norm with accumulation: 2 minutes of CI that this run holds too; group
-# batch norm with accumulation alone trains in test_deepcam_end_to_end.py).
+# DeepCAM's pairs in one run of 4 ranks: a split with bf16 and accumulation and group batch norm
+# with accumulation need no 2-rank runs of their own (group batch norm with accumulation alone trains
+# in test_deepcam_end_to_end.py).
 @pytest.mark.slow  # four ranks
 def test_a_deepcam_split_with_group_batch_norm_bf16_and_accumulation_benchmarks_on_four_ranks(
     deepcam_data, deepcam_config, tmp_path

@@ -41,10 +41,9 @@ TIMEOUT_S = 120
 # ~4 s): the fast tier takes DeepCAM's cheap ones (stats.h5 and config damage that ends the run
 # before the first step) and leaves its damaged samples, and stats.h5 with garbage appended (HDF5
 # ignores bytes past its end, so that run trains), to the slow tier. A second seed of the same damage
-# to the same kind of file found nothing the first did not: the slow tier ran 4 of each CosmoFlow
-# TFRecord damage until stop 36, 2 until stop 39, and 1 since (CI on a slow 2-core AVX2 machine
-# was at 90 minutes). The second seeds are still drawn, not run, so that every case keeps its seed
-# (a case's damage follows from it).
+# to the same kind of file found nothing the first did not, so the slow tier runs one of each
+# CosmoFlow TFRecord damage. The second seeds are still drawn, not run, so that every case keeps its
+# seed (a case's damage follows from it).
 PLAN = (
     ("cosmoflow", "tfrecord", "flip", 1, 2),
     ("cosmoflow", "tfrecord", "truncate", 1, 2),
