@@ -58,7 +58,7 @@ CPUS_PER_TASK=${CPUS_PER_TASK:-$(( ${SLURM_CPUS_ON_NODE:-1} / (tasks_here > 0 ? 
 (( CPUS_PER_TASK >= 1 )) || CPUS_PER_TASK=1
 # Without CPU_BIND, a GPU node's ranks are bound next to their GPUs: --cpu-bind=cores alone follows
 # SLURM's default distribution (block:cyclic, consecutive tasks on alternating sockets), which puts
-# about half the ranks on the other socket from their GPU. common/parallel/binding.py reads each GPU's
+# about half the ranks on the other socket from their GPU. common/parallel/gpu_binding.py reads each GPU's
 # CPU affinity from `nvidia-smi topo -m` (this node's; the job's nodes are alike) and gives srun a
 # mask_cpu: mask per local task, disjoint within a NUMA domain. SLURM cuts a mask to the CPUs the step
 # holds ("Ignoring user CPU binding outside of job step allocation"): whole masks need the whole node
@@ -66,7 +66,7 @@ CPUS_PER_TASK=${CPUS_PER_TASK:-$(( ${SLURM_CPUS_ON_NODE:-1} / (tasks_here > 0 ? 
 if [[ -z "${CPU_BIND:-}" ]]; then
     CPU_BIND=cores
     if command -v nvidia-smi >/dev/null && topology=$(nvidia-smi topo -m) &&
-            binding=$("${PYTHON[@]}" -m common.parallel.binding gpu-local "$tasks_here" \
+            binding=$("${PYTHON[@]}" -m common.parallel.gpu_binding gpu-local "$tasks_here" \
                 "$CPUS_PER_TASK" <<< "$topology"); then
         CPU_BIND=${binding%%$'\n'*}
         echo "[sbatch] local rank i next to GPU i (nvidia-smi topo -m): ${binding#*$'\n'}"

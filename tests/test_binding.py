@@ -1,4 +1,6 @@
-"""Intra-op threads from the rank's own affinity and the launcher's binding (common/parallel/binding.py)."""
+"""Intra-op threads from the rank's own affinity and the launcher's binding
+(common/parallel/binding.py), and the NUMA-local binding slurm/env.sh gives srun
+(common/parallel/gpu_binding.py)."""
 
 import json
 import os
@@ -11,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common.parallel.binding import cpu_list, gpu_affinity, gpu_local_masks, intra_op_threads
+from common.parallel.binding import cpu_list, intra_op_threads
+from common.parallel.gpu_binding import gpu_affinity, gpu_local_masks
 from tests import helpers
 
 FOUR = frozenset(range(4))
@@ -237,7 +240,7 @@ def test_threads_from_a_real_affinity_under_taskset():
     )
 
 
-# The NUMA-local binding of slurm/env.sh: `nvidia-smi topo -m` read by common/parallel/binding.py.
+# The NUMA-local binding of slurm/env.sh: `nvidia-smi topo -m` read by common/parallel/gpu_binding.py.
 # The two fixtures are hand-written in nvidia-smi's format (tab-separated, a driver of the 535 series
 # and later: "CPU Affinity", "NUMA Affinity", "GPU NUMA ID" columns), from the published topology:
 # - nvidia_smi_topo_dgx_h100.txt, a DGX H100: 8 H100 SXM on NVSwitch (NV18), 2 Xeon Platinum 8480C of 56
