@@ -4,7 +4,7 @@ No image registry is reachable from the test machines, and pip inside a containe
 PyPI (its TLS verification fails there), so the module makes what the build needs itself, once:
 the wheelhouse (`tools/wheelhouse.sh`, as `make wheelhouse`), a Debian bookworm base image
 (`debootstrap` from Debian's packages, `docker import`), passed as --build-arg BASE_IMAGE, and a
-Docker engine of its own (tools/local_docker.sh). Everything lives in this session's temporary
+Docker engine of its own (tools/local_docker.sh). Everything lives in the pytest run's temporary
 directory and is removed at the end. Skipped, saying why, without root, dockerd, debootstrap or a
 python3.11 to make the wheelhouse for (bookworm's Python). About 15 minutes on 2 cores.
 """
