@@ -6,7 +6,7 @@ the wheelhouse (`tools/wheelhouse.sh`, as `make wheelhouse`), a Debian bookworm 
 (`debootstrap` from Debian's packages, `docker import`), passed as --build-arg BASE_IMAGE, and a
 Docker engine of its own (tools/local_docker.sh). Everything lives in the pytest run's temporary
 directory and is removed at the end. Skipped, saying why, without root, dockerd, debootstrap or a
-python3.11 to make the wheelhouse for (bookworm's Python). About 15 minutes on 2 cores.
+python3.11 to make the wheelhouse for (bookworm's Python). 388 s of CI on a 2-core Zen 4 EPYC.
 """
 
 import os
