@@ -310,15 +310,9 @@ def job_config(name: str, ranks: int) -> JobConfig:
     """
     key = get(name).local_batch_key
     configs = [c for c in closed_config_batches(name) if c[1] and c[2]]
+    # (accumulation, -local batch, ...): the least accumulation first, then the larger local batch.
     fits = [
-        (
-            gbs // (ranks * lb),
-            -lb,
-            gbs,
-            path,
-            local,
-            acc,
-        )  # sorted by accumulation, then local batch
+        (gbs // (ranks * lb), -lb, gbs, path, local, acc)
         for path, gbs, local, acc in configs
         for lb in range(local, 0, -1)
         if local % lb == 0 and gbs % (ranks * lb) == 0
@@ -361,7 +355,8 @@ def main(argv=None) -> int:
     get_parser.add_argument("fields", nargs="+", choices=FIELDS, metavar="field")
     job = commands.add_parser(
         "job-config",
-        help="what a job of RANKS ranks runs without CONFIG: a line saying it, the config, its train.py overrides",
+        help="what a job of RANKS ranks runs without CONFIG: a line saying it, the config, its "
+        "train.py overrides",
     )
     job.add_argument("name", choices=names())
     job.add_argument("ranks", type=int)

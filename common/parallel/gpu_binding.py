@@ -1,18 +1,18 @@
 """The NUMA-local binding slurm/env.sh gives srun: each local rank on CPUs of its GPU's NUMA domain.
 
-`python -m common.parallel.gpu_binding gpu-local RANKS CPUS_PER_TASK < topology`: slurm/env.sh, when CPU_BIND is not given and the node has nvidia-smi,
-reads each GPU's "CPU Affinity" and "NUMA Affinity" from `nvidia-smi topo -m` and gives srun
---cpu-bind=mask_cpu:M0,M1,...: local rank i (which uses GPU i, common/parallel/gpus.py) gets
-CPUS_PER_TASK CPUs of GPU i's NUMA domain, whole cores first, no CPU shared with another rank of
-that domain (fewer each where the domain holds fewer than its ranks x CPUS_PER_TASK). srun's
---cpu-bind=cores alone follows SLURM's default distribution, block:cyclic, which deals consecutive
-tasks to alternating sockets: local rank 1 of a DGX H100 lands on socket 1 while GPU 1 hangs off
-socket 0, as does about half of the ranks. A mask per task is srun's own mechanism (no numactl on
-the node or in the image), SLURM exports what it applied (common/parallel/binding.py reads it), and memory follows the CPUs:
-Linux places a page on the NUMA node of the CPU that first touches it. SLURM cuts a task's mask to
-the CPUs its step holds (task/affinity: "Ignoring user CPU binding outside of job step allocation"),
-so the masks are whole only where the job holds the whole node: the sbatch scripts ask for
---exclusive.
+`python -m common.parallel.gpu_binding gpu-local RANKS CPUS_PER_TASK < topology`: slurm/env.sh, when
+CPU_BIND is not given and the node has nvidia-smi, reads each GPU's "CPU Affinity" and "NUMA
+Affinity" from `nvidia-smi topo -m` and gives srun --cpu-bind=mask_cpu:M0,M1,...: local rank i
+(which uses GPU i, common/parallel/gpus.py) gets CPUS_PER_TASK CPUs of GPU i's NUMA domain, whole
+cores first, no CPU shared with another rank of that domain (fewer each where the domain holds fewer
+than its ranks x CPUS_PER_TASK). srun's --cpu-bind=cores alone follows SLURM's default distribution,
+block:cyclic, which deals consecutive tasks to alternating sockets: local rank 1 of a DGX H100 lands
+on socket 1 while GPU 1 hangs off socket 0, as does about half of the ranks. A mask per task is
+srun's own mechanism (no numactl on the node or in the image), SLURM exports what it applied
+(common/parallel/binding.py reads it), and memory follows the CPUs: Linux places a page on the NUMA
+node of the CPU that first touches it. SLURM cuts a task's mask to the CPUs its step holds
+(task/affinity: "Ignoring user CPU binding outside of job step allocation"), so the masks are whole
+only where the job holds the whole node: the sbatch scripts ask for --exclusive.
 
 Standard library only (slurm/env.sh runs it before any rank starts); not imported by a run.
 """

@@ -6,11 +6,11 @@ then `iterations` times back to back, each call completing before the next (Horo
 allreduce returns once its collective is done); the time of a size is the slowest rank's mean.
   algorithm bandwidth  algbw = bytes / time
   bus bandwidth        busbw = algbw x 2(n-1)/n     (nccl-tests' factor for allreduce, n ranks)
-busbw is what each rank's link carries in a ring allreduce of that time. One allreduce's time is all of Horovod's path: the eager call, the wait for its background
-thread's next cycle (HOROVOD_CYCLE_TIME), the negotiation between the ranks over its controller
-(MPI or Gloo), the reduction itself (NCCL on GPUs built with it, else Gloo or MPI) and the return to
-TensorFlow; with one tensor a cycle, no fusion buffer. It is not bare NCCL, which nccl-tests'
-all_reduce_perf times.
+busbw is what each rank's link carries in a ring allreduce of that time. One allreduce's time is all
+of Horovod's path: the eager call, the wait for its background thread's next cycle
+(HOROVOD_CYCLE_TIME), the negotiation between the ranks over its controller (MPI or Gloo), the
+reduction itself (NCCL on GPUs built with it, else Gloo or MPI) and the return to TensorFlow; with
+one tensor a cycle, no fusion buffer. It is not bare NCCL, which nccl-tests' all_reduce_perf times.
 """
 
 import dataclasses
