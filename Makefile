@@ -21,6 +21,26 @@ install:
 wheelhouse:
 	@WHEELHOUSE=$(or $(WHEELHOUSE),$(CURDIR)/wheelhouse) VARIANT=$(VARIANT) bash tools/wheelhouse.sh
 
+# The CPU image (docker/Dockerfile.cpu, from wheelhouse/: `PYTHON=python3.11 make wheelhouse` first,
+# for the image's Python, bookworm's) and its Apptainer image SIF, with SIF.sha256 beside it.
+# BASE_IMAGE: where no registry is reachable, a Debian bookworm of your own (docker/Dockerfile.cpu).
+# APPTAINER: the host's apptainer (1.3 or newer), else tools/apptainer.sh, which runs Apptainer from a
+# Debian unstable root it makes once in APPTAINER_ROOT. docs/sites.md runs both.
+IMAGE ?= mlperf-hpc-tf:cpu
+SIF ?= mlperf-hpc-tf-cpu.sif
+BASE_IMAGE ?= python:3.11-slim-bookworm
+APPTAINER ?= $(or $(shell command -v apptainer),$(CURDIR)/tools/apptainer.sh)
+.PHONY: image sif
+image:
+	@test -d wheelhouse || { echo "error: wheelhouse/ not found: make it first (PYTHON=python3.11 make wheelhouse)" >&2; exit 1; }
+	docker build --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg GIT_COMMIT=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+		-f docker/Dockerfile.cpu -t $(IMAGE) .
+sif:
+	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
+	$(APPTAINER) build --force --build-arg IMAGE=$(IMAGE) $(SIF).partial docker/mlperf-hpc-cpu.def
+	@mv $(SIF).partial $(SIF) && cd $(dir $(abspath $(SIF))) && sha256sum $(notdir $(SIF)) > $(notdir $(SIF)).sha256 \
+		&& echo "[sif] $(SIF): $$(cut -c1-64 $(notdir $(SIF)).sha256)"
+
 # Per benchmark: its data, its config and its run directory (each overridable), and the targets
 # data, run, bench-cosmoflow (CosmoFlow) and data-deepcam, run-deepcam, bench-deepcam (DeepCAM).
 # DATA_<bench>, CONFIG_<bench> and DATA_TARGET_<bench> are what result-set and weak-scaling use for

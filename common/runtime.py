@@ -58,6 +58,7 @@ def configure(runtime, dist) -> dict:
         # Where the input pipeline's last stage puts the batches ('off': each step copies its own).
         "prefetch_to_device": device_prefetch.target_device(runtime.prefetch_to_device, device),
         "stack": software_stack(),
+        "image": container_image(),
     }
 
 
@@ -65,6 +66,25 @@ def software_stack() -> str:
     """The TensorFlow, Keras and Python a run computes with, for its console and summary.json:
     'TensorFlow 2.21.0, Keras 2.21.0 (tf_keras), Python 3.12.1'."""
     return f"TensorFlow {tf.__version__}, Keras {tf_keras.__version__} (tf_keras), Python {platform.python_version()}"
+
+
+def container_image() -> dict:
+    """The container image a run computes in, for summary.json ({} outside one): the commit it was
+    built from (docker/Dockerfile*'s GIT_COMMIT build argument, MLPERF_HPC_COMMIT inside), and
+    an Apptainer image's path and SHA-256 (slurm/env.sh passes the one `make sif` wrote beside it;
+    else that file where it is visible) or a Docker image's ID where its runner passes it
+    (`docker run -e MLPERF_HPC_IMAGE_ID=...`: an image cannot hold its own ID)."""
+    sif = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+    if sif:
+        sha256 = os.environ.get("MLPERF_HPC_IMAGE_SHA256", "")
+        with contextlib.suppress(OSError):
+            sha256 = sha256 or open(f"{sif}.sha256").read().split()[0]
+        image = {"runtime": "apptainer", "image": sif, "sha256": sha256}
+    elif os.path.exists("/.dockerenv"):
+        image = {"runtime": "docker", "image_id": os.environ.get("MLPERF_HPC_IMAGE_ID", "")}
+    else:
+        return {}
+    return image | {"commit": os.environ.get("MLPERF_HPC_COMMIT", "")}
 
 
 def _size_thread_pools(intra: int, inter: int) -> tuple[int, int, str]:

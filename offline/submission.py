@@ -369,6 +369,9 @@ def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tup
         "number_of_nodes": str(nodes),
         "accelerators_per_node": str(accelerators),
     }
+    images = run_images(sets)
+    if images:
+        from_logs["sw_notes"] = "; ".join(images)
     if accelerators == 0:
         # CPU-only runs: nothing to describe about accelerators.
         from_logs |= {f: "" for f in required if f.startswith("accelerator_")}
@@ -388,6 +391,29 @@ def describe_system(org: str, system: str, sets, info_file, ruleset: str) -> tup
     if user:
         notes.append(f"from {info_file}: {', '.join(sorted(user))}")
     return {f: desc[f] for f in required}, notes
+
+
+def run_images(sets) -> list[str]:
+    """The container images the runs computed in, as their summary.json beside the log names them
+    (`runtime.image`: common/runtime.py), each once: 'image <path> sha256:<digest>, commit <sha>'."""
+    images = []
+    for rs in sets:
+        for run in filter(lambda run: run.file, rs.runs):
+            try:
+                summary = json.loads((Path(run.file).parent / "summary.json").read_text())
+                image = summary["runtime"]["image"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if image:
+                said = (
+                    f"{image.get('runtime', 'container')} image "
+                    f"{image.get('image') or image.get('image_id') or '(id not given)'}"
+                    f"{' sha256:' + image['sha256'] if image.get('sha256') else ''}, "
+                    f"commit {image.get('commit') or 'unknown'}"
+                )
+                if said not in images:
+                    images.append(said)
+    return images
 
 
 def code_files(repo: Path) -> list[Path]:

@@ -11,7 +11,9 @@
 #   CONFIG      YAML config (default: what the job's ranks run, said in its first lines: the
 #               closed-division config of an RCP global batch that ranks x local batch x gradient
 #               accumulation reaches, else the nearest open one; see job_config below)
-#   CONTAINER   an Apptainer/Singularity image: ranks run in `apptainer exec --nv $CONTAINER`
+#   CONTAINER   an Apptainer/Singularity image (make sif): ranks run the image's code in
+#               `apptainer exec $CONTAINER` (APPTAINER: the command; default: apptainer, singularity,
+#               else tools/apptainer.sh)
 #   VENV        otherwise a virtual environment to activate (default: $REPO/.venv)
 #   SRUN_MPI    srun's PMI plugin (default: pmix; `srun --mpi=list` shows yours)
 #   CPUS_PER_TASK  CPUs bound to each rank (default: the CPUs the job holds on a node / its tasks
@@ -34,9 +36,34 @@ EXTRA_ARGS=${EXTRA_ARGS:-}
 cd "$REPO"
 
 if [[ -n "${CONTAINER:-}" ]]; then
-    RUNTIME=${APPTAINER:-$(command -v apptainer || command -v singularity)}
-    # --nv maps the host's GPU driver in; the repository and data are bind-mounted.
-    PYTHON=("$RUNTIME" exec --nv --bind "$REPO,$DATA_DIR${STAGE_DIR:+,$(dirname "${STAGE_DIR%%\{*}")}" "$CONTAINER" python)
+    # The image's own code and Python run (/opt/mlperf-hpc, its working directory): the benchmark
+    # table, train scripts and configs are read inside it. Bound in at their own paths: the data,
+    # REPO (runs/ and a CONFIG given as a host path), OUTPUT_DIR and the staging root, which
+    # Apptainer refuses when missing, so it is made first on every node. --no-home: nothing read
+    # from the user's home; not --containall, whose clean environment would drop SLURM's and PMIx's
+    # variables and whose private /tmp would hide node-local staging. --nv where the node has GPUs.
+    RUNTIME=${APPTAINER:-$(command -v apptainer || command -v singularity || echo "$REPO/tools/apptainer.sh")}
+    binds=$REPO,$DATA_DIR${OUTPUT_DIR:+,$OUTPUT_DIR}
+    if [[ -n ${STAGE_DIR:-} ]]; then
+        stage_root=$STAGE_DIR
+        [[ $STAGE_DIR != *\{* ]] || { stage_root=${STAGE_DIR%%\{*}; stage_root=${stage_root%/*}; }
+        if [[ -n ${SLURM_JOB_ID:-} ]]; then
+            srun --mpi=none --ntasks-per-node=1 --ntasks="${SLURM_NNODES:-1}" mkdir -p "$stage_root"
+        else
+            mkdir -p "$stage_root"
+        fi
+        binds+=,$stage_root
+    fi
+    [[ -z ${OUTPUT_DIR:-} ]] || mkdir -p "$OUTPUT_DIR"
+    nv=()
+    command -v nvidia-smi >/dev/null && nv=(--nv)
+    # The image's OpenMPI reads its job from the host's PMIx server (srun --mpi=pmix); PMIx's
+    # shared-memory store lives in SLURM's spool, which the container does not see: hash instead.
+    export PMIX_MCA_gds=${PMIX_MCA_gds:-hash}
+    # The image a result ran in, for its summary.json: the SHA-256 `make sif` wrote beside it.
+    MLPERF_HPC_IMAGE_SHA256=$(cut -d' ' -f1 "$CONTAINER.sha256" 2>/dev/null || sha256sum "$CONTAINER" | cut -d' ' -f1)
+    export MLPERF_HPC_IMAGE_SHA256
+    PYTHON=("$RUNTIME" exec "${nv[@]}" --no-home --pwd /opt/mlperf-hpc --bind "$binds" "$CONTAINER" python)
 else
     VENV=${VENV:-$REPO/.venv}
     PYTHON=("$VENV/bin/python")

@@ -1,5 +1,7 @@
 import collections
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -89,6 +91,50 @@ def deepcam_config():
     return helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"
 
 
+# A one-node SLURM cluster of this host's own (tools/local_slurm.sh), per module that asks for it:
+# tests/test_slurm.py and tests/test_images.py (its image's jobs). One per host at a time (its ports,
+# munged): the scheduler below gives both files to one worker.
+def _ensure_packages() -> str | None:
+    """None when SLURM and munge are usable, else why not."""
+    if os.geteuid() != 0:
+        return "not root: cannot start munged/slurmctld/slurmd"
+    if all(shutil.which(b) for b in ("munged", "slurmctld", "slurmd", "sbatch")):
+        return None
+    proc = subprocess.run(
+        "apt-get install -y -qq slurm-wlm munge >/dev/null 2>&1 || "
+        "(apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq slurm-wlm munge >/dev/null 2>&1)",
+        shell=True,
+        timeout=900,
+    )
+    if proc.returncode != 0 or not shutil.which("slurmctld"):
+        return "cannot install slurm-wlm and munge with apt-get"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    why = _ensure_packages()
+    if why:
+        print(f"SKIP (no SLURM cluster): {why}")
+        pytest.skip(why)
+    state = tmp_path_factory.mktemp("slurm")
+    start = subprocess.run(
+        ["bash", helpers.REPO / "tools" / "local_slurm.sh", "start", state],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    try:
+        assert start.returncode == 0, start.stdout + start.stderr
+        yield state / "slurm.conf"
+    finally:  # the daemons go away whatever happened
+        subprocess.run(
+            ["bash", helpers.REPO / "tools" / "local_slurm.sh", "stop", state],
+            capture_output=True,
+            timeout=60,
+        )
+
+
 # The test files that cost most, the longest first (CI's figures: tools/test_costs.py prints them).
 # pytest-xdist's --dist loadfile hands out files largest (most tests) first, which puts the CPU image
 # and the SLURM cluster, files of 3-5 long tests, last: they then end a run on one
@@ -108,6 +154,7 @@ HEAVY_FIRST = (
     "test_sharded_optimizer.py",
 )
 _HEAVY_RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
+SLURM_FILES = ("test_images.py", "test_slurm.py")  # each starts a cluster (slurm_cluster)
 
 
 class _CostliestFilesFirst(collections.OrderedDict):
@@ -130,7 +177,12 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    scheduler = LoadFileScheduling(config, log)
+    class OneClusterAtATime(LoadFileScheduling):
+        def _split_scope(self, nodeid):  # SLURM_FILES as one scope: one worker, in turn
+            scope = super()._split_scope(nodeid)
+            return SLURM_FILES[0] if os.path.basename(scope) in SLURM_FILES else scope
+
+    scheduler = OneClusterAtATime(config, log)
     scheduler.workqueue = _CostliestFilesFirst()
     return scheduler
 

@@ -1,5 +1,6 @@
 """oneDNN on any x86-64 CPU, the CPU report, and an honest --amp (common/cpu.py, common/runtime.py)."""
 
+import os
 import platform
 import types
 
@@ -154,3 +155,24 @@ def test_amp_precision_follows_the_hardware(runtime, device, native, precision, 
     assert bool(why) is says_why
     if says_why:
         assert "no native bf16" in why and "runtime.amp_dtype=bfloat16" in why and "\n" not in why
+
+
+def test_the_container_image_a_run_computes_in(tmp_path, monkeypatch):
+    from common.runtime import container_image
+
+    for name in ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "MLPERF_HPC_IMAGE_SHA256"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLPERF_HPC_COMMIT", "abc123")
+    if not os.path.exists("/.dockerenv"):
+        assert container_image() == {}  # outside a container: nothing said
+    sif = tmp_path / "image.sif"
+    (tmp_path / "image.sif.sha256").write_text(
+        f"{'a' * 64}  image.sif\n"
+    )  # as `make sif` writes it
+    monkeypatch.setenv("APPTAINER_CONTAINER", str(sif))
+    expected = {"runtime": "apptainer", "image": str(sif), "sha256": "a" * 64, "commit": "abc123"}
+    assert container_image() == expected
+    monkeypatch.setenv(
+        "MLPERF_HPC_IMAGE_SHA256", "b" * 64
+    )  # slurm/env.sh's, where the file is not visible
+    assert container_image() == expected | {"sha256": "b" * 64}

@@ -9,6 +9,7 @@ directory and is removed at the end. Skipped, saying why, without root, dockerd,
 python3.11 to make the wheelhouse for (bookworm's Python). 388 s of CI on a 2-core Zen 4 EPYC.
 """
 
+import json
 import os
 import re
 import shutil
@@ -32,6 +33,14 @@ HOST_WHEELS = (
     Path(sys.prefix) / "horovod-wheels"
 )  # the Horovod wheels tools/install.sh kept in this venv
 BASE = "mlperf-test/bookworm:debootstrap"
+# What `make image` passes as GIT_COMMIT: this checkout's commit (CI's is a git clone).
+COMMIT = (
+    subprocess.run(
+        ["git", "-C", str(helpers.REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    or "unknown"
+)
+APPTAINER = shutil.which("apptainer") or str(helpers.REPO / "tools" / "apptainer.sh")
 
 
 def sh(cmd, environ, timeout, **kw) -> subprocess.CompletedProcess:
@@ -157,6 +166,8 @@ def image(engine, context, base_image):
                 "build",
                 "--build-arg",
                 f"BASE_IMAGE={base_image}",
+                "--build-arg",
+                f"GIT_COMMIT={COMMIT}",
                 "-f",
                 context / "docker" / "Dockerfile.cpu",
                 "-t",
@@ -220,26 +231,149 @@ def test_the_image_installs_from_the_wheelhouse_alone_and_leaves_it_out(image, e
     assert size < 3e9
 
 
-def test_a_tiny_cosmoflow_run_in_the_image_passes_the_checker(image, engine, tmp_path):
+@pytest.fixture(scope="module")
+def sif(image, engine, tmp_path_factory):
+    """`make sif` of the image: the SIF, with its .sha256 beside it, and the environment that runs
+    Apptainer (the host's, else tools/apptainer.sh with a Debian unstable root made here)."""
+    out = tmp_path_factory.mktemp("sif") / "mlperf-hpc-tf-cpu.sif"
+    environ = engine | {"APPTAINER_ROOT": str(tmp_path_factory.mktemp("apptainer") / "root")}
+    start = time.monotonic()
+    proc = sh(["make", "-C", helpers.REPO, "sif", f"IMAGE={image[0]}", f"SIF={out}"], environ, 1800)
+    # No skip: a host without Apptainer makes its own from Debian's package service, or fails.
+    assert proc.returncode == 0, helpers.failure_output(proc)
+    digest = (out.parent / f"{out.name}.sha256").read_text().split()
+    assert digest[1] == out.name and len(digest[0]) == 64
+    print(
+        f"\n[images] make sif ({'host apptainer' if shutil.which('apptainer') else 'tools/apptainer.sh'}): "
+        f"{time.monotonic() - start:.0f} s, {out.stat().st_size / 1e9:.2f} GB"
+    )
+    return out, digest[0], environ
+
+
+def test_the_sif_trains_cosmoflow_to_the_target_with_its_own_code(sif, tmp_path):
     from tests.conftest import EASY, EASY_ARGS
 
-    # The easy set (conftest.EASY), written in the image: the image is the subject, not learning.
+    path, sha256, environ = sif
     sizes = " ".join(EASY_ARGS)
-    proc = run_in(
-        image[0],
-        engine,
-        "bash",
-        "-c",
-        f"python -m cosmoflow.synthetic --output-dir /out/data --size {EASY['size']} {sizes} "
-        f"--seed {EASY['seed']} --target-spread {EASY['target_spread']} && "
-        "python cosmoflow/train.py tests/configs/cosmoflow_tiny.yaml --data-dir /out/data --output-dir /out/run "
-        + sizes,
-        volume=tmp_path,
+    # The image's code and Python (nothing of this checkout bound in), the data and run bound in.
+    proc = sh(
+        [
+            APPTAINER,
+            "exec",
+            "--no-home",
+            "--bind",
+            tmp_path,
+            path,
+            "bash",
+            "-c",
+            "python -c 'import sys, cosmoflow; print(sys.executable, cosmoflow.__file__)' && "
+            f"cd /opt/mlperf-hpc && python -m cosmoflow.synthetic --output-dir {tmp_path}/data "
+            f"--size {EASY['size']} {sizes} --seed {EASY['seed']} --target-spread {EASY['target_spread']} && "
+            f"python cosmoflow/train.py tests/configs/cosmoflow_tiny.yaml --data-dir {tmp_path}/data "
+            f"--output-dir {tmp_path}/run {sizes}",
+        ],
+        environ,
+        timeout=900,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, helpers.failure_output(proc)
+    assert proc.stdout.startswith(
+        "/opt/mlperf-hpc/.venv/bin/python /opt/mlperf-hpc/cosmoflow/__init__.py"
+    ), proc.stdout[:300]
     passed, output = check_log(tmp_path / "run" / "mlperf.log")  # the host's official checker
     assert passed, output
-    assert '"status": "success"' in (tmp_path / "run" / "mlperf.log").read_text()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "success"
+    # The image the result came from: the SIF and its SHA-256, and the commit it was built from.
+    assert summary["runtime"]["image"] == {
+        "runtime": "apptainer",
+        "image": str(path),
+        "sha256": sha256,
+        "commit": COMMIT,
+    }
+
+
+def sif_job(script, slurm_cluster, sif, tmp_path, data, config, extra_args):
+    """slurm/SCRIPT with CONTAINER=the SIF, 2 tasks, a STAGE_DIR whose parent does not exist, from a
+    submit directory that holds only slurm/ and tools/: the image's code runs, or nothing does."""
+    submit = tmp_path / "submit"
+    for folder in ("slurm", "tools"):
+        shutil.copytree(helpers.REPO / folder, submit / folder)
+    stage_parent = Path(f"/tmp/mlperf-sif-{os.getpid()}-{time.monotonic_ns()}")
+    assert not stage_parent.exists()
+    out = tmp_path / "run"
+    environ = {k: v for k, v in sif[2].items() if k != "PYTHONPATH"} | {
+        "SLURM_CONF": str(slurm_cluster),
+        "REPO": str(submit),
+        "CONTAINER": str(sif[0]),
+        "APPTAINER": APPTAINER,
+        "DATA_DIR": str(data),
+        "CONFIG": config,  # in the image, relative to /opt/mlperf-hpc
+        "OUTPUT_DIR": str(out),
+        "STAGE_DIR": str(stage_parent / "stage"),
+        "EXTRA_ARGS": " ".join(["--set", "runtime.record_shards=true", *extra_args]),
+    }
+    job_out = tmp_path / "job.out"
+    try:
+        proc = sh(
+            ["sbatch", "--wait", "-N", "1", "-n", "2", "-o", job_out, submit / "slurm" / script],
+            environ,
+            900,
+            cwd=tmp_path,
+        )
+    finally:
+        shutil.rmtree(stage_parent, ignore_errors=True)
+    log_text = job_out.read_text() if job_out.exists() else "(no job output)"
+    print(log_text[-3000:])  # shown in the test report and the closing note
+    assert proc.returncode == 0, proc.stdout + proc.stderr + log_text[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "success" and summary["log_check"] == "passed", summary
+    assert summary["ranks"] == 2 and summary["nodes"] == 1
+    # Wired by SLURM's PMIx through the image's OpenMPI, not by horovodrun's Gloo rendezvous.
+    assert summary["controller"] == "mpi"
+    assert summary["launcher"]["SLURM_NTASKS"] == "2" and "SLURM_JOB_ID" in summary["launcher"]
+    assert summary["staging"]["files"] > 0 and summary["weights_in_sync"]
+    assert summary["runtime"]["image"]["sha256"] == sif[1]
+    assert summary["runtime"]["image"]["image"] == str(sif[0])
+    log = (out / "mlperf.log").read_text()
+    assert '"key": "number_of_ranks", "value": 2' in log and '"key": "staging_start"' in log
+    shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text()) for r in (0, 1)]
+    assert not set(shards[0]["train"]) & set(shards[1]["train"])
+    return summary
+
+
+def test_sbatch_cosmoflow_runs_both_ranks_in_the_sif_under_pmix(
+    slurm_cluster, sif, cosmo_easy_data, tmp_path
+):
+    from tests.conftest import EASY_ARGS
+
+    sif_job(
+        "cosmoflow.sbatch",
+        slurm_cluster,
+        sif,
+        tmp_path,
+        cosmo_easy_data,
+        "tests/configs/cosmoflow_tiny.yaml",
+        EASY_ARGS,
+    )
+
+
+def test_sbatch_deepcam_runs_both_ranks_in_the_sif_under_pmix(
+    slurm_cluster, sif, deepcam_data, tmp_path
+):
+    # 32 samples, one epoch of 2 steps a rank to a target of IoU 0.01: the job is the subject.
+    data = tmp_path / "data"
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=32, n_valid=8)
+    summary = sif_job(
+        "deepcam.sbatch",
+        slurm_cluster,
+        sif,
+        tmp_path,
+        data,
+        "tests/configs/deepcam_tiny.yaml",
+        ["--local_batch_size", "2", "--target_iou", "0.01"],
+    )
+    assert summary["epochs"] == 1
 
 
 def test_two_ranks_under_mpirun_allreduce_in_the_image(image, engine):

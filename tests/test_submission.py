@@ -280,3 +280,20 @@ def test_a_nested_system_info_value_is_refused(results, tmp_path):
         submission.SubmissionError, match="field cooling must be a value or a mapping"
     ):
         submission.describe_system("TestOrg", "box_1x2", sets, info, "3.0.0")
+
+
+def test_the_image_the_runs_computed_in_becomes_the_sw_notes(results, tmp_path):
+    # The runs' summary.json (beside their logs) names the image: common/runtime.container_image.
+    folder = result_set(results, tmp_path, COSMO, "set")
+    logs = next(folder.glob("*/results/*/*/*"))
+    image = {"runtime": "apptainer", "image": "/sw/hpc.sif", "sha256": "c" * 64, "commit": "abc123"}
+    (logs / "summary.json").write_text(json.dumps({"runtime": {"image": image}}))
+    sets = submission.load_sets([folder], "3.0.0", allow_failed=False)
+    info = system_info(tmp_path, drop=("sw_notes",))
+    description, _ = submission.describe_system("TestOrg", "box_1x2", sets, info, "3.0.0")
+    assert (
+        description["sw_notes"] == f"apptainer image /sw/hpc.sif sha256:{'c' * 64}, commit abc123"
+    )
+    (logs / "summary.json").unlink()  # control: nothing names an image, and nobody gave the field
+    with pytest.raises(submission.SubmissionError, match="sw_notes"):
+        submission.describe_system("TestOrg", "box_1x2", sets, info, "3.0.0")

@@ -141,6 +141,7 @@ class Console(Listener):
 _NOTES = (
     "cpu",
     "stack",
+    "image",
     "precision_note",
     "threads_note",
 )  # runtime entries said on lines of their own
@@ -154,6 +155,8 @@ def runtime_lines(job: str, rt: dict) -> list[str]:
         lines.append(f"CPU {cpu['cpu']}: {cpu['isa']}, bf16 {cpu['bf16']}, oneDNN {cpu['onednn']}")
     if rt.get("stack"):
         lines.append(rt["stack"])
+    if rt.get("image"):
+        lines.append("image: " + ", ".join(f"{k} {v}" for k, v in rt["image"].items() if v))
     return lines + [rt[note] for note in ("precision_note", "threads_note") if rt.get(note)]
 
 
