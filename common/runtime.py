@@ -49,6 +49,8 @@ def configure(runtime, dist) -> dict:
         "intra_op_threads": intra,
         "deterministic": runtime.deterministic,
         "inter_op_threads": inter,
+        # tf.data's private thread pool (common.inputs.device_prefetch.host_options): the rank's cores.
+        "input_threads": threads.threads,
         "threads_note": threads_note,
         "precision": precision,
         "precision_note": why,

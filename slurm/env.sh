@@ -103,20 +103,33 @@ export CUDA_DEVICE_ORDER=PCI_BUS_ID
 echo "[sbatch] srun --cpus-per-task=$CPUS_PER_TASK --cpu-bind=$CPU_BIND;" \
      "every GPU of its node visible to each rank, its local rank's used"
 # Gradients are allreduced one tensor each as backward produces them (runtime.gradient_allreduce:
-# overlap); Horovod's background thread fuses those ready in one cycle into one buffer. The values are
-# Horovod 0.28's defaults, written out so that the job's log says them and a site tunes them here:
-# a gradient waits at most one cycle (HOROVOD_CYCLE_TIME, ms) before its reduction can start, and a
-# buffer holds up to HOROVOD_FUSION_THRESHOLD bytes (DeepCAM's 226 MB of fp32 gradients, when ready
-# at once as under --xla, go in two). Runs with batch-norm groups get a shorter cycle from the
-# launcher itself unless HOROVOD_CYCLE_TIME is set (docs/running.md). A CPU job over Gloo pays about
-# 4x the buffer in peak RSS per rank (8388608 saved a DeepCAM K=2 rank 0.5 GiB at the same speed on a
-# 2-core AVX-512 EPYC: docs/figures.md); a GPU's NCCL reduces in the buffer in place.
+# overlap); Horovod's background thread fuses those ready in one cycle into one buffer of up to
+# HOROVOD_FUSION_THRESHOLD bytes, Horovod 0.28's default written out so that the job's log says it and
+# a site tunes it here (DeepCAM's 226 MB of fp32 gradients, when ready at once as under --xla, go in
+# two). A CPU job over Gloo pays about 4x the buffer in peak RSS per rank (8388608 saved a DeepCAM K=2
+# rank 0.5 GiB at the same speed on a 2-core AVX-512 EPYC: docs/figures.md); a GPU's NCCL reduces in
+# the buffer in place.
 export HOROVOD_FUSION_THRESHOLD=${HOROVOD_FUSION_THRESHOLD:-134217728}
+# The thread starts a cycle every HOROVOD_CYCLE_TIME ms (Horovod 0.28's default: 1), and a gradient
+# waits for the next cycle before its reduction can start: the last gradients of a GPU step of ~20 ms
+# would wait up to 1 ms, 5% of it. A GPU node gets 0.1 ms, the value NVIDIA's MLPerf HPC CosmoFlow
+# (MXNet with Horovod) sets on DGX A100 (mlcommons/hpc_results_v1.0, NVIDIA/benchmarks/cosmoflow/
+# implementations/dgxa100_n512_ngc21.09_mxnet-weak/config_DGXA100_common.sh) and HPE+LBNL's on
+# Perlmutter's A100s (hpc_results_v3.0, cosmoflow-mxnet-v1.0/configs/config_pm_common.sh); Horovod's
+# docs name the knob and its autotuner, no value. The thread then wakes ten times as often, on host
+# cores a GPU job leaves idle. CPU jobs keep 1 ms: there the thread's cycles take cores from the step
+# (2 Gloo ranks: docs/figures.md), and runs with batch-norm groups get 0.1 ms from the launcher
+# (docs/running.md). A value given here, or HOROVOD_AUTOTUNE, is kept.
+if [[ -z "${HOROVOD_CYCLE_TIME:-}" && "${HOROVOD_AUTOTUNE:-0}" == 0 ]] && command -v nvidia-smi >/dev/null &&
+        grep -q '^GPU [0-9]' <<< "$(nvidia-smi -L 2>/dev/null)"; then
+    export HOROVOD_CYCLE_TIME=0.1
+    cycle_why=" (a GPU node)"
+fi
 # TensorFlow launches each GPU's kernels from threads of its own (TF_GPU_THREAD_MODE=gpu_private),
 # so the input pipeline's threads on the rank's few cores do not delay a step's launches.
 export TF_GPU_THREAD_MODE=${TF_GPU_THREAD_MODE:-gpu_private}
 cycle_said="as the launcher sets it ([init] line)"
-[[ -z "${HOROVOD_CYCLE_TIME:-}" ]] || cycle_said="$HOROVOD_CYCLE_TIME ms"
+[[ -z "${HOROVOD_CYCLE_TIME:-}" ]] || cycle_said="$HOROVOD_CYCLE_TIME ms${cycle_why:-}"
 echo "[sbatch] Horovod fusion threshold $HOROVOD_FUSION_THRESHOLD B, cycle $cycle_said; TF_GPU_THREAD_MODE=$TF_GPU_THREAD_MODE"
 
 # srun with every rank killed if one fails (no rank left waiting in a collective).

@@ -327,6 +327,7 @@ def test_each_rank_gets_cpus_of_its_gpus_numa_domain_of_its_own():
 
 SRUN = """#!/bin/bash
 printf '%s\\n' "$@" > "$SRUN_ARGS"
+echo "${HOROVOD_CYCLE_TIME-unset}" > "$SRUN_ARGS.cycle"
 """
 
 
@@ -341,7 +342,9 @@ def _run_ranks(tmp_path, nvidia_smi: str | None, **variables) -> tuple[list[str]
     for name, script in stand_ins.items():
         (bin_dir / name).write_text(script)
         (bin_dir / name).chmod(stat.S_IRWXU)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CPU"))}
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CPU", "HOROVOD_"))
+    }
     path = f"{bin_dir}{os.pathsep}{environ['PATH']}"
     if nvidia_smi is None and shutil.which("nvidia-smi", path=path):
         pytest.skip("this host has an nvidia-smi of its own")
@@ -402,6 +405,29 @@ def test_env_sh_keeps_cores_where_nvidia_smi_gives_no_topology(tmp_path, nvidia_
 def test_env_sh_keeps_the_sites_cpu_bind(tmp_path):
     args, _ = _run_ranks(tmp_path, f"cat {H100}", CPU_BIND="map_ldom:0,0,0,0,1,1,1,1")
     assert _cpu_bind(args) == "map_ldom:0,0,0,0,1,1,1,1"
+
+
+# nvidia-smi on a GPU node: `-L` lists the GPUs, `topo -m` prints the H100 fixture.
+GPU_NODE = f'if [[ $1 == -L ]]; then echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"; else cat {H100}; fi'
+
+
+@pytest.mark.parametrize(
+    "nvidia_smi, variables, cycle, says",
+    [
+        (GPU_NODE, {}, "0.1", "cycle 0.1 ms (a GPU node);"),
+        (GPU_NODE, {"HOROVOD_CYCLE_TIME": "0.5"}, "0.5", "cycle 0.5 ms;"),  # the site's value
+        (GPU_NODE, {"HOROVOD_AUTOTUNE": "1"}, "unset", "cycle as the launcher sets it"),
+        (None, {}, "unset", "cycle as the launcher sets it"),  # a CPU node: Horovod's 1 ms
+        # The control: an nvidia-smi that lists no GPU leaves the cycle to Horovod.
+        ("echo No devices were found", {}, "unset", "cycle as the launcher sets it"),
+    ],
+)
+def test_env_sh_gives_a_gpu_node_a_short_horovod_cycle(
+    tmp_path, nvidia_smi, variables, cycle, says
+):
+    _, output = _run_ranks(tmp_path, nvidia_smi, **variables)
+    assert (tmp_path / "srun_args.cycle").read_text().strip() == cycle
+    assert says in output, output
 
 
 def test_the_sbatch_scripts_ask_for_whole_nodes():

@@ -6,6 +6,7 @@ consume by the Trainer in-process, and a run with the stage on by train.py's tin
 """
 
 import json
+import os
 import subprocess
 
 import h5py
@@ -13,8 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from common import cpu
 from common.config_loading import load_config
 from common.inputs import device_prefetch
+from common.parallel import binding
 from common.reporting.events import Events
 from common.run import trainer as trainer_module
 from common.runtime import configure
@@ -189,6 +192,63 @@ def test_the_trainer_puts_the_stage_last_on_the_datasets_a_run_mode_reads(
     assert (
         _stage_chain(read["train"])[:2] == ["_PrefetchDataset", "_CopyToDeviceDataset"]
     ) == staged
+    # Behind the stage, the host pipeline runs on a private pool of the rank's cores.
+    host = read["train"]._input_dataset._input_dataset if staged else read["train"]
+    cores = binding.intra_op_threads(os.environ, cpu.affinity(), dist.local_size).threads
+    assert host.options().threading.private_threadpool_size == runtime["input_threads"] == cores
+
+
+# A map of 16 calls that each sleep 50 ms, through host_options, in a process whose inter-op pool
+# has one thread: the most calls that ran at once with a private pool of 4, of 1, and none.
+_CONCURRENCY_PROBE = """
+import json, os, threading, time
+import tensorflow as tf
+tf.config.threading.set_inter_op_parallelism_threads(1)
+from common.inputs.device_prefetch import host_options
+
+def most_at_once(threads):
+    lock, now, most = threading.Lock(), [0], [0]
+    def call(x):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.05)
+        with lock:
+            now[0] -= 1
+        return x
+    ds = tf.data.Dataset.range(16).map(
+        lambda x: tf.numpy_function(call, [x], tf.int64), num_parallel_calls=tf.data.AUTOTUNE
+    )
+    list((ds if threads is None else ds.with_options(host_options(threads))).as_numpy_iterator())
+    return most[0]
+
+print(json.dumps({
+    "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+    "cpus": len(os.sched_getaffinity(0)),
+    "pool_4": most_at_once(4), "pool_1": most_at_once(1), "no_pool": most_at_once(None),
+}))
+"""
+
+
+def test_the_host_pipeline_runs_as_many_calls_at_once_as_its_private_pool_not_the_inter_op_pool():
+    proc = subprocess.run(
+        [helpers.PYTHON, "-c", _CONCURRENCY_PROBE],
+        cwd=helpers.REPO,
+        env=helpers.env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["inter_op"] == 1, r
+    # More at once than the inter-op pool's one thread.
+    assert 2 < r["pool_4"] <= 4, r
+    # The control: the same map on a private pool of one thread runs one call at a time.
+    assert r["pool_1"] == 1, r
+    # Without a private pool TensorFlow 2.21 runs up to the process's CPUs, whatever the inter-op pool.
+    assert 1 <= r["no_pool"] <= r["cpus"], r
 
 
 def test_a_tiny_run_trains_with_the_stage_on_and_says_where_batches_go(tmp_path):

@@ -41,6 +41,22 @@ def target_device(setting: str, device: str) -> str:
     return "/gpu:0" if device == "gpu" else "/cpu:0"
 
 
+def host_options(threads: int) -> tf.data.Options:
+    """Options for the whole host pipeline, given last before the stage: tf.data's thread pool.
+
+    Args:
+      threads: the rank's cores (common.parallel.binding's rule: its CPUs, divided among the
+        node's ranks where they share them; the runtime's "input_threads").
+    """
+    options = tf.data.Options()
+    # tf.data's maps and interleaves run on a private pool of the rank's cores: not on a pool
+    # TensorFlow sizes itself, which ran at most as many calls at once as the process has CPUs
+    # whatever runtime.inter_op_threads (TF 2.21; tests/test_device_prefetch.py), i.e. the whole
+    # node's on a rank no launcher bound.
+    options.threading.private_threadpool_size = threads
+    return options
+
+
 def prefetch_to(dataset: tf.data.Dataset, target: str) -> tf.data.Dataset:
     """`dataset` with its batches prefetched to `target` (a target_device answer; 'off': as it is).
 

@@ -22,7 +22,7 @@ from common.checkpoints.checkpointer import ResumePoint, resume_point
 from common.checkpoints.save_policy import CheckpointSaver
 from common.errors import InputError
 from common.inputs import epochs
-from common.inputs.device_prefetch import prefetch_to
+from common.inputs.device_prefetch import host_options, prefetch_to
 from common.inputs.page_cache import drop_from_page_cache
 from common.parallel.fingerprint import variables_in_sync
 from common.parallel.sync_batchnorm import batchnorm_statistics
@@ -143,9 +143,14 @@ class Trainer:
             cfg, dist, shards, events, self.output_dir, task.staged_layout()
         )
         train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
-        # The last stage, the same for every task: batches copied to the device while the step before runs.
+        # The last stage, the same for every task: tf.data on a thread pool of the rank's cores, then
+        # batches copied to the device while the step before runs.
         train_ds, valid_ds = (
-            prefetch_to(ds, runtime["prefetch_to_device"]) for ds in (train_ds, valid_ds)
+            prefetch_to(
+                ds.with_options(host_options(runtime["input_threads"])),
+                runtime["prefetch_to_device"],
+            )
+            for ds in (train_ds, valid_ds)
         )
         self._check_specs(train_ds)
         ctx = RunContext(
