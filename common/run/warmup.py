@@ -6,7 +6,8 @@ on a GPU, `--xla`'s compile anywhere), and the first collectives' negotiation. U
 rules that belongs before run_start, and touching no training data (NVIDIA's v3.0 code runs
 synthetic warm-up steps before run_start too). So the warm-up runs `train.warmup_steps`
 optimizer steps on synthetic batches of the training batches' shapes and dtypes (the same
-graphs: no retrace), one eval step, and then puts back every variable the steps changed:
+graphs: no retrace), one eval step (evaluation pads every batch to that shape:
+common.run.evaluate_mode), and then puts back every variable the steps changed:
 weights, optimizer slots and step count, batch-norm statistics, the dropout generators'
 states, the accumulated gradients, a loss scale. A deterministic run with warm-up ends with
 the weights of one without, bit for bit (tests/test_warmup.py).
@@ -91,13 +92,18 @@ def warm_up(train_step, eval_step, specs, variables, steps: int) -> WarmupResult
         while True:
             yield batch
 
-    feed = batches()
-    loss = None
-    try:
+    full = tf.constant(batch[0].shape[0])  # the eval step's n: a full batch, no padding
+
+    def run_steps():
+        feed = batches()
+        loss = None
         for _ in range(steps):
             loss = train_step(feed).loss
-        eval_step(*batch).numpy()
+        eval_step(*batch, full).numpy()
         float(loss)  # the steps are done before the state goes back
+
+    try:
+        run_steps()
     except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
         missing = _missing_kernel(e.message)
         if missing is None:
