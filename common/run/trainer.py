@@ -134,6 +134,8 @@ class Trainer:
             task.input_specs(),
             state_variables(model, optimizer, train_step),
             0 if cfg.train.evaluate_only else cfg.train.warmup_steps,
+            # On a GPU: an op of the steps left on the CPU ends the run (exit 2) unless allowed.
+            cfg.runtime.allow_cpu_ops if runtime["device"] == "gpu" else None,
         )
         info = self._run_info(runtime, mesh, shards, plan, model, metric, start, warmup)
         events.on_init_stop(info)
