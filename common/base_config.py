@@ -63,6 +63,9 @@ class RuntimeConfig:
     # (common.inputs.device_prefetch): 'auto' on a GPU, not on a CPU (nothing to copy); 'on' on a
     # CPU prefetches to /cpu:0 (the same stage, for tests); 'off': each step takes its batch from host memory.
     prefetch_to_device: Literal["auto", "on", "off"] = "auto"
+    # On a GPU, warm-up ends the run (exit 2) naming each op TensorFlow left on the CPU but what
+    # belongs on the host (common.run.device_placement); these op types may stay there (Erf,MaxPool3DGrad).
+    allow_cpu_ops: tuple[str, ...] = ()
     record_shards: bool = False  # write each rank's file list to shards/ (tests, audits)
     # Op determinism and in-order reading: a run resumed from a checkpoint ends
     # with the weights of an uninterrupted one, bit for bit (slower input pipeline).

@@ -1,9 +1,11 @@
-"""DeepCAM model size and initialization, prediction, loss and IoU metric against hand-computed cases.
+"""DeepCAM model size and initialization, prediction, loss and IoU metric against hand-computed cases,
+and the IoU of an evaluation whose last batch is padded.
 
 (The model's function against the reference's: tests/test_deepcam_reference.py.)
 """
 
 import math
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -13,8 +15,11 @@ import tf_keras
 
 from common.checkpoints.model_weights import CONFIG_NAME, restore_model_weights, save_model_weights
 from common.config_loading import dump_config
+from common.run.evaluate_mode import evaluate, padded_batches
+from common.run.steps import eval_step_specs, make_eval_step
 from deepcam import import_reference, model, predict, task
 from tests import helpers
+from tests.fake_distribution import OneRankDistribution
 
 TINY_CONFIG = (
     helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"
@@ -213,3 +218,77 @@ def test_iou_by_hand_including_absent_classes():
     )
     assert both.numpy() == pytest.approx([(1 / 3 + 1 / 2) / 3 + 1.0, 2.0])
     assert task.mean_iou().finalize(both.numpy()) == pytest.approx(((1 / 3 + 1 / 2) / 3 + 1.0) / 2)
+
+
+def _evaluation(net, eval_step, batches) -> tuple[float, float]:
+    """(IoU, mean loss) of common.run.evaluate_mode.evaluate over `batches` of (x, y, n), one rank."""
+    ctx = SimpleNamespace(
+        metric=task.mean_iou(),
+        eval_step=eval_step,
+        dist=OneRankDistribution(),
+        mesh=SimpleNamespace(size=1),
+        task=None,
+        shards=SimpleNamespace(valid_files=[]),
+    )
+    return evaluate(ctx, batches, epoch=1)
+
+
+def test_a_padded_last_batch_leaves_iou_and_loss_as_unpadded_and_is_traced_at_init():
+    """7 validation samples in batches of 3: the last holds 1, padded to 3 (evaluate_mode), the eval
+    step traced once, at init's specs. The IoU and the per-sample loss are those of the same metric
+    and loss over the unpadded batches, as evaluation computed them before padding."""
+    tf_keras.utils.set_random_seed(7)
+    net = model.build_model(32, 48, 4, width_multiplier=0.0625, middle_blocks=1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(7, 32, 48, 4)).astype(np.float32)
+    y = rng.integers(0, 3, size=(7, 32, 48)).astype(np.int32)
+    batch = 3
+    unpadded = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    metric, sums, loss = task.mean_iou(), np.zeros(2), 0.0
+    for xb, yb in unpadded:
+        pred = net(xb, training=False)
+        sums += metric.update(yb, pred).numpy()
+        loss += float(task.weighted_cross_entropy(yb, pred)) * len(xb)
+    want = (metric.finalize(sums), loss / len(x))
+
+    specs = (
+        tf.TensorSpec((batch, 32, 48, 4), tf.float32),
+        tf.TensorSpec((batch, 32, 48), tf.int32),
+    )
+    eval_step = make_eval_step(net, metric, loss_fn=task.weighted_cross_entropy)
+    eval_step.get_concrete_function(*eval_step_specs(specs))  # as the trainer traces it at init
+    padded = padded_batches(unpadded, batch)
+    assert padded.element_spec[:2] == specs
+    assert _evaluation(net, eval_step, padded) == pytest.approx(want, rel=1e-6, abs=1e-7)
+    assert eval_step.experimental_get_tracing_count() == 1
+
+    # Controls: the padding counted (n = 3 for every batch) changes the IoU; the partial batch
+    # unpadded is traced a second time.
+    counted = padded.map(lambda xb, yb, n: (xb, yb, tf.constant(batch)))
+    iou = _evaluation(net, eval_step, counted)[0]
+    assert iou != pytest.approx(want[0], rel=1e-6, abs=1e-7), (iou, want)
+    assert eval_step.experimental_get_tracing_count() == 1
+    _evaluation(net, eval_step, unpadded.map(lambda xb, yb: (xb, yb, tf.shape(xb)[0])))
+    assert eval_step.experimental_get_tracing_count() == 2
+
+
+def test_under_xla_a_padded_last_batch_leaves_iou_and_loss_as_unpadded():
+    """The forward pass compiled at the traced shape, the samples that count cut after it (a
+    one-convolution model: what is tested is the eval step, and XLA compiles it in a second)."""
+    tf_keras.utils.set_random_seed(7)
+    net = tf_keras.Sequential(
+        [tf_keras.Input((8, 12, 4)), tf_keras.layers.Conv2D(3, 3, padding="same")]
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 8, 12, 4)).astype(np.float32)
+    y = rng.integers(0, 3, size=(5, 8, 12)).astype(np.int32)
+    unpadded = tf.data.Dataset.from_tensor_slices((x, y)).batch(2)
+    step = make_eval_step(net, task.mean_iou(), xla=True, loss_fn=task.weighted_cross_entropy)
+    padded = _evaluation(net, step, padded_batches(unpadded, 2))
+    assert step.experimental_get_tracing_count() == 1
+    # XLA's over the unpadded batches: the last one traced and compiled again at its shape.
+    each = _evaluation(net, step, unpadded.map(lambda xb, yb: (xb, yb, tf.shape(xb)[0])))
+    assert step.experimental_get_tracing_count() == 2
+    assert padded == pytest.approx(each, rel=1e-6, abs=1e-7)
+    counted = _evaluation(net, step, padded_batches(unpadded, 2).map(lambda a, b, n: (a, b, 2)))
+    assert counted[0] != pytest.approx(each[0], rel=1e-6, abs=1e-7)  # the control: padding counted

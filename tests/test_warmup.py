@@ -9,6 +9,8 @@ import tensorflow as tf
 import tf_keras
 
 from common.checkpoints.checkpointer import random_generators
+from common.errors import ConfigError
+from common.run import device_placement
 from common.run.steps import TrainStep, make_eval_step
 from common.run.warmup import saved_values, state_variables, synthetic_batch, warm_up
 from tests import helpers
@@ -27,8 +29,7 @@ def _mse(y, pred):
     return tf.reduce_mean(tf.square(y - tf.cast(pred, tf.float32)))
 
 
-@pytest.fixture
-def run_parts():
+def _run_parts():
     """A model with every kind of state a step changes: weights, batch-norm statistics, a dropout
     generator; Adam's slots and step count; accumulated gradients (2 micro-batches a step)."""
     tf_keras.backend.experimental.enable_tf_random_generator()  # as common.runtime.configure does
@@ -50,6 +51,11 @@ def run_parts():
     step.trace(SPECS)
     eval_step = make_eval_step(model, _Mean(), preprocess=preprocess, loss_fn=_mse)
     return model, optimizer, step, eval_step
+
+
+@pytest.fixture
+def run_parts():
+    return _run_parts()
 
 
 def _values(variables) -> list:
@@ -201,3 +207,50 @@ def test_a_run_with_warm_up_ends_bitwise_as_one_without(cosmo_data, tiny_config,
     )
     unequal = [n for n in want if not np.array_equal(want[n], got[n])]
     assert not unequal, unequal
+
+
+# What a GPU run would add to a step's placement: an op left on the CPU, reading a tensor copied
+# from the GPU (tests/test_device_placement.py has the rule).
+CPU, GPU = "/device:CPU:0", "/device:GPU:0"
+FALLBACK = [
+    device_placement.PlacedOp("pool/_0", "_Send", GPU, ("pool",), "edge_1_pool"),
+    device_placement.PlacedOp("pool/_1", "_Recv", CPU, (), "edge_1_pool"),
+    device_placement.PlacedOp("grad/MaxPool3DGrad", "MaxPool3DGrad", CPU, ("pool/_1",)),
+]
+
+
+def test_on_a_gpu_warm_up_ends_the_run_naming_an_op_left_on_the_cpu(monkeypatch):
+    """With allow_cpu_ops (a GPU run's), warm-up collects the placement of the steps' first calls
+    and ends the run on an op left on the CPU, unless allowed; a CPU run (None) collects nothing."""
+    collected = []
+
+    def placement_and_a_fallback(run):
+        collected.append(real(run))
+        return collected[-1] + FALLBACK
+
+    real = device_placement.placement_of
+    monkeypatch.setattr(device_placement, "placement_of", placement_and_a_fallback)
+    model, optimizer, step, eval_step = _run_parts()
+    variables = state_variables(model, optimizer, step)
+    with pytest.raises(ConfigError, match=r"MaxPool3DGrad x1 \(e.g. grad/MaxPool3DGrad\)"):
+        warm_up(step, eval_step, SPECS, variables, steps=1, allow_cpu_ops=())
+    # The train step's ops (its gradients) and the eval step's (its metric's Abs) placed.
+    assert any(op.name.startswith("gradient_tape/") for op in collected[0])
+    assert "Abs" in {op.type for op in collected[0]}
+
+    model, optimizer, step, eval_step = _run_parts()
+    variables = state_variables(model, optimizer, step)
+    before = _values(variables)
+    assert warm_up(step, eval_step, SPECS, variables, 1, allow_cpu_ops=("MaxPool3DGrad",)).steps
+    assert all(np.array_equal(v.numpy(), b) for v, b in zip(variables, before))
+    assert len(collected) == 2
+    # A CPU run: no collection, and the steps still ran for the first time.
+    model, optimizer, step, eval_step = _run_parts()
+    warm_up(step, eval_step, SPECS, state_variables(model, optimizer, step), 1)
+    assert len(collected) == 2
+    # Steps already run are not placed again: the check says so rather than pass.
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="no placement recorded"):
+        warm_up(
+            step, eval_step, SPECS, state_variables(model, optimizer, step), 1, allow_cpu_ops=()
+        )

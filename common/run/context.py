@@ -58,7 +58,7 @@ class RunContext:
     schedule: EpochWarmupStepDecay | StepWarmupSchedule
     metric: EvalMetric
     train_step: TrainStep
-    eval_step: Callable  # (x, y) -> the batch's vector (common.run.steps.make_eval_step; EvalSums names it)
+    eval_step: Callable  # (x, y, n) -> the batch's vector (common.run.steps.make_eval_step; EvalSums names it)
     saver: CheckpointSaver
     info: RunInfo
     precision: str

@@ -260,17 +260,32 @@ class EvalSums:
         )
 
 
+def eval_step_specs(input_specs) -> tuple:
+    """The eval step's arguments: a batch of `input_specs` (x, y) and n, how many of its samples count."""
+    return (*input_specs, tf.TensorSpec((), tf.int32))
+
+
 def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=None):
-    """A tf.function (x, y) -> float64 vector for one batch (x as the pipeline yields it): the
-    metric's sums; the loss times the batch's samples and the samples (0, 0 without `loss_fn`),
-    so that sums over batches give the per-sample mean loss, as the references' eval_loss; then
-    1.0 if the preprocessed batch held a NaN or Inf, else 0.0. One allreduce adds up all of it,
-    the non-finite batches of every rank included; EvalSums.of names the entries of the sum."""
+    """A tf.function (x, y, n) -> float64 vector for one batch (x as the pipeline yields it) of
+    which the first n samples count and the rest pad it to the traced shape
+    (common.run.evaluate_mode.padded_batches): the metric's sums; the loss times the batch's
+    samples and the samples (0, 0 without `loss_fn`), so that sums over batches give the
+    per-sample mean loss, as the references' eval_loss; then 1.0 if the preprocessed batch held a
+    NaN or Inf, else 0.0. One allreduce adds up all of it, the non-finite batches of every rank
+    included; EvalSums.of names the entries of the sum."""
     preprocess = preprocess or (lambda x, y: (x, y))
 
-    def eval_step(x, y):
+    def forward(x, y):
         x, y = preprocess(x, y)
-        pred = model(x, training=False)
+        return x, y, model(x, training=False)
+
+    if xla:  # compiled at the batch's shape; the samples that count are cut outside, at run time
+        forward = tf.function(forward, jit_compile=True)
+
+    def eval_step(x, y, n):
+        x, y, pred = forward(x, y)
+        # In inference a sample's prediction is its own: the padding is dropped after the model.
+        x, y, pred = x[:n], y[:n], pred[:n]
         sums = tf.cast(metric.update(y, tf.cast(pred, tf.float32)), tf.float64)
         samples = tf.cast(tf.shape(y)[0], tf.float64)
         loss = (
@@ -281,4 +296,4 @@ def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=No
         non_finite = 1.0 - tf.cast(all_finite([x, y]), tf.float64)
         return tf.concat([sums, tf.stack([loss, samples if loss_fn else 0.0, non_finite])], axis=0)
 
-    return tf.function(eval_step, jit_compile=xla)
+    return tf.function(eval_step)

@@ -30,9 +30,9 @@ from common.reporting.events import RunInfo
 from common.run.benchmark_mode import run_benchmark
 from common.run.context import RunContext, RunState
 from common.run.data_preparation import prepare_data
-from common.run.evaluate_mode import run_evaluation
+from common.run.evaluate_mode import padded_batches, run_evaluation
 from common.run.result import RunResult
-from common.run.steps import TrainStep, make_eval_step
+from common.run.steps import TrainStep, eval_step_specs, make_eval_step
 from common.run.train_mode import TrainingRun
 from common.run.warmup import state_variables, warm_up
 
@@ -134,6 +134,8 @@ class Trainer:
             task.input_specs(),
             state_variables(model, optimizer, train_step),
             0 if cfg.train.evaluate_only else cfg.train.warmup_steps,
+            # On a GPU: an op of the steps left on the CPU ends the run (exit 2) unless allowed.
+            cfg.runtime.allow_cpu_ops if runtime["device"] == "gpu" else None,
         )
         info = self._run_info(runtime, mesh, shards, plan, model, metric, start, warmup)
         events.on_init_stop(info)
@@ -143,6 +145,7 @@ class Trainer:
             cfg, dist, shards, events, self.output_dir, task.staged_layout()
         )
         train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
+        valid_ds = padded_batches(valid_ds, shards.local_batch_size)  # the traced shape, always
         # The last stage, the same for every task: tf.data on a thread pool of the rank's cores, then
         # batches copied to the device while the step before runs.
         train_ds, valid_ds = (
@@ -152,7 +155,7 @@ class Trainer:
             )
             for ds in (train_ds, valid_ds)
         )
-        self._check_specs(train_ds)
+        self._check_specs(train_ds, valid_ds)
         ctx = RunContext(
             cfg=cfg,
             task=task,
@@ -263,7 +266,7 @@ class Trainer:
         )
         specs = task.input_specs()
         train_step.trace(specs)
-        eval_step.get_concrete_function(*specs)
+        eval_step.get_concrete_function(*eval_step_specs(specs))
         return train_step, eval_step
 
     def _run_info(self, runtime, mesh, shards, plan, model, metric, start, warmup) -> RunInfo:
@@ -295,14 +298,19 @@ class Trainer:
             warmup_s=warmup.seconds,
         )
 
-    def _check_specs(self, train_ds):
-        """The graphs traced at init are the ones training runs: no tracing inside the timed region."""
-        declared, actual = tuple(self.task.input_specs()), tuple(train_ds.element_spec)
-        if any(d.shape != a.shape or d.dtype != a.dtype for d, a in zip(declared, actual)):
-            raise RuntimeError(
-                f"{self.task.name}: input_specs() {declared} differ from the training "
-                f"dataset's element_spec {actual}"
-            )
+    def _check_specs(self, train_ds, valid_ds):
+        """The graphs traced at init are the ones training and evaluation run: no tracing inside
+        the timed region."""
+        specs = tuple(self.task.input_specs())
+        for declared, ds in ((specs, train_ds), (eval_step_specs(specs), valid_ds)):
+            actual = tuple(ds.element_spec)
+            if len(declared) != len(actual) or any(
+                d.shape != a.shape or d.dtype != a.dtype for d, a in zip(declared, actual)
+            ):
+                raise RuntimeError(
+                    f"{self.task.name}: the steps' specs {declared} differ from the "
+                    f"dataset's element_spec {actual}"
+                )
 
     def _clear_page_cache(self, shards) -> None:
         files = list(shards.train_files) + list(shards.valid_files)

@@ -6,13 +6,16 @@ on a GPU, `--xla`'s compile anywhere), and the first collectives' negotiation. U
 rules that belongs before run_start, and touching no training data (NVIDIA's v3.0 code runs
 synthetic warm-up steps before run_start too). So the warm-up runs `train.warmup_steps`
 optimizer steps on synthetic batches of the training batches' shapes and dtypes (the same
-graphs: no retrace), one eval step, and then puts back every variable the steps changed:
+graphs: no retrace), one eval step (evaluation pads every batch to that shape:
+common.run.evaluate_mode), and then puts back every variable the steps changed:
 weights, optimizer slots and step count, batch-norm statistics, the dropout generators'
 states, the accumulated gradients, a loss scale. A deterministic run with warm-up ends with
 the weights of one without, bit for bit (tests/test_warmup.py).
 
 The first step that runs is also where TensorFlow finds an op without a kernel for the device and
-dtype (tracing does not look): warm-up turns that into one line and exit 2, before run_start.
+dtype (tracing does not look): warm-up turns that into one line and exit 2, before run_start. On a
+GPU, it is where TensorFlow places the steps' ops: an op left on the CPU ends the run the same way,
+unless allowed (common.run.device_placement).
 """
 
 import dataclasses
@@ -24,6 +27,7 @@ import tensorflow as tf
 
 from common.checkpoints.checkpointer import random_generators
 from common.errors import ConfigError
+from common.run import device_placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,10 +81,14 @@ def saved_values(variables) -> list:
     return [v.numpy() if "GPU" in v.device.upper() else tf.identity(v) for v in variables]
 
 
-def warm_up(train_step, eval_step, specs, variables, steps: int) -> WarmupResult:
+def warm_up(
+    train_step, eval_step, specs, variables, steps: int, allow_cpu_ops=None
+) -> WarmupResult:
     """Runs `steps` optimizer steps and one eval step on a synthetic batch, then sets `variables`
     (state_variables) back to their values before; every rank runs it, in the same order (the
-    steps hold the collectives)."""
+    steps hold the collectives). With `allow_cpu_ops` (a GPU run's runtime.allow_cpu_ops), an op
+    of the steps left on the CPU ends the run (ConfigError) unless it belongs on the host or its
+    type is one of those (common.run.device_placement); None: no check."""
     if steps <= 0:
         return WarmupResult(0, 0.0, 0)
     start = time.perf_counter()
@@ -91,13 +99,26 @@ def warm_up(train_step, eval_step, specs, variables, steps: int) -> WarmupResult
         while True:
             yield batch
 
-    feed = batches()
-    loss = None
-    try:
+    full = tf.constant(batch[0].shape[0])  # the eval step's n: a full batch, no padding
+
+    def run_steps():
+        feed = batches()
+        loss = None
         for _ in range(steps):
             loss = train_step(feed).loss
-        eval_step(*batch).numpy()
+        eval_step(*batch, full).numpy()
         float(loss)  # the steps are done before the state goes back
+
+    try:
+        if allow_cpu_ops is None:
+            run_steps()
+        else:  # the steps' first calls: their functions placed as they are instantiated
+            placed = device_placement.placement_of(run_steps)
+            if not placed:
+                raise RuntimeError("warm-up: no placement recorded: the steps ran before warm-up")
+            fallbacks = device_placement.cpu_fallbacks(placed, allow_cpu_ops)
+            if fallbacks:
+                raise ConfigError(device_placement.fallback_message(fallbacks))
     except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
         missing = _missing_kernel(e.message)
         if missing is None:
