@@ -23,6 +23,34 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclasses.dataclass(frozen=True)
+class PublishedRate:
+    """A published training rate per accelerator, which a site's first job stands beside
+    (slurm/first_job.sbatch, offline/first_job.py).
+
+    Attributes:
+      samples_per_s: training samples/s per accelerator.
+      accelerator: the accelerator, as the result's system description names it.
+      accelerators: how many trained the model (the log's nodes x accelerators per node).
+      nodes: the nodes they were in.
+      local_batch: samples an accelerator took a step: the global batch over the accelerators and the
+        gradient accumulation.
+      precision: the arithmetic the run trained in.
+      log: the MLPerf log the rate is read from, a path in github.com/mlcommons/hpc_results_v3.0
+        (tests/fixtures/hpc_results_v3.0_nvidia holds a copy; tests/test_first_job.py reads it again).
+      how: how the rate is read from the log, and the spread of the result set it belongs to.
+    """
+
+    samples_per_s: float
+    accelerator: str
+    accelerators: int
+    nodes: int
+    local_batch: int
+    precision: str
+    log: str
+    how: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Benchmark:
     """One benchmark. Paths are relative to the repository root.
 
@@ -41,6 +69,9 @@ class Benchmark:
       generator: module writing synthetic data (`python -m <generator> --output-dir DIR ...`).
       generator_args: the generator's arguments for data of the synthetic config's sample shape (the
         Makefile's data target passes the same).
+      closed_generator_args: the generator's arguments for data of the closed configs' sample shape
+        (slurm/first_job.sbatch's synthetic data).
+      published_rate: the published per-accelerator training rate a first job is compared with.
       throughput_bench: the script `make bench-<name>` runs; '' when there is none.
       published_train_samples: training samples of the full data set as published (offline.projection's
         epoch); 0 when unknown.
@@ -78,6 +109,8 @@ class Benchmark:
     closed_configs: str
     generator: str
     generator_args: tuple[str, ...]
+    closed_generator_args: tuple[str, ...] = ()
+    published_rate: PublishedRate | None = None
     throughput_bench: str = ""
     published_train_samples: int = 0
     published_eval_samples: int = 0
@@ -108,6 +141,23 @@ BENCHMARKS = (
         closed_configs="cosmoflow/configs/cosmoflow_closed_gbs*.yaml",
         generator="cosmoflow.synthetic",
         generator_args=("--size", "32", "--n-train", "4096", "--n-valid", "512"),
+        closed_generator_args=("--size", "128"),  # 128^3 x 4, the closed configs' sample_shape
+        # NVIDIA's v3.0 closed result on 64 DGX H100: global batch 512 on 512 GPUs.
+        published_rate=PublishedRate(
+            samples_per_s=201.2,
+            accelerator="NVIDIA H100 80GB HBM3",
+            accelerators=512,
+            nodes=64,
+            local_batch=1,
+            precision="AMP (training.amp of NVIDIA's cosmoflow configs)",
+            log="NVIDIA/results/eos_n64_ngc23.09_pytorch/strong/cosmoflow/result_0.txt",
+            how=(
+                "the median of the log's tracked_stats throughput (an epoch's training samples over "
+                "its training time) over epochs 2-23, those of the timed run (run_stop at epoch 23), "
+                "over the 512 GPUs; the set's 10 runs give 198.8-202.5. The log goes on past "
+                "run_stop to epoch 119; with those epochs the median is 206.7"
+            ),
+        ),
         throughput_bench="bench/cosmoflow_throughput.py",
         # Sample counts: train_samples / eval_samples of every published v3.0 log read. 1.7 TB: the gzip
         # TFRecord tarball cosmoUniverse_2019_05_4parE_tf_v2.tar with its train, validation and test
@@ -151,6 +201,23 @@ BENCHMARKS = (
             "64",
             "--cyclone-fraction",
             "0.003",
+        ),
+        # 768 x 1152 x 16 fields, as the closed configs' data.
+        closed_generator_args=("--height", "768", "--width", "1152"),
+        # NVIDIA's v3.0 closed result on 256 DGX H100: global batch 2048 on 2048 GPUs.
+        published_rate=PublishedRate(
+            samples_per_s=30.9,
+            accelerator="NVIDIA H100 80GB HBM3",
+            accelerators=2048,
+            nodes=256,
+            local_batch=1,
+            precision="AMP (the log's precision_mode)",
+            log="NVIDIA/results/eos_n256_ngc23.09_pytorch/strong/deepcam/result_0.txt",
+            how=(
+                "the median of the log's tracked_stats throughput (an epoch's training samples over "
+                "its training time) over epochs 2-24, all of the timed run, over the 2048 GPUs; the "
+                "set's 5 runs give 29.9-30.9"
+            ),
         ),
         throughput_bench="bench/deepcam_throughput.py",
         # Sample counts: as cosmoflow's. 8.8 TB: MLCommons' MLPerf HPC v0.7 announcement

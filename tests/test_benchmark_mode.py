@@ -30,6 +30,10 @@ def check_benchmarked(proc, run_dir, ranks: int, steps: int, warmup_steps: int) 
         and b["input_samples_per_s_per_rank"] > 0
     )
     assert b["samples_per_s"] == pytest.approx(b["samples_per_s_per_rank"] * ranks, rel=1e-6)
+    # The shape of a step, for offline/first_job.py's report: the global batch it makes up.
+    assert b["global_batch_size"] == (
+        ranks // b["spatial_ranks"] * b["local_batch_size"] * b["gradient_accumulation"]
+    )
     assert b["precision"] == "float32"
     # Benchmark mode is no result: no MLPerf log, complete or partial.
     assert not [p.name for p in run_dir.iterdir() if p.name.startswith("mlperf")]

@@ -48,6 +48,8 @@ def run_benchmark(ctx, train_ds) -> RunResult:
         "spatial_ranks": ctx.mesh.size,
         "input_samples_per_s_per_rank": float(dist.allreduce_mean([input_rate])[0]),
         "global_batch_size": ctx.info.global_batch_size,
+        "local_batch_size": ctx.shards.local_batch_size,
+        "gradient_accumulation": accumulation,
         "ranks": dist.size,
         "precision": ctx.precision,
     }
