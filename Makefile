@@ -127,5 +127,11 @@ test-all: install
 bench: install
 	@$(PY) bench/report.py
 
+# Horovod's GPU build (NCCL, this machine's CUDA toolkit) compiled, imported and trained with on the
+# CPU, in a venv of its own under GPU_CHECK_DIR (tools/gpu_build_check.sh); not part of `make test`.
+.PHONY: gpu-build-check
+gpu-build-check:
+	@nice -n 15 bash tools/gpu_build_check.sh
+
 clean:
 	rm -rf runs data

@@ -275,6 +275,7 @@ def test_shell_scripts_lint_clean(shellcheck):
         helpers.REPO / "tools" / "local_slurm.sh",
         helpers.REPO / "tools" / "apptainer.sh",
         helpers.REPO / "tools" / "install.sh",
+        helpers.REPO / "tools" / "gpu_build_check.sh",
         helpers.REPO / "tools" / "wheelhouse.sh",
         helpers.REPO / ".ci" / "run",
     ]

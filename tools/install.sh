@@ -32,7 +32,16 @@ stamp="$venv/.installed"
 # Horovod is rebuilt when OpenMPI appears or goes, so the MPI controller follows the machine.
 has_mpi=no
 if command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then has_mpi=yes; fi
-want="$(cat "$reqs" "$0" "$root/tools/select_python.sh" "$root/tools/horovod_source.py" | sha256sum | cut -d' ' -f1)-$variant-mpi:$has_mpi"
+# A GPU build's Horovod links its CUDA toolkit's runtime (statically) and holds kernels for the
+# HOROVOD_BUILD_CUDA_CC_LIST architectures (default: every one its nvcc knows): both name the build.
+gpu_build=""
+if [[ "$variant" == gpu ]]; then
+  cuda_home="${HOROVOD_CUDA_HOME:-${CUDA_HOME:-}}"
+  cuda_release="$("$cuda_home/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p' || true)"
+  cc_list="${HOROVOD_BUILD_CUDA_CC_LIST:-all}"
+  gpu_build="-cuda${cuda_release:-none}-cc${cc_list//,/_}"
+fi
+want="$(cat "$reqs" "$0" "$root/tools/select_python.sh" "$root/tools/horovod_source.py" | sha256sum | cut -d' ' -f1)-$variant$gpu_build-mpi:$has_mpi"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
@@ -121,7 +130,6 @@ if [[ "$variant" == gpu ]]; then
   # nvidia-cuda-nvcc-cu12 wheel holds ptxas only (for XLA), no nvcc and no libcudart_static.a.
   nv="$("$venv/bin/python" -c 'import nvidia, os; print(os.path.realpath(list(nvidia.__path__)[0]))' 2>/dev/null)" \
     || fail "cuda" "no nvidia-* wheels in $venv: tensorflow[and-cuda] did not install them"
-  cuda_home="${HOROVOD_CUDA_HOME:-${CUDA_HOME:-}}"
   if [[ -z "$cuda_home" ]]; then
     nvcc_wheel="$("$venv/bin/python" -c 'from importlib.metadata import version; print(version("nvidia-cuda-nvcc-cu12"))' 2>/dev/null || echo '?')"
     fail "cuda" "Horovod's NCCL build needs nvcc, which tensorflow[and-cuda]'s wheels do not bring (nvidia-cuda-nvcc-cu12 $nvcc_wheel: ptxas only, in $nv/cuda_nvcc/bin): give CUDA_HOME=a CUDA toolkit with bin/nvcc (e.g. CUDA_HOME=/usr/local/cuda-12.2)"
@@ -148,13 +156,14 @@ command -v cmake >/dev/null 2>&1 || fail "horovod" "cmake is required to build H
 command -v g++ >/dev/null 2>&1 || fail "horovod" "a C++ compiler is required to build Horovod (apt-get install g++)"
 
 # Horovod's wheel is built once per TensorFlow, Python, set of source edits (the cache key
-# tools/horovod_source.py prints), variant and MPI setting, and kept in the venv's folder: a later
-# install that changes another pin, or re-creates the stack in this venv, installs it again without
-# compiling. The stamp says which of the kept wheels is the installed one.
+# tools/horovod_source.py prints), variant (with a GPU build's CUDA release and architectures) and
+# MPI setting, and kept in the venv's folder: a later install that changes another pin, or
+# re-creates the stack in this venv, installs it again without compiling. The stamp says which of
+# the kept wheels is the installed one.
 hvd_key_err="$work/horovod-key.err"
 hvd_key="$("$venv/bin/python" "$root/tools/horovod_source.py" cache-key 2> "$hvd_key_err")" \
   || fail "horovod edits" "$(tail -n1 "$hvd_key_err")"
-hvd_key="$hvd_key-$variant-mpi_$has_mpi"
+hvd_key="$hvd_key-$variant$gpu_build-mpi_$has_mpi"
 hvd_cache="$venv/horovod-wheels/$hvd_key"
 hvd_stamp="$venv/.horovod-built"
 log="$venv/horovod-build.log"
