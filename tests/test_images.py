@@ -33,13 +33,14 @@ HOST_WHEELS = (
     Path(sys.prefix) / "horovod-wheels"
 )  # the Horovod wheels tools/install.sh kept in this venv
 BASE = "mlperf-test/bookworm:debootstrap"
-# What `make image` passes as GIT_COMMIT: this checkout's commit (CI's is a git clone).
+# What `make image` passes as GIT_COMMIT: this checkout's commit (CI's is a git clone; the image
+# itself has neither git nor .git).
 COMMIT = (
-    subprocess.run(
+    shutil.which("git")
+    and subprocess.run(
         ["git", "-C", str(helpers.REPO), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    or "unknown"
-)
+) or "unknown"
 APPTAINER = shutil.which("apptainer") or str(helpers.REPO / "tools" / "apptainer.sh")
 
 
@@ -238,7 +239,9 @@ def sif(image, engine, tmp_path_factory):
     out = tmp_path_factory.mktemp("sif") / "mlperf-hpc-tf-cpu.sif"
     environ = engine | {"APPTAINER_ROOT": str(tmp_path_factory.mktemp("apptainer") / "root")}
     start = time.monotonic()
-    proc = sh(["make", "-C", helpers.REPO, "sif", f"IMAGE={image[0]}", f"SIF={out}"], environ, 1800)
+    # zstd, not the default gzip: the same build, its squashfs packed in seconds, not minutes.
+    make = ["make", "-C", helpers.REPO, "sif", f"IMAGE={image[0]}", f"SIF={out}"]
+    proc = sh([*make, "MKSQUASHFS_ARGS=-comp zstd -Xcompression-level 3"], environ, 1800)
     # No skip: a host without Apptainer makes its own from Debian's package service, or fails.
     assert proc.returncode == 0, helpers.failure_output(proc)
     digest = (out.parent / f"{out.name}.sha256").read_text().split()
@@ -361,19 +364,17 @@ def test_sbatch_cosmoflow_runs_both_ranks_in_the_sif_under_pmix(
 def test_sbatch_deepcam_runs_both_ranks_in_the_sif_under_pmix(
     slurm_cluster, sif, deepcam_data, tmp_path
 ):
-    # 32 samples, one epoch of 2 steps a rank to a target of IoU 0.01: the job is the subject.
-    data = tmp_path / "data"
-    helpers.copy_deepcam_subset(deepcam_data, data, n_train=32, n_valid=8)
+    # The tiny config's global batch of 4 on its 256 samples of 64x96: IoU 0.82 in a few epochs.
     summary = sif_job(
         "deepcam.sbatch",
         slurm_cluster,
         sif,
         tmp_path,
-        data,
+        deepcam_data,
         "tests/configs/deepcam_tiny.yaml",
-        ["--local_batch_size", "2", "--target_iou", "0.01"],
+        ["--local_batch_size", "2"],
     )
-    assert summary["epochs"] == 1
+    assert summary["metric"] >= 0.82, summary
 
 
 def test_two_ranks_under_mpirun_allreduce_in_the_image(image, engine):
