@@ -41,6 +41,10 @@ class AdamL2(tf_keras.optimizers.Adam):
 class LAMB(tf_keras.optimizers.Optimizer):
     """Layer-wise adaptive moments (You et al. 2019), apex FusedLAMB flavour.
 
+    The update is written per variable, as Keras' optimizers are; where Keras would compile it (a
+    GPU), TrainStep compiles every variable's update, the clip and the finiteness check as one XLA
+    function, whose kernels XLA's GPU backend can fuse across variables (common/run/steps.py).
+
     Args:
       learning_rate: float or schedule.
       beta_1, beta_2, epsilon: Adam moments; epsilon is added to sqrt(v_hat).

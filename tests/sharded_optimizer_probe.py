@@ -9,6 +9,7 @@ the slot elements each optimizer holds and the variables this rank owns. Variant
 model at 32^3 (not split: each rank its own batch, as data parallelism) trained STEPS steps:
   whole:      the optimizer unsharded
   sharded:    sharded over the 2 ranks
+  whole-xla, sharded-xla: the same with the update XLA-compiled as one function, as on a GPU
   no-share:   sharded without the allgather of the updated variables: the negative control, whose
               weights must differ on the variables the other rank owns
   resumed:    `sharded` checkpointed after SAVED steps, restored into a new model and optimizer (each
@@ -41,7 +42,7 @@ from cosmoflow.task import CosmoFlowTask  # noqa: E402
 EDGE, BATCH, STEPS, SAVED = 32, 2, 4, 2
 
 
-def _build(dist, mesh, sharded: bool):
+def _build(dist, mesh, sharded: bool, compiled: bool = False):
     tf_keras.utils.set_random_seed(1)  # the same start on every rank and variant
     cfg = load_config(
         CosmoFlowTask.config_class,
@@ -54,6 +55,9 @@ def _build(dist, mesh, sharded: bool):
     # rank owns (a smaller norm) would scale them otherwise, and the weights would differ.
     optimizer = optimizers.build_optimizer(
         "LAMB", learning_rate=0.01, weight_decay=0.01, max_grad_norm=0.05
+    )
+    optimizer.jit_compile = (
+        compiled  # Keras' flag, set where a GPU exists: TrainStep compiles its update
     )
     shard = (
         ShardedUpdate(
@@ -116,9 +120,11 @@ def main() -> int:
     batches = _batches(dist.rank)
     arrays, facts = {}, {}
 
-    for variant in ("whole", "sharded", "no-share"):
+    for variant in ("whole", "sharded", "no-share", "whole-xla", "sharded-xla"):
         tf_keras.backend.clear_session()
-        model, optimizer, step, shard = _build(dist, mesh, sharded=variant != "whole")
+        model, optimizer, step, shard = _build(
+            dist, mesh, sharded=not variant.startswith("whole"), compiled=variant.endswith("xla")
+        )
         if variant == "no-share":
             shard.share = lambda: None
         for i, batch in enumerate(batches):

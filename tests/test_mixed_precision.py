@@ -226,7 +226,8 @@ def cosmoflow_train_step(
 ):
     """CosmoFlow's TrainStep under `policy`, from the start's weights, built as the trainer builds it;
     returns (step, model, optimizer, distribution). `skip_unscaling` leaves the gradients scaled (the
-    negative control). XLA-compiled: TensorFlow has no float16 MaxPool3D kernel for the CPU (XLA has)."""
+    negative control). XLA-compiled, as on a GPU (TensorFlow has no float16 MaxPool3D kernel for the
+    CPU; XLA has)."""
     from common.runtime import dtype_policy
 
     task, weights, _ = start
@@ -234,6 +235,7 @@ def cosmoflow_train_step(
         model = task.build_model(None)
     model.set_weights(weights)
     optimizer, _ = task.build_optimizer(4, 1)
+    optimizer.jit_compile = True  # TrainStep's update as a GPU runs it: one XLA-compiled function
     optimizer = wrap_optimizer(optimizer, policy)
     if skip_unscaling:
         optimizer.get_unscaled_gradients = lambda grads: grads

@@ -42,9 +42,12 @@ def test_the_step_flags_a_non_finite_input_even_when_the_loss_is_finite(accumula
     assert not bool(spoiled.inputs_finite) and np.isfinite(spoiled.loss.numpy())
 
 
-def test_an_update_with_non_finite_gradients_is_skipped_and_still_counted():
+@pytest.mark.parametrize("compiled", [False, True], ids=["cpu", "xla"])
+def test_an_update_with_non_finite_gradients_is_skipped_and_still_counted(compiled):
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(1)])
     optimizer = tf_keras.optimizers.SGD(0.1, momentum=0.9)
+    # Compiled: the update as one XLA function, as Keras' jit_compile has it where a GPU exists.
+    optimizer.jit_compile = compiled
     step = TrainStep(model, optimizer, _mse, helpers.SingleProcess())
     x, y = np.ones((4, 3), np.float32), np.ones((4, 1), np.float32)
     step(iter([(x, y)]))

@@ -33,10 +33,11 @@ def _variant(arrays, variant):
     return {k.split("/", 1)[1]: arrays[k] for k in arrays.files if k.startswith(variant + "/")}
 
 
-def test_sharded_update_gives_the_unsharded_weights_bit_for_bit(probe):
+@pytest.mark.parametrize("update", ["", "-xla"], ids=["cpu", "xla"])
+def test_sharded_update_gives_the_unsharded_weights_bit_for_bit(probe, update):
     ranks, _ = probe
     for arrays in ranks:
-        whole, sharded = _variant(arrays, "whole"), _variant(arrays, "sharded")
+        whole, sharded = _variant(arrays, "whole" + update), _variant(arrays, "sharded" + update)
         assert len(whole) > 4 and sorted(whole) == sorted(sharded)
         assert all(np.array_equal(whole[k], sharded[k]) for k in whole), [
             k for k in whole if not np.array_equal(whole[k], sharded[k])

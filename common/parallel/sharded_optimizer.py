@@ -5,9 +5,10 @@ without sharding each keeps the optimizer's slots for every variable (LAMB: two,
 DeepCAM in fp32) and updates every variable, the same update K times. Sharded, each variable has
 one owner in the group: only the owner builds its slots and updates it, then the group's ranks
 allgather the updated variables they own (one collective per step), so every rank starts the next
-step with the same weights. A gradient of a variable the rank does not own is read for the step's
-global norm and finiteness and freed at once, so only the owned half of the gradients waits for
-the update (at K = 2).
+step with the same weights. Where the update runs op by op (Keras' choice on a CPU), a gradient of a
+variable the rank does not own is read for the step's global norm and finiteness and freed at once,
+so only the owned half of the gradients waits for the update (at K = 2); compiled as one function
+(on a GPU: common.run.steps.TrainStep), the update starts once every gradient is there.
 
 Whole variables, not slices: LAMB's trust ratio is a norm per variable, which a slice would split.
 The update is the unsharded one: the global-norm clip and the finiteness check still see every

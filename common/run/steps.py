@@ -72,6 +72,14 @@ class TrainStep:
     With `shard` (common.parallel.sharded_optimizer.ShardedUpdate), the optimizer holds the slots of
     this rank's variables only and updates them; the global-norm clip over all gradients moves here
     from the optimizer, and the updated variables are allgathered over the spatial group.
+
+    The update after the allreduce (the finiteness check, the global-norm clip, every variable's
+    optimizer step) is one XLA-compiled function where the optimizer asks for XLA. Keras sets an
+    optimizer's `jit_compile` where a GPU exists, and would compile a function per variable: a
+    launch each, beside ops per gradient for the clip and the check. As one function the update is
+    one launch, and XLA's GPU backend can fuse the small kernels of different variables into one
+    (its horizontal fusion passes, made for an optimizer's update), which it does within a function
+    only. bench/results/optimizer_update.md counts them on a CPU.
     """
 
     def __init__(
@@ -102,10 +110,9 @@ class TrainStep:
         self._loss_fn = loss_fn
         self._compression = compression
         self._clip_norm = None
-        if (
-            shard is not None
-        ):  # the optimizer sees this rank's gradients only: the clip over all is ours
-            inner = optimizer.inner_optimizer if self._scaled else optimizer
+        inner = optimizer.inner_optimizer if self._scaled else optimizer
+        # Sharded, the optimizer sees this rank's gradients only: the clip over all is ours.
+        if shard is not None:
             self._clip_norm, inner.global_clipnorm = inner.global_clipnorm, None
         # Variables made on first use inside tf.cond's branch would be refused: make them now
         # (as the LossScaleOptimizer does; a no-op for a built optimizer).
@@ -113,6 +120,8 @@ class TrainStep:
             optimizer.build(
                 shard.owned_variables() if shard is not None else model.trainable_variables
             )
+        update = self._update_sharded_py if shard is not None else self._update_py
+        self._update = tf.function(update, jit_compile=True) if inner.jit_compile else update
         # With XLA, forward and backward are one compiled function, the allreduce outside it. Without,
         # they are traced into the step's own graph, not called as a nested function: a function call
         # hands back all its outputs at once, at its end, which would hold each gradient's allreduce
@@ -154,10 +163,11 @@ class TrainStep:
         return self.dist.average_gradients(grads, self._compression, grouped=self._grouped)
 
     def _apply(self, grads):
-        grads = self.reduce_gradients(grads)
+        self._update(self.reduce_gradients(grads))
         if self._shard is not None:
-            self._apply_sharded(grads)
-            return
+            self._shard.share()  # reads the variables after their update (automatic control dependencies)
+
+    def _update_py(self, grads):
         pairs = list(zip(grads, self.model.trainable_variables))
         if self._scaled:  # skips non-finite gradients itself, and lowers the loss scale
             self.optimizer.apply_gradients(pairs)
@@ -171,9 +181,9 @@ class TrainStep:
 
         tf.cond(all_finite(grads), update, skip)
 
-    def _apply_sharded(self, grads):
-        """This rank's variables updated as the unsharded update would, then every variable set to its
-        owner's value (one allgather over the spatial group)."""
+    def _update_sharded_py(self, grads):
+        """This rank's variables updated as the unsharded update would (every variable is then set to
+        its owner's value by `_apply`: one allgather over the spatial group)."""
         owned, finite = self._shard.prepare(grads, self._clip_norm)
         pairs = list(zip(owned, self._shard.owned_variables()))
         if self._scaled:
@@ -190,7 +200,6 @@ class TrainStep:
                 self.optimizer.iterations.assign_add(1, read_value=False)
 
             tf.cond(finite, update, skip)
-        self._shard.share()  # reads the variables after their update (automatic control dependencies)
 
     def _fused_py(self, x, y):
         loss, finite, grads = self._loss_and_grads(x, y)
