@@ -111,8 +111,8 @@ def test_lamb_in_float32_is_as_close_to_a_float64_numpy_lamb_as_keras_one_variab
     # few float32 roundings of weights up to 3.4 in size.
     keras = error("keras")
     assert keras < 1e-6
-    for path in ("step", "xla"):
-        assert error(path) <= keras, path
+    for path in ("step", "xla"):  # no worse, but for a float32 rounding another ISA may add
+        assert error(path) <= keras + float(np.spacing(np.float32(4.0))), path
     # The negative controls: the NumPy LAMB without its bias correction, or without its trust
     # ratio, is 3-4 orders of magnitude away.
     assert error("xla", bias_correction=False) > 1000 * keras
