@@ -1,4 +1,5 @@
-"""docker/Dockerfile.cpu built and run for real, on a Docker engine this module starts itself.
+"""docker/Dockerfile.cpu built and run for real, on a Docker engine this module starts itself, and
+its Apptainer image (`make sif`) run under `apptainer exec` and under SLURM (2 tasks over PMIx).
 
 No image registry is reachable from the test machines, and pip inside a container cannot reach
 PyPI (its TLS verification fails there), so the module makes what the build needs itself, once:
@@ -6,7 +7,8 @@ the wheelhouse (`tools/wheelhouse.sh`, as `make wheelhouse`), a Debian bookworm 
 (`debootstrap` from Debian's packages, `docker import`), passed as --build-arg BASE_IMAGE, and a
 Docker engine of its own (tools/local_docker.sh). Everything lives in the pytest run's temporary
 directory and is removed at the end. Skipped, saying why, without root, dockerd, debootstrap or a
-python3.11 to make the wheelhouse for (bookworm's Python). 388 s of CI on a 2-core Zen 4 EPYC.
+python3.11 to make the wheelhouse for (bookworm's Python); the SIF is not skipped: a host without
+Apptainer makes its own (tools/apptainer.sh) or the test fails. 881 s of CI on a 2-core Zen 4 EPYC.
 """
 
 import json
