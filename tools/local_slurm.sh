@@ -33,6 +33,11 @@ ClusterName=local
 SlurmctldHost=$host
 SlurmUser=root
 AuthType=auth/munge
+# A requeued job waits out its old credential's lifetime before it starts again (120 s by default);
+# a started-early one can find that credential revoked and fail at launch. 10 s, and both schedulers
+# every 5 s (60 and 30 s by default), keep the wait short.
+AuthInfo=cred_expire=10
+SchedulerParameters=bf_interval=5,sched_interval=5
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -68,9 +73,12 @@ CONF
 }
 
 stop() {
+    local daemon pid
     for daemon in slurmd slurmctld; do
         if [[ -f $dir/run/$daemon.pid ]]; then
-            kill "$(cat "$dir/run/$daemon.pid")" 2>/dev/null || true
+            pid=$(cat "$dir/run/$daemon.pid")
+            kill "$pid" 2>/dev/null || true
+            wait_for 30 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
         fi
     done
     pkill -f "slurmstepd.*$dir" 2>/dev/null || true
