@@ -10,16 +10,19 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.files import write_text_atomic
-from common.inputs.staging import StageStats, stage_files
-from common.inputs.staging_layouts import Conversion
 from common.task import Shards
+
+if TYPE_CHECKING:  # a run that stages imports them (stage)
+    from common.inputs.staging import StageStats
+    from common.inputs.staging_layouts import Conversion
 
 
 def prepare_data(
-    cfg, dist, shards: Shards, events, run_dir, conversion: Conversion | None = None
-) -> tuple[Shards, StageStats | None]:
+    cfg, dist, shards: Shards, events, run_dir, conversion: "Conversion | None" = None
+) -> "tuple[Shards, StageStats | None]":
     """Every rank: stage (when staging.stage_dir is set) and record its shard; returns readable paths.
 
     Args:
@@ -46,10 +49,12 @@ def prepare_data(
 
 
 def stage(
-    cfg, dist, shards: Shards, progress=None, conversion: Conversion | None = None
-) -> tuple[Shards, StageStats]:
+    cfg, dist, shards: Shards, progress=None, conversion: "Conversion | None" = None
+) -> "tuple[Shards, StageStats]":
     """Stages this rank's files into the node-local stage_dir (in `conversion`'s layout, or copied);
     (staged Shards, figures of all ranks)."""
+    from common.inputs.staging import StageStats, stage_files
+
     s = cfg.staging
     # '{node}' / '{host}' in the path name a directory per node, for nodes
     # that share a file system (or several "nodes" on one machine).

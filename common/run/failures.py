@@ -14,7 +14,6 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import ExitCode, InputError
-from common.inputs.staging_manifest import source_of
 
 NON_FINITE_INPUT = "non-finite input"
 NON_FINITE_LOSS = "non-finite loss"
@@ -86,6 +85,8 @@ def fail_on_input(
     if dist.rank == culprit:
         found = task.find_bad_file(files)  # 'PATH: reason'
         path = found.split(": ", 1)[0] if found else None
+        from common.inputs.staging_manifest import source_of  # an error path: imported here
+
         source = source_of(path) if path else None
         staged = f" (staged from {source})" if source else ""
         where = f"{what} step {global_step}" if global_step is not None else what

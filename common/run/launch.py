@@ -18,7 +18,6 @@ import sys
 import traceback
 from pathlib import Path
 
-from common import benchmarks
 from common import runtime as runtime_lib
 from common.config_loading import dump_config, load_config, peek, replace, yaml_text
 from common.errors import ConfigError, ExitCode, InputError
@@ -133,6 +132,8 @@ def load_run_config(task, config_path, overrides: dict, ranks: int) -> tuple[obj
 
 def closed_config_for(task, overrides: dict, ranks: int) -> str:
     """The closed config whose train.global_batch_size this job gives; ConfigError if none does."""
+    from common import benchmarks  # the benchmark table: a run without CONFIG only
+
     bench = benchmarks.get(task.name)
     local_batch = overrides.get(bench.local_batch_key)
     accumulation = overrides.get("train.gradient_accumulation_frequency")

@@ -2,10 +2,13 @@
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 from common.files import write_text_atomic
-from common.inputs.staging import StageStats
 from common.run.failures import Failure
+
+if TYPE_CHECKING:  # staging is imported by a run that stages only (common.run.data_preparation)
+    from common.inputs.staging import StageStats
 
 
 @dataclasses.dataclass
@@ -18,7 +21,7 @@ class RunResult:
     # One entry per epoch: epoch, seconds since run_start, train loss, samples/s, lr, metric (if evaluated).
     history: list = dataclasses.field(default_factory=list)
     # All ranks' staging figures (common.run.data_preparation); None when nothing was staged.
-    staging: StageStats | None = None
+    staging: "StageStats | None" = None
     weights_in_sync: bool = True
     # Values the weights_in_sync fingerprint covered: every model variable,
     # batch-norm running statistics included (more than num_params when the model has any).
@@ -48,6 +51,6 @@ def write_summary(result: RunResult, path, extra: dict) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, default=float))
 
 
-def staging_dict(stats: StageStats | None) -> dict:
+def staging_dict(stats: "StageStats | None") -> dict:
     """What summary.json says of staging: its figures, {} when nothing was staged."""
     return stats.as_dict() if stats is not None else {}

@@ -27,7 +27,6 @@ from common.inputs.page_cache import drop_from_page_cache
 from common.parallel.fingerprint import variables_in_sync
 from common.parallel.sync_batchnorm import batchnorm_statistics
 from common.reporting.events import RunInfo
-from common.run.benchmark_mode import run_benchmark
 from common.run.context import RunContext, RunState
 from common.run.data_preparation import prepare_data
 from common.run.evaluate_mode import padded_batches, run_evaluation
@@ -178,6 +177,8 @@ class Trainer:
         if cfg.train.evaluate_only:
             result = run_evaluation(ctx, valid_ds, start.start_epoch)
         elif cfg.train.benchmark_steps:
+            from common.run.benchmark_mode import run_benchmark
+
             result = run_benchmark(ctx, train_ds)
         else:
             self._clear_page_cache(shards)

@@ -27,7 +27,6 @@ import tensorflow as tf
 
 from common.checkpoints.checkpointer import random_generators
 from common.errors import ConfigError
-from common.run import device_placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +112,8 @@ def warm_up(
         if allow_cpu_ops is None:
             run_steps()
         else:  # the steps' first calls: their functions placed as they are instantiated
+            from common.run import device_placement  # a GPU run's check
+
             placed = device_placement.placement_of(run_steps)
             if not placed:
                 raise RuntimeError("warm-up: no placement recorded: the steps ran before warm-up")
