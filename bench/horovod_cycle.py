@@ -5,9 +5,9 @@
   python bench/horovod_cycle.py --allow-load --cycles-ms 0.1     # on a busy machine: the table says so
 
 Each row is one launch of 2 ranks under horovodrun (Gloo) with HOROVOD_CYCLE_TIME set, each rank
-making common.parallel.distribution.Distribution as a run does: process_sets=False (plain init, a
-data-parallel run) or True (dynamic sets, a run with batch-norm groups or a spatial split). Each rank
-then times --reps repetitions of --calls eager allreduces of one float64 (Distribution.allreduce_sum:
+making common.parallel.distribution.Distribution: plain (its own init, as a data-parallel run's) or
+dynamic (hvd.init(process_sets="dynamic") first, as runs with groups of ranks had before their
+static sets; Distribution's init is then a no-op). Each rank then times --reps repetitions of --calls eager allreduces of one float64 (Distribution.allreduce_sum:
 each is submitted, negotiated in the next cycle of Horovod's background thread, and reduced), after
 20 untimed ones. A row's figure is rank 0's median over the repetitions of the time per allreduce,
 and the CPU seconds per wall second the idle process burns over 2 s (the background thread cycling
@@ -45,9 +45,13 @@ IDLE_S = 2.0
 def worker(dynamic: bool, calls: int, reps: int, out: str) -> None:
     """One rank: time the allreduces and the idle cycling, then write rank-N.json into `out`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow as hvd
+
     from common.parallel.distribution import Distribution
 
-    dist = Distribution(process_sets=dynamic)
+    if dynamic:  # first: Distribution's own init is then a no-op
+        hvd.init(process_sets="dynamic")
+    dist = Distribution()
     for _ in range(WARMUP_CALLS):
         dist.allreduce_sum([1.0])
     per_call = []

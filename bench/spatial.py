@@ -233,11 +233,13 @@ def worker(args) -> int:
     from common.run.trainer import batchnorm_group, optimizer_shard
 
     row = json.loads(args.row)
-    dist = Distribution(process_sets=True)
-    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))
-    mesh = dist.spatial_mesh(row["spatial_ranks"])
-    base_rss = _current_rss_gib()
     cfg = row_config(row, args.set)
+    k = row["spatial_ranks"]
+    # The spatial groups and the trainer's batch-norm groups (batchnorm_group_size x K).
+    dist = Distribution(group_sizes=(k, k * getattr(cfg.model, "batchnorm_group_size", 1)))
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))
+    mesh = dist.spatial_mesh(k)
+    base_rss = _current_rss_gib()
     task = benchmarks.task_class(row["benchmark"])(cfg, mesh if mesh.is_split else None)
     # The trainer's batch-norm group (a split sample's statistics over its K slabs) and optimizer shard.
     net, sends = build_recording_sends(task, batchnorm_group(dist, task), mesh)

@@ -128,7 +128,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.threads:  # the control: the same step, summed in another order
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    dist = Distribution(process_sets=True)
+    # The jobs' spatial groups; batch norm spans the whole job (Horovod's global set).
+    dist = Distribution(group_sizes=[int(job.split(":")[1]) for job in args.jobs])
     meshes = {}
     for job in args.jobs:
         mode, k, *flags = job.split(":")

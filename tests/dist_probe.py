@@ -1,6 +1,6 @@
 """Run under a launcher by test_horovod.py: exercises Distribution's collectives.
 
-  dist_probe.py OUT_DIR [--process-sets]   # --process-sets: Distribution(process_sets=True)
+  dist_probe.py OUT_DIR [--no-groups]   # --no-groups: Distribution() declares no group of ranks
 
 Each rank writes its results to OUT_DIR/rank-N.json (ranks' stdout lines can interleave).
 """
@@ -18,9 +18,16 @@ import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
-dist = Distribution(process_sets="--process-sets" in sys.argv[2:])
-# Groups of 2 ranks: a process set when the job is larger than 2.
-group = dist.rank_group(2)
+dist = Distribution(group_sizes=() if "--no-groups" in sys.argv[2:] else (2,))
+# Groups of 2 ranks: a static process set when the job is larger than 2.
+try:
+    group = dist.rank_group(2)
+except RuntimeError as e:  # a job larger than 2 whose Distribution declared no group size
+    Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(json.dumps({"refused": str(e)}))
+    sys.exit(0)
+# The group's process set as Horovod registered it (the global set's id is 0), asked before any rank
+# can have ended: a rank's exit shuts Horovod down on all, and its sets with it.
+group_set = [group.process_set.process_set_id, group.process_set.ranks, group.process_set.size()]
 group_sum = group.sum(tf.constant([float(dist.rank)]))
 # Every rank feeds a batch filled with its rank: the group's mean is the pair's
 # mean, so the normalized output is -1 on the lower rank and +1 on the upper.
@@ -54,6 +61,8 @@ Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
             "group_sum": group_sum.numpy().tolist(),
             "group_bn": float(tf.reduce_mean(bn_out)),
             "process_set_refusal": refusal,
+            "group_set": group_set,
+            "init": dist.describe(),
         }
     )
 )

@@ -56,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    dist = Distribution(process_sets=True)
+    dist = Distribution(group_sizes=(2,))
     mesh = dist.spatial_mesh(2)
     x = tf.constant(np.random.default_rng(dist.rank).normal(size=SLAB).astype(np.float32))
     for variant, overlap in VARIANTS.items():

@@ -115,7 +115,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     tf.config.experimental.enable_op_determinism()
-    dist = Distribution(process_sets=True)
+    dist = Distribution(group_sizes=(2,))
     mesh = dist.spatial_mesh(2)
     batches = _batches(dist.rank)
     arrays, facts = {}, {}

@@ -216,8 +216,9 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--data-dir")
     args = parser.parse_args()
-    dist = Distribution(process_sets=True)
-    meshes = {}  # one per K: registering a group's process set twice is refused
+    # The jobs' spatial groups, which batch norm's groups are too (CosmoFlow: K x 1).
+    dist = Distribution(group_sizes=[int(job.split(":")[1]) for job in args.jobs])
+    meshes = {}  # one per K: the placement check is a collective
     for job in args.jobs:
         mode, k, *flags = job.split(":")
         if int(k) not in meshes:

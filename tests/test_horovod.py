@@ -47,7 +47,7 @@ def test_two_ranks_disjoint_shards_identical_weights_one_log(
     )
     assert (out / "summary.json").exists(), helpers.failure_output(proc)
     assert "2 rank(s) on 1 node(s)" in proc.stdout
-    # Data parallel: plain hvd.init() (a run with groups says dynamic process sets: test_spatial).
+    # Data parallel: plain hvd.init() (a run with groups says its static sets: test_init_order).
     assert "process sets" not in proc.stdout
 
     shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text()) for r in (0, 1)]
@@ -121,18 +121,59 @@ def test_distribution_collectives(launcher, tmp_path):
         assert r["object"] == {"from": 0}
         assert r["broadcast"] == [1.0, 1.0, 1.0]  # rank 0's initial value everywhere
         assert r["grad"] == [0.5, 0.5]  # average of 0 and 1
-        # Data parallel (its group of 2 is the job): plain hvd.init(), no dynamic process sets.
+        # Its group of 2 is the job: plain hvd.init(), Horovod's global set alone, no dynamic sets.
+        assert r["group_set"] == [0, [0, 1], 2] and "process sets" not in r["init"]
         assert r["process_set_refusal"] == "not dynamic"
 
 
-def test_rank_groups_and_group_batch_norm_over_process_sets(launcher, tmp_path):
-    results = run_probe(launcher, 4, tmp_path, "--process-sets")
+def test_rank_groups_and_group_batch_norm_over_static_process_sets(launcher, tmp_path):
+    results = run_probe(launcher, 4, tmp_path)
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     for r in results:
-        assert (
-            r["process_set_refusal"] == "duplicate"
-        )  # dynamic: refused only as the global set again
+        # Registered by hvd.init from the launcher's size, no dynamic sets: add_process_set refused.
         pair = r["rank"] // 2
+        assert r["group_set"] == [1 + pair, [2 * pair, 2 * pair + 1], 2]
+        assert r["process_set_refusal"] == "not dynamic"
+        assert "static process sets of 2 ranks" in r["init"]
         assert r["group_sum"] == [4.0 * pair + 1.0]  # {0, 1} -> 1, {2, 3} -> 5
         assert r["group_bn"] == pytest.approx(-1.0 if r["rank"] % 2 == 0 else 1.0, abs=1e-3)
         assert r["mean"] == [1.5, 10.0]  # plain collectives still span all 4
+
+
+def test_a_group_size_not_declared_at_init_is_refused(tmp_path):
+    # The negative control of the above: the same 4 ranks, no group size given to Distribution.
+    results = run_probe("gloo", 4, tmp_path, "--no-groups")
+    assert len(results) == 4
+    for r in results:
+        assert "initialised without the process sets of groups of 2 ranks" in r["refused"]
+
+
+@pytest.mark.parametrize(
+    "environ, size, told_by",
+    [
+        ({}, 1, "no launcher variable"),
+        (
+            {"HOROVOD_SIZE": "4", "SLURM_STEP_NUM_TASKS": "1"},
+            4,
+            "HOROVOD_SIZE",
+        ),  # horovodrun in srun
+        ({"OMPI_COMM_WORLD_SIZE": "8", "SLURM_NTASKS": "16"}, 8, "OMPI_COMM_WORLD_SIZE"),
+        ({"PMI_SIZE": "3"}, 3, "PMI_SIZE"),
+        # srun's step, not the allocation's SLURM_NTASKS (a lone process in an sbatch script).
+        ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "8"}, 2, "SLURM_STEP_NUM_TASKS"),
+        ({"SLURM_NTASKS": "8"}, 1, "no launcher variable"),
+    ],
+)
+def test_launched_size_reads_the_launchers_variable(environ, size, told_by):
+    from common.parallel.distribution import launched_size
+
+    got, source = launched_size(environ)
+    assert got == size and source.startswith(told_by)
+
+
+def test_launched_size_refuses_what_is_no_count():
+    from common.errors import ConfigError
+    from common.parallel.distribution import launched_size
+
+    with pytest.raises(ConfigError, match="OMPI_COMM_WORLD_SIZE='x'"):
+        launched_size({"OMPI_COMM_WORLD_SIZE": "x"})

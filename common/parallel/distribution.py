@@ -25,26 +25,46 @@ from common.parallel import cycle_time, gpus, placement
 class Distribution:
     """Rank, size, node layout and collectives of the current job."""
 
-    def __init__(self, process_sets: bool = False):
-        """Initialises Horovod and pins this rank's device.
+    def __init__(self, group_sizes=()):
+        """Initialises Horovod, with a static process set per group of ranks the run makes, and pins
+        this rank's device.
 
         Args:
-          process_sets: whether the run makes groups of ranks (batch-norm groups, spatial splits:
-            rank_group, spatial_mesh), registered once the job's size is known. Horovod then runs
-            with dynamic process sets, whose bookkeeping its background thread pays in every cycle
-            (a global allgather), so a data-parallel run leaves them off: plain hvd.init().
+          group_sizes: the sizes of the groups of consecutive ranks the run makes (batch-norm
+            groups, spatial splits: rank_group, spatial_mesh). Horovod registers their sets in
+            hvd.init (static process sets), for the job's size as its launcher tells it
+            (launched_size): a set for every group of a size g with 1 < g < size that divides it.
+            A group of one rank or of the whole job needs none; a data-parallel run, and any run
+            on as many ranks as its group, gets a plain hvd.init(). A launcher that sets none of
+            SIZE_VARIABLES is taken for one rank: a run with groups under it stops with a
+            ConfigError naming them. Never dynamic process sets: their bookkeeping (a global
+            allgather in every cycle of Horovod's background thread) made each allreduce of 2
+            Gloo ranks 1.45x slower (bench/horovod_cycle.py).
         """
         first = (
             not hvd.is_initialized()
         )  # a later init is a no-op: Horovod keeps what it read first
-        if process_sets:
-            hvd.init(process_sets="dynamic")
-        else:
-            # hvd.init(process_sets="dynamic") leaves this set in the environment, where a plain init
-            # (of this process or of a child) would read it and turn dynamic sets on.
-            os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)
-            hvd.init()
-        self.process_sets = process_sets
+        launched, told_by = launched_size()
+        sets = {
+            g: [hvd.ProcessSet(range(start, start + g)) for start in range(0, launched, g)]
+            for g in sorted(set(group_sizes))
+            if 1 < g < launched and launched % g == 0
+        }
+        # A dynamic init (another library's, or a parent's) leaves this in the environment, where
+        # this init would read it and turn dynamic sets on.
+        os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)
+        wrong_job = (
+            f"{told_by} said {launched} rank(s) before Horovod's init, which the process sets of "
+            f"the run's groups of ranks were made for"
+        )
+        try:
+            hvd.init(process_sets=[s for group in sets.values() for s in group])
+        except ValueError as e:  # a set with a rank the job does not have
+            raise ConfigError(f"{wrong_job}; Horovod refused them: {e}") from e
+        if max(group_sizes, default=1) > 1 and hvd.size() != launched:
+            raise ConfigError(f"{wrong_job}; Horovod counts {hvd.size()}")
+        # group size -> this rank's static Horovod process set (rank_group)
+        self._process_sets = {g: group[hvd.rank() // g] for g, group in sets.items()}
         self.cycle_time = cycle_time.at_init(
             first
         )  # as Horovod's background thread read it, in hvd.init
@@ -56,7 +76,6 @@ class Distribution:
         self.node_rank = hvd.cross_rank()
         self.num_nodes = hvd.cross_size()
         self.hostname = socket.gethostname()
-        self._process_sets = {}  # group size -> this rank's Horovod process set (rank_group)
         # Before any TensorFlow op (the first one initializes TensorFlow on every visible GPU,
         # after which neither the visible devices nor memory growth can change, and the thread
         # pools are fixed): every collective below is such an op.
@@ -208,10 +227,9 @@ class Distribution:
     def rank_group(self, group_size: int, what: str = "group size") -> "RankGroup":
         """This rank's group of `group_size` consecutive ranks (sync batch norm, spatial groups).
 
-        Every rank must call it with the same size, in the same order relative
-        to other collectives: registering a Horovod process set is collective.
-        A size asked for again gets the groups already registered (a split
-        network's batch norm sums over its spatial group's ranks).
+        The group's Horovod process set was registered by hvd.init (Distribution's group_sizes), so
+        this is no collective. A group of one rank needs no set, a group of the whole job is
+        Horovod's global set.
         """
         if group_size < 1 or self.size % group_size:
             raise ConfigError(
@@ -221,22 +239,12 @@ class Distribution:
             return RankGroup(1, None)
         if group_size == self.size:
             return RankGroup(group_size, hvd.global_process_set)
-        registered = self._process_sets
-        if group_size not in registered and not self.process_sets:
+        if group_size not in self._process_sets:
             raise RuntimeError(
-                f"{what}={group_size}: groups of ranks need Horovod's process sets, and this "
-                f"Distribution was made without them (Distribution(process_sets=True))"
+                f"{what}={group_size}: Horovod was initialised without the process sets of groups "
+                f"of {group_size} ranks (Distribution(group_sizes=...) must name every group size)"
             )
-        if group_size not in registered:  # Horovod refuses a second set of the same ranks
-            sets = [
-                hvd.add_process_set(list(range(first, first + group_size)))
-                for first in range(0, self.size, group_size)
-            ]
-            # Registration returns before every rank has it; a collective over all
-            # ranks makes sure no group allreduce runs against an unknown set.
-            self.barrier()
-            registered[group_size] = sets[self.rank // group_size]
-        return RankGroup(group_size, registered[group_size])
+        return RankGroup(group_size, self._process_sets[group_size])
 
     def spatial_mesh(self, spatial_ranks: int) -> "SpatialMesh":
         """This rank's place in a mesh of data-parallel groups of `spatial_ranks` ranks each.
@@ -245,7 +253,7 @@ class Distribution:
         stays on the node's links), else over K / ranks-per-node whole nodes (the halos between
         nodes cross the network). Both need ranks numbered node by node, which every rank checks
         from every rank's node (common.parallel.placement). A collective when spatial_ranks > 1
-        (gathers the nodes, registers a process set per group).
+        (gathers the nodes); its groups' process sets are Distribution's (group_sizes).
         """
         k = int(spatial_ranks)
         what = "parallel.spatial_ranks"
@@ -256,8 +264,7 @@ class Distribution:
             )
         spans = (1,) * (self.size // k)
         if k > 1:
-            # Every rank decides from the same gathered list: all refuse together, none is left
-            # waiting in the process sets' registration below.
+            # Every rank decides from the same gathered list: all refuse together.
             places = self.allgather_object(placement.RankPlace(horovod_host(), self.local_size))
             spans = placement.group_spans(places, k, f"{what}={k}")
         group = self.rank_group(k, what)
@@ -274,8 +281,18 @@ class Distribution:
         return (
             f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
             f"Horovod {horovod.__version__} over {self.controller()}, {self.cycle_time.describe()}"
-            f"{', dynamic process sets' if self.process_sets else ''}"
+            f"{self._describe_sets()}"
         )
+
+    def _describe_sets(self) -> str:
+        """', static process sets of 2 and 4 ranks' (those hvd.init registered), else ''."""
+        sizes = sorted(self._process_sets)
+        if not sizes:
+            return ""
+        listed = " and ".join(
+            [", ".join(map(str, sizes[:-1])), str(sizes[-1])] if len(sizes) > 1 else [str(sizes[0])]
+        )
+        return f", static process sets of {listed} ranks"
 
 
 class RankGroup:
@@ -449,6 +466,25 @@ def horovod_host() -> str:
     by Horovod into nodes by shared memory, i.e. by machine, whose name is the host name.
     """
     return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+
+
+# Where each launcher says how many ranks it started, first found first: horovodrun's Gloo ranks,
+# Open MPI's mpirun, MPICH/Intel MPI's Hydra (PMI-1/2), a SLURM job step (srun's own variable for
+# its step, whatever the allocation's SLURM_NTASKS says).
+SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def launched_size(environ=None) -> tuple[int, str]:
+    """The job's number of ranks as its launcher told it, read before Horovod's init, and which
+    variable told it: (1, 'no launcher variable') for a process started alone."""
+    environ = os.environ if environ is None else environ
+    for key in SIZE_VARIABLES:
+        value = environ.get(key, "").strip()
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"{key}={value!r} is no number of ranks")
+            return int(value), key
+    return 1, f"no launcher variable ({', '.join(SIZE_VARIABLES)})"
 
 
 def launcher_env() -> dict:

@@ -190,14 +190,16 @@ def main(task, argv=None) -> int:
         bn_group = task.requested_batchnorm_group_size(config_path, overrides)
         cycle_time.set_for_batchnorm_groups(bn_group)
         spatial = peek(task.config_class, config_path, overrides, "parallel.spatial_ranks") or 1
-        # Horovod's init, the device pinned by local rank; process sets only for a run with groups.
-        dist = Distribution(process_sets=max(bn_group, spatial) > 1)
+        # Horovod's init, with the static process sets of the run's groups of ranks (spatial groups;
+        # batch-norm groups, whose requested size counts a split's ranks in) for the job's size as
+        # its launcher tells it; then the device pinned by local rank.
+        dist = Distribution(group_sizes=(spatial, bn_group))
         rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
         cfg, note = load_run_config(task, config_path, overrides, dist.size)
         termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
         # Threads and precision, before the first TensorFlow op: the collective below is one.
         runtime = runtime_lib.configure(cfg.runtime, dist)
-        # Collective (registers the groups' process sets when samples are split): every rank, here.
+        # Collective (checks the nodes of the groups when samples are split): every rank, here.
         mesh = dist.spatial_mesh(cfg.parallel.spatial_ranks)
         bound = task(cfg, mesh if mesh.is_split else None)
         run_dir = Path(cfg.run_dir)

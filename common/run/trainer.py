@@ -38,8 +38,8 @@ from common.run.warmup import state_variables, warm_up
 
 def batchnorm_group(dist, task):
     """The RankGroup whose batch norm shares its statistics: the task's batchnorm_group_size ranks, times
-    K when samples are split (a slab's statistics are not its sample's). Collective (registers a
-    process set): every rank, in the same order."""
+    K when samples are split (a slab's statistics are not its sample's): a process set that
+    Distribution's init registered (launch.py names its size)."""
     k = task.mesh.size if task.mesh is not None else 1
     return dist.rank_group(
         task.batchnorm_group_size * k,
