@@ -229,6 +229,7 @@ def worker(args) -> int:
     import tensorflow as tf
 
     from common.parallel.distribution import Distribution
+    from common.parallel.spatial_mesh import split_mesh
     from common.run.steps import TrainStep
     from common.run.trainer import batchnorm_group, optimizer_shard
 
@@ -238,7 +239,7 @@ def worker(args) -> int:
     # The spatial groups and the trainer's batch-norm groups (batchnorm_group_size x K).
     dist = Distribution(group_sizes=(k, k * getattr(cfg.model, "batchnorm_group_size", 1)))
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // dist.size))
-    mesh = dist.spatial_mesh(k)
+    mesh = split_mesh(dist, k)  # k = 1 too: the unsplit row runs the same recording code
     base_rss = _current_rss_gib()
     task = benchmarks.task_class(row["benchmark"])(cfg, mesh if mesh.is_split else None)
     # The trainer's batch-norm group (a split sample's statistics over its K slabs) and optimizer shard.

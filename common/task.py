@@ -86,7 +86,7 @@ class Task:
 
     def __init__(self, cfg, mesh=None):
         self.cfg = cfg
-        # The spatial mesh (common.parallel.distribution.SpatialMesh) of a run whose samples are
+        # The spatial mesh (common.parallel.spatial_mesh.SpatialMesh) of a run whose samples are
         # split across ranks; None: each rank holds whole samples.
         self.mesh = mesh
 

@@ -5,7 +5,7 @@ and 64 with LeakyReLU and dropout, Dense 4 with tanh scaled by 1.2 (targets lie
 in [-1, 1]; the 1.2 leaves the tanh room to reach them). On 128^3 x 4 inputs
 with the default sizes it has 8,907,556 parameters.
 
-Split across the ranks of a spatial group (`mesh`, common.parallel.distribution.SpatialMesh),
+Split across the ranks of a spatial group (`mesh`, common.parallel.spatial_mesh.SpatialMesh),
 the model's input is a z-slab of Zs = N / K planes: the convolutions exchange
 halos (common.parallel.spatial.SpatialConv3D), pools stay local while the slab holds an
 even number of planes, and the slabs are gathered where a pool would straddle

@@ -28,6 +28,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from common.parallel.distribution import Distribution  # noqa: E402
+from common.parallel.spatial_mesh import split_mesh  # noqa: E402
 
 GLOBAL_SAMPLES = 4
 HEIGHT, WIDTH, CHANNELS = 192, 32, 4
@@ -35,7 +36,7 @@ HEIGHT, WIDTH, CHANNELS = 192, 32, 4
 
 def _without_halo(mesh):
     """The negative control: the neighbours' rows replaced by zeros (as if every slab were a whole sample)."""
-    from common.parallel.distribution import NeighbourPlanes
+    from common.parallel.spatial_mesh import NeighbourPlanes
 
     def zeros(x, halo, name):
         del name
@@ -134,7 +135,7 @@ def main() -> int:
     for job in args.jobs:
         mode, k, *flags = job.split(":")
         if int(k) not in meshes:
-            meshes[int(k)] = dist.spatial_mesh(int(k))
+            meshes[int(k)] = split_mesh(dist, int(k))  # k = 1 too: the split code's reference
         mesh = copy.copy(meshes[int(k)])
         if flags == ["no-halo"]:
             _without_halo(mesh)

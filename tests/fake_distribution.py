@@ -9,7 +9,7 @@ import socket
 import numpy as np
 
 from common.errors import ConfigError
-from common.parallel.distribution import RankGroup, SpatialMesh
+from common.parallel.distribution import DataParallel, RankGroup
 
 
 class OneRankDistribution:
@@ -67,9 +67,9 @@ class OneRankDistribution:
             raise ConfigError(f"{what}={group_size} does not divide the 1 rank of this job")
         return RankGroup(1, None)
 
-    def spatial_mesh(self, spatial_ranks: int) -> SpatialMesh:
+    def spatial_mesh(self, spatial_ranks: int) -> DataParallel:
         self.rank_group(spatial_ranks, "parallel.spatial_ranks")
-        return SpatialMesh(size=1)
+        return DataParallel()
 
     def describe(self) -> str:
         return "1 rank in-process (tests.fake_distribution)"

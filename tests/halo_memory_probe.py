@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
-from common.parallel.distribution import SpatialMesh  # noqa: E402
+from common.parallel.spatial_mesh import SpatialMesh  # noqa: E402
 
 HALO = 2
 hvd.init()

@@ -34,6 +34,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from common.parallel.distribution import Distribution  # noqa: E402
+from common.parallel.spatial_mesh import split_mesh  # noqa: E402
 
 GLOBAL_SAMPLES = 4  # the fixed global batch of `model` (split over the groups)
 EDGE = 64
@@ -42,7 +43,7 @@ EDGE = 64
 def _without_halo(mesh):
     """The negative control: neighbours' planes replaced by zeros (as if every slab were a whole volume),
     for both ways of convolving."""
-    from common.parallel.distribution import NeighbourPlanes
+    from common.parallel.spatial_mesh import NeighbourPlanes
 
     def zeros(x, halo, name):
         del name
@@ -222,7 +223,7 @@ def main() -> int:
     for job in args.jobs:
         mode, k, *flags = job.split(":")
         if int(k) not in meshes:
-            meshes[int(k)] = dist.spatial_mesh(int(k))
+            meshes[int(k)] = split_mesh(dist, int(k))  # k = 1 too: the split code's reference
         mesh = copy.copy(meshes[int(k)])  # a job's no-halo patch stays its own
         if not set(flags) <= {"no-halo", "no-overlap"}:
             raise SystemExit(f"{job}: unknown flag(s) {flags}")

@@ -19,6 +19,7 @@ from common.config_loading import load_config
 from common.inputs import device_prefetch
 from common.parallel import binding
 from common.reporting.events import Events
+from common.run import benchmark_mode
 from common.run import trainer as trainer_module
 from common.runtime import configure
 from cosmoflow import data as cosmoflow_data
@@ -165,13 +166,13 @@ def test_the_trainer_puts_the_stage_last_on_the_datasets_a_run_mode_reads(
     tmp_path, monkeypatch, setting, staged
 ):
     read = {}
-    real = trainer_module.run_benchmark
+    real = benchmark_mode.run_benchmark
 
     def spy(ctx, train_ds):
         read["train"] = train_ds
         return real(ctx, train_ds)
 
-    monkeypatch.setattr(trainer_module, "run_benchmark", spy)
+    monkeypatch.setattr(benchmark_mode, "run_benchmark", spy)
     cfg = load_config(
         CosmoFlowTask.config_class,
         helpers.REPO / "tests" / "configs" / "cosmoflow_tiny.yaml",

@@ -29,8 +29,8 @@ finally:   # the layers of the splits and the sharded optimizer, offline/ and be
 """
 # What a data-parallel run must not import (issue: the split is a layer a run asks for).
 SPLIT_MODULES = (
-    "common.parallel.spatial",
-    "common.parallel.spatial_rows",
+    "common.parallel.spatial",  # spatial, spatial_mesh, spatial_rows
+    "common.parallel.placement",
     "common.parallel.rebuilt_input",
     "common.parallel.sharded_optimizer",
     "offline",

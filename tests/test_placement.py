@@ -65,7 +65,7 @@ def test_host_names_that_disagree_with_horovod_are_refused():
 
 
 def test_the_mesh_says_how_many_nodes_a_group_spans():
-    from common.parallel.distribution import SpatialMesh
+    from common.parallel.spatial_mesh import SpatialMesh
 
     assert (
         SpatialMesh(2, groups=2).describe()

@@ -1,6 +1,6 @@
 """Whether groups of K consecutive ranks fit a job's nodes. Standard library only.
 
-A spatial group (common.parallel.distribution.SpatialMesh) is K consecutive ranks. It keeps
+A spatial group (common.parallel.spatial_mesh.SpatialMesh) is K consecutive ranks. It keeps
 its halo exchanges on a node's links, or spans whole nodes, only if two things hold: K divides
 the ranks of a node or is a multiple of them (`group_span`), and the ranks are numbered node by
 node, as srun's block distribution and horovodrun's -H list number them; srun's cyclic

@@ -1,7 +1,7 @@
 """Layers for 2D samples split along height (rows) across the ranks of a spatial group.
 
 A rank holds a slab of Hs = H / K consecutive rows of each sample ([B, Hs, W, C]; the mesh is
-common.parallel.distribution.SpatialMesh, whose exchange works along axis 1 whatever the rank).
+common.parallel.spatial_mesh.SpatialMesh, whose exchange works along axis 1 whatever the rank).
 A convolution of the unsplit network stays the layer it was, with its variables and names, and
 reads the rows beyond its slab as follows:
 - `RowHalo`: the neighbours' boundary rows, one alltoall in the group (zeros beyond the sample's

@@ -12,7 +12,8 @@ if TYPE_CHECKING:  # names for the annotations only: importing them here would i
     from common.base_config import BaseConfig
     from common.checkpoints.save_policy import CheckpointSaver
     from common.lr_schedules import EpochWarmupStepDecay, StepWarmupSchedule
-    from common.parallel.distribution import Distribution, SpatialMesh
+    from common.parallel.distribution import DataParallel, Distribution
+    from common.parallel.spatial_mesh import SpatialMesh
     from common.reporting.events import Events, RunInfo
     from common.run.steps import TrainStep
     from common.task import EvalMetric, Shards, Task
@@ -35,7 +36,7 @@ class RunContext:
 
     Attributes:
       cfg, task, dist, events: the config, the benchmark's Task, the Distribution, the Events.
-      mesh: the spatial mesh (size 1: each rank holds whole samples).
+      mesh: the data-parallel groups (DataParallel: each rank whole samples; a SpatialMesh splits them).
       shards: this rank's (its group's) files, staged paths once data preparation ran.
       model, optimizer, schedule, metric: as the task built them (optimizer wrapped for the precision).
       train_step, eval_step: traced at init (common.run.steps).
@@ -51,7 +52,7 @@ class RunContext:
     task: Task
     dist: Distribution
     events: Events
-    mesh: SpatialMesh
+    mesh: DataParallel | SpatialMesh
     shards: Shards
     model: tf_keras.Model
     optimizer: tf_keras.optimizers.Optimizer
