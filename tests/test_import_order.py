@@ -117,7 +117,8 @@ def test_the_project_imported_first_keeps_keras_3_out_of_the_process():
 def test_control_the_split_modules_are_seen_when_imported():
     # The wrapper's listing of split modules finds one that the process did import.
     code = WRAPPER.replace(
-        "sys.argv = sys.argv[1:]", "import common.parallel.spatial\nsys.argv = sys.argv[1:]"
+        "sys.argv = sys.argv[1:]",
+        "import common.parallel.spatial, common.parallel.spatial_mesh\nsys.argv = sys.argv[1:]",
     )
     environ = helpers.env()
     environ.pop("TF_USE_LEGACY_KERAS", None)
@@ -130,4 +131,6 @@ def test_control_the_split_modules_are_seen_when_imported():
         timeout=120,
     )
     listed = [line for line in proc.stdout.splitlines() if line.startswith("SPLIT-MODULES")]
-    assert listed and "'common.parallel.spatial'" in listed[0], proc.stdout + proc.stderr
+    assert listed, proc.stdout + proc.stderr
+    for module in ("spatial", "spatial_mesh", "placement"):  # spatial_mesh imports placement
+        assert f"'common.parallel.{module}'" in listed[0], proc.stdout + proc.stderr
