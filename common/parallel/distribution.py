@@ -276,9 +276,7 @@ class Distribution:
         sizes = sorted(self._process_sets)
         if not sizes:
             return ""
-        listed = " and ".join(
-            [", ".join(map(str, sizes[:-1])), str(sizes[-1])] if len(sizes) > 1 else [str(sizes[0])]
-        )
+        listed = " and ".join(map(str, sizes))  # at most two: the spatial and batch-norm groups
         return f", static process sets of {listed} ranks"
 
 
