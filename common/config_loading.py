@@ -3,9 +3,12 @@
 A config is a tree of frozen dataclasses. `load_config` reads a YAML file,
 applies dotted-key overrides (from the command line), converts every value to
 the type its field declares and rejects unknown keys, so a typo in a config
-or a flag fails at start-up instead of being silently ignored.
+or a flag fails at start-up instead of being silently ignored. `parse_overrides` reads a
+train.py command line (the config file, the task's flags, --set) and `load_run_config` gives the
+run's config from it.
 """
 
+import argparse
 import collections.abc
 import dataclasses
 import types
@@ -314,3 +317,131 @@ def _type_name(tp) -> str:
 
 def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
+
+
+# ------------------------------------------------------------ the command line
+def build_parser(task) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"{task.name}/train.py", description=f"Train {task.name} (MLPerf HPC)."
+    )
+    parser.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="YAML config file (see configs/); default: the closed config of the job's global batch",
+    )
+    for flag in task.flags:
+        if flag.is_switch:
+            parser.add_argument(
+                *flag.names,
+                dest=flag.key,
+                action="store_const",
+                const=True,
+                default=None,
+                help=flag.help,
+            )
+        else:
+            parser.add_argument(
+                *flag.names, dest=flag.key, default=None, metavar="VALUE", help=flag.help
+            )
+    parser.add_argument(
+        "--tensorboard",
+        dest="runtime.tensorboard",
+        action="store_const",
+        const=True,
+        default=None,
+        help="write TensorBoard event files to <run dir>/tensorboard (rank 0)",
+    )
+    parser.add_argument(
+        "--benchmark",
+        dest="train.benchmark_steps",
+        default=None,
+        metavar="STEPS",
+        help="benchmark mode: time STEPS training steps through the real loop (staging, input "
+        "pipeline, Horovod) after train.benchmark_warmup_steps, print samples/s; no MLPerf log",
+    )
+    parser.add_argument(
+        "--tiny",
+        dest="runtime.tiny",
+        action="store_const",
+        const=True,
+        default=None,
+        help="shrink the config into a smoke run of a few small steps (runtime.tiny)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="_set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set model.dropout=0.2 (repeatable)",
+    )
+    return parser
+
+
+def parse_overrides(task, argv) -> tuple[str, dict]:
+    args = build_parser(task).parse_args(argv)
+    overrides = {}
+    for item in args._set:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE, got '{item}'")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = value
+    for flag in task.flags:
+        value = getattr(args, flag.key)
+        if value is not None:
+            overrides.update(flag.parse(value) if flag.parse else {flag.key: value})
+    for key in ("runtime.tensorboard", "train.benchmark_steps", "runtime.tiny"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    return args.config, overrides
+
+
+def load_run_config(task, config_path, overrides: dict, ranks: int) -> tuple[object, str]:
+    """The run's validated config, and a note for the [init] line ('' when nothing to say).
+
+    Without a config file, the closed config of the benchmark's registry entry
+    whose global batch equals ranks x local batch x accumulation is used (the
+    reference is started with flags only). runtime.tiny then shrinks the
+    config (Task.tiny_overrides); what the command line sets still wins.
+    """
+    note = ""
+    if config_path is None:
+        config_path = closed_config_for(task, overrides, ranks)
+        note = f"no config given: using {config_path}, the closed config of this job's global batch"
+    cfg = load_config(task.config_class, config_path, overrides)
+    if cfg.runtime.tiny:
+        cfg = replace(cfg, {**task.tiny_overrides(cfg), **overrides})
+        note = (
+            note + "; " if note else ""
+        ) + "runtime.tiny: the config is shrunk into a smoke run (not a benchmark result)"
+    return cfg, note
+
+
+def closed_config_for(task, overrides: dict, ranks: int) -> str:
+    """The closed config whose train.global_batch_size this job gives; ConfigError if none does."""
+    from common import benchmarks  # the benchmark table: a run without CONFIG only
+
+    bench = benchmarks.get(task.name)
+    local_batch = overrides.get(bench.local_batch_key)
+    accumulation = overrides.get("train.gradient_accumulation_frequency")
+    # Ranks that split samples add no data parallelism: the global batch counts their groups.
+    spatial = int(overrides.get("parallel.spatial_ranks", 1))
+    if spatial > 1 and ranks % spatial == 0:
+        ranks //= spatial
+    path = benchmarks.closed_config_for_ranks(
+        task.name,
+        ranks,
+        int(local_batch) if local_batch else None,
+        int(accumulation) if accumulation else None,
+    )
+    if path is not None:
+        return str(path)
+    offered = ", ".join(
+        f"{p.name} (global batch {gbs})"
+        for p, gbs, _, _ in benchmarks.closed_config_batches(task.name)
+    )
+    raise ConfigError(
+        f"no config given and no closed config of {task.name} has this job's global batch "
+        f"({ranks} ranks): give a config file, or launch as one of {offered}"
+    )

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # TensorFlow reads this at import; INFO lines from every rank drown the progress output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from common.run.launch import main  # noqa: E402
+from common.run.trainer import main  # noqa: E402
 from cosmoflow.task import CosmoFlowTask  # noqa: E402
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ PARTIAL_NAME = LOG_NAME + ".partial"
 FAILED_SUFFIX = (
     ".failed"  # result_3.txt.failed: the result_*.txt glob of the official tools skips it
 )
-# train.py's exit status for a run that stopped without reaching the target (common/run/launch.py):
+# train.py's exit status for a run that stopped without reaching the target (common/run/trainer.py):
 # the log is complete and is scored as a run that did not converge; any other non-zero status
 # is a run that failed.
 _MLLOG = ":::MLLOG"

@@ -98,7 +98,7 @@ def env() -> dict:
 def run(cmd, timeout=600, cwd=REPO, environ=None) -> subprocess.CompletedProcess:
     """Runs `cmd` to its end. A single-rank train.py run (`train_cmd`) in the tests' own environment
     runs as a child forked from one process that imported TensorFlow once (tests/train_driver.py):
-    the same `common.run.launch.main` train.py runs, its exit code and output, without the 5-10 s
+    the same `common.run.trainer.main` train.py runs, its exit code and output, without the 5-10 s
     of start-up. TESTS_FORKED_TRAIN=0 runs every one as its own process."""
     environ = environ or env()
     if (

@@ -6,7 +6,7 @@ From run_start on, each training step runs as it is but hands back 1e6 + n as it
 launch's count; every read of a tensor to the host (EagerTensor._numpy, which .numpy(), float()
 and np.asarray all go through) whose values all lie in [1e6, 1e6 + 1e5) is a read of step values.
 For each, the probe prints the newest step read, the newest launched, and whether the read came
-from the epoch's end (TrainingRun._end_epoch, after the epoch's last launch):
+from the epoch's end (Trainer._end_epoch, after the epoch's last launch):
 
   inflight probe: read 7 launched 9 epoch-end 0
 
@@ -27,16 +27,16 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.python.framework import ops  # noqa: E402
 
 from common import benchmarks  # noqa: E402
-from common.run import steps, train_mode  # noqa: E402
-from common.run.launch import main  # noqa: E402
+from common.run import steps  # noqa: E402
+from common.run.trainer import Trainer, main  # noqa: E402
 
 BASE, SPAN = 1e6, 1e5
 state = {"running": False, "launched": 0, "epoch_end": False}
 
 _call, _run, _end_epoch, _numpy = (
     steps.TrainStep.__call__,
-    train_mode.TrainingRun.run,
-    train_mode.TrainingRun._end_epoch,
+    Trainer.train,
+    Trainer._end_epoch,
     ops._EagerTensorBase._numpy,
 )
 
@@ -80,8 +80,8 @@ def probed_numpy(self):
 
 
 steps.TrainStep.__call__ = probed_call
-train_mode.TrainingRun.run = probed_run
-train_mode.TrainingRun._end_epoch = probed_end_epoch
+Trainer.train = probed_run
+Trainer._end_epoch = probed_end_epoch
 ops._EagerTensorBase._numpy = probed_numpy
 
 if __name__ == "__main__":

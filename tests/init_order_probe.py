@@ -1,4 +1,4 @@
-"""Runs a benchmark's train.py (`common.run.launch.main`) with a probe of its initialization order.
+"""Runs a benchmark's train.py (`common.run.trainer.main`) with a probe of its initialization order.
 
   horovodrun -np 4 python tests/init_order_probe.py BENCH [train.py arguments ...]
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from common import benchmarks, runtime  # noqa: E402
-from common.run.launch import main  # noqa: E402
+from common.run.trainer import main  # noqa: E402
 
 _configure = runtime.configure
 

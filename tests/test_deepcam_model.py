@@ -15,8 +15,8 @@ import tf_keras
 
 from common.checkpoints.model_weights import CONFIG_NAME, restore_model_weights, save_model_weights
 from common.config_loading import dump_config
-from common.run.evaluate_mode import evaluate, padded_batches
 from common.run.steps import eval_step_specs, make_eval_step
+from common.run.trainer import Trainer, padded_batches
 from deepcam import import_reference, model, predict, task
 from tests import helpers
 from tests.fake_distribution import OneRankDistribution
@@ -221,7 +221,7 @@ def test_iou_by_hand_including_absent_classes():
 
 
 def _evaluation(net, eval_step, batches) -> tuple[float, float]:
-    """(IoU, mean loss) of common.run.evaluate_mode.evaluate over `batches` of (x, y, n), one rank."""
+    """(IoU, mean loss) of common.run.trainer.Trainer.evaluate over `batches` of (x, y, n), one rank."""
     ctx = SimpleNamespace(
         metric=task.mean_iou(),
         eval_step=eval_step,
@@ -230,11 +230,11 @@ def _evaluation(net, eval_step, batches) -> tuple[float, float]:
         task=None,
         shards=SimpleNamespace(valid_files=[]),
     )
-    return evaluate(ctx, batches, epoch=1)
+    return Trainer.evaluate(ctx, batches, epoch=1)
 
 
 def test_a_padded_last_batch_leaves_iou_and_loss_as_unpadded_and_is_traced_at_init():
-    """7 validation samples in batches of 3: the last holds 1, padded to 3 (evaluate_mode), the eval
+    """7 validation samples in batches of 3: the last holds 1, padded to 3 (padded_batches), the eval
     step traced once, at init's specs. The IoU and the per-sample loss are those of the same metric
     and loss over the unpadded batches, as evaluation computed them before padding."""
     tf_keras.utils.set_random_seed(7)

@@ -95,7 +95,7 @@ def missing_modules(text):
         )
         if not found:
             missing.append(m.group(1))
-    for m in MODULE_PATH.finditer(text):  # common/run/trainer.py, or common/run/context.RunContext
+    for m in MODULE_PATH.finditer(text):  # common/run/trainer.py, or common/run/trainer.Trainer
         if not (ROOT / m.group(1)).with_suffix(".py").is_file():
             missing.append(m.group(1) + (".py" if m.group(2) == ".py" else ""))
     return missing
@@ -204,5 +204,5 @@ def test_checks_can_fail():
     assert "frobnicate" not in makefile_targets()
     assert missing_modules(
         "common.launch, common/trainer.py and common/run_context.RunContext, not "
-        "common.run.steps.TrainStep nor common/run/context.RunContext"
+        "common.run.steps.TrainStep nor common/run/trainer.Trainer"
     ) == ["common.launch", "common/trainer.py", "common/run_context"]

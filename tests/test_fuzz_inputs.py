@@ -16,7 +16,7 @@ file named) fails the test and prints the case's reproducer; so does a NaN or In
 that trains (a non-finite value is never valid input).
 
 The cases run in one `tests/train_driver.py` process, which imports TensorFlow once
-and forks a child per case that runs `common.run.launch.main(Task, argv)`, what
+and forks a child per case that runs `common.run.trainer.main(Task, argv)`, what
 train.py runs; a few cases also run as `python <bench>/train.py` and must give the
 same exit code and error line.
 """

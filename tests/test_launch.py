@@ -7,9 +7,8 @@ import pytest
 import tf_keras
 
 from common import benchmarks, runtime
-from common.config_loading import load_config
+from common.config_loading import load_config, load_run_config
 from common.errors import ConfigError
-from common.run.launch import load_run_config
 from tests import helpers
 
 TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}

@@ -64,7 +64,7 @@ def test_a_run_emits_its_events_in_order_prints_nothing_and_resumes(
     assert (
         result.status in ("success", "aborted") and result.epochs == 2 and len(result.history) == 2
     )
-    assert dist.collectives > 0 and trainer.state.global_step == 16 and trainer.state.started
+    assert dist.collectives > 0 and trainer.global_step == 16 and trainer.started
     names = [n for n in recorder.names() if n != "on_step"]
     assert names == [
         "on_init_start",

@@ -10,7 +10,7 @@ stdin is one case and each line written back is its result, until stdin closes.
 
 Starting train.py costs 10-20 s here, nearly all of it importing TensorFlow. This
 driver imports everything once and then forks one child per case, which runs exactly
-what train.py runs, `common.run.launch.main(Task, argv)`, with its stdout and stderr in
+what train.py runs, `common.run.trainer.main(Task, argv)`, with its stdout and stderr in
 files, and leaves with the exit code train.py would give (main's return value, or
 main's own `os._exit` on an error). Forking after importing TensorFlow is safe as
 long as the parent never runs an op (no eager context, no thread pools) and never
@@ -32,7 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from common import benchmarks  # noqa: E402
 from common.errors import ExitCode  # noqa: E402
-from common.run.launch import main  # noqa: E402
+from common.run.trainer import main  # noqa: E402
 
 TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}
 # What `sys.exit(main(Task))` in train.py turns an uncaught exception into.

@@ -4,7 +4,7 @@ One listener (`Console`) owns the stream, so the order of its lines is decided i
 one place: the `[init]` lines at init_stop, the staging bar and its `[staging]`
 line, each epoch's step bar (`StepProgress`, which it drives) ended before that
 epoch's `[epoch N]` line, the `[run]` line at run_stop, and the `[done]` report
-that common.run.launch hands it once the log is checked. Ranks other than 0 have no
+that common.run.trainer.main hands it once the log is checked. Ranks other than 0 have no
 listener: they print nothing but their `error:` lines.
 """
 

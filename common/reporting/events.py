@@ -14,7 +14,7 @@ construction instead of a method that never runs. The trainer's call of an
 constant stack offset (common.reporting.mlperf_logger).
 
 The run's global step (optimizer steps done, resumes included) is counted once,
-by the trainer (common.run.context.RunState), and travels in the events that
+by the trainer (common.run.trainer.Trainer.global_step), and travels in the events that
 stand at a step: `StepInfo` and `TrainLog`, `epoch_start`, `EpochTrain` and
 `eval_stop`. No listener counts steps of its own.
 """
@@ -84,7 +84,7 @@ class TrainLog:
 
 @dataclasses.dataclass(frozen=True)
 class EpochTrain:
-    """An epoch's training figures (common.run.train_mode), at epoch_stop."""
+    """An epoch's training figures (common.run.trainer), at epoch_stop."""
 
     global_step: int  # steps done in the whole run at the epoch's end
     loss: float  # mean of the epoch's step losses over all ranks

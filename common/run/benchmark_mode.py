@@ -7,7 +7,7 @@ files, input pipeline, allreduce, events), timed after the warm-up steps.
 import time
 
 from common.reporting.events import StepInfo
-from common.run.result import RunResult
+from common.run.report import RunResult
 
 
 def run_benchmark(ctx, train_ds) -> RunResult:
@@ -32,8 +32,8 @@ def run_benchmark(ctx, train_ds) -> RunResult:
     start = time.perf_counter()
     for step in range(1, t.benchmark_steps + 1):
         loss = ctx.train_step(train_iter).loss
-        ctx.state.global_step += 1
-        ctx.events.on_step(StepInfo(1, step, t.benchmark_steps, ctx.state.global_step))
+        ctx.global_step += 1
+        ctx.events.on_step(StepInfo(1, step, t.benchmark_steps, ctx.global_step))
     float(loss)
     seconds = float(dist.allreduce_max([time.perf_counter() - start])[0])
     # A spatial group's ranks train the same samples: the job's rate counts groups.

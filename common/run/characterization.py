@@ -1,6 +1,6 @@
 """In-process measurements of a finished run for characterization (seed paper: staging, I/O, compute, network).
 
-The train mode (common.run.train_mode) calls `characterize_run` after run_stop (outside the timed region) when
+The trainer (common.run.trainer) calls `characterize_run` after run_stop (outside the timed region) when
 `runtime.characterize` is set. Every rank calls it: it contains collectives.
 FLOPs are counted by TensorFlow's profiler on the model's forward graph (ops with
 registered FLOP statistics: convolutions, matmuls, element-wise arithmetic); a training

@@ -51,7 +51,7 @@ class RunFailed(Exception):
     """Every rank agreed that the run cannot go on (a non-finite input or loss); `failure` says why.
 
     Raised inside the loop, on every rank at the same point (the functions below); the training
-    loop ends the run in order (log closed as aborted, summary written) and common.run.launch exits
+    loop ends the run in order (log closed as aborted, summary written) and common.run.trainer.main exits
     with failure.exit_code.
     """
 

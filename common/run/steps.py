@@ -277,7 +277,7 @@ def eval_step_specs(input_specs) -> tuple:
 def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=None):
     """A tf.function (x, y, n) -> float64 vector for one batch (x as the pipeline yields it) of
     which the first n samples count and the rest pad it to the traced shape
-    (common.run.evaluate_mode.padded_batches): the metric's sums; the loss times the batch's
+    (common.run.trainer.padded_batches): the metric's sums; the loss times the batch's
     samples and the samples (0, 0 without `loss_fn`), so that sums over batches give the
     per-sample mean loss, as the references' eval_loss; then 1.0 if the preprocessed batch held a
     NaN or Inf, else 0.0. One allreduce adds up all of it, the non-finite batches of every rank

@@ -1,68 +1,163 @@
-"""The generic run shared by every benchmark: init, data preparation, then one run mode.
+"""The run every benchmark's train.py starts, top to bottom.
 
-`Trainer.run` reads top to bottom in Horovod's canonical order: pin the
-device by local rank, build the model, scale the LR with the global batch,
-wrap the optimizer, broadcast the initial state from rank 0, then hand the
-bound run (common.run.context) to its mode: training (common.run.train_mode),
-evaluation (common.run.evaluate_mode) or benchmark (common.run.benchmark_mode). The
-mode returns what it found as a RunResult; the trainer adds what init found and the
-end-of-run weights check, which every rank makes once, whatever the mode. The
-trainer prints nothing: it emits events, and listeners (rank 0's console,
-the MLPerf log, TensorBoard) act on them.
+  python <bench>/train.py [CONFIG] [--flag value ...] [--set key.sub=value ...]
+
+`main` reads the command line, starts Horovod and reports. `Trainer.run` builds the run in
+Horovod's canonical order (seed, model, the LR scaled for the global batch, the optimizer wrapped,
+the initial state broadcast from rank 0, the steps traced and warmed up), prepares the data and
+runs one mode. `Trainer.train` is the timed run: epochs of `common.run.steps.TrainStep` (forward,
+loss, gradients, allreduce, update), evaluated every train.eval_every epochs, until the target,
+the last epoch, a stop request or a failure.
+
+Every rank runs the same code and calls the same collectives in the same order: the epoch's
+batch-norm averaging, evaluation, the agreement every train.stop_check_steps steps
+(common.run.termination.agree) and mid-epoch saves (common.checkpoints.save_policy). The trainer
+prints nothing: it emits events, and listeners (rank 0's console, the MLPerf log, TensorBoard) act
+on them.
+
+Without CONFIG (a reference-style job script: flags only), the closed config whose global batch
+the job gives is used, and the `[init]` line says which. Works the same under `horovodrun -np N`,
+`mpirun -np N` and `srun`. A bad input ends the run with one line naming the culprit and a
+non-zero exit on the rank that found it; the process leaves at once (no Horovod shutdown
+handshake), so the launcher tears the other ranks down instead of leaving them waiting in a
+collective.
 """
 
 import dataclasses
+import os
+import sys
+import time
+import traceback
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 import tf_keras
 
 from common import runtime as runtime_lib
 from common.checkpoints.checkpointer import ResumePoint, resume_point
 from common.checkpoints.save_policy import CheckpointSaver
-from common.errors import InputError
+from common.config_loading import dump_config, load_run_config, parse_overrides, peek, yaml_text
+from common.errors import ExitCode, InputError
 from common.inputs import epochs
 from common.inputs.device_prefetch import host_options, prefetch_to
 from common.inputs.page_cache import drop_from_page_cache
+from common.parallel import cycle_time
+from common.parallel.distribution import Distribution, launcher_env
 from common.parallel.fingerprint import variables_in_sync
-from common.parallel.sync_batchnorm import batchnorm_statistics
-from common.reporting.events import RunInfo
-from common.run.context import RunContext, RunState
+from common.parallel.sync_batchnorm import average_batchnorm_statistics, batchnorm_statistics
+from common.reporting.console import Console
+from common.reporting.events import EpochTrain, Events, RunInfo, StepInfo, TrainLog
+from common.reporting.mlperf_logger import MLPerfLogger
+from common.run import report as run_report
+from common.run import termination
 from common.run.data_preparation import prepare_data
-from common.run.evaluate_mode import padded_batches, run_evaluation
-from common.run.result import RunResult
-from common.run.steps import TrainStep, eval_step_specs, make_eval_step
-from common.run.train_mode import TrainingRun
+from common.run.failures import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
+from common.run.report import RunResult, staging_dict, write_summary
+from common.run.steps import EvalSums, TrainStep, eval_step_specs, make_eval_step
 from common.run.warmup import state_variables, warm_up
 
-
-def batchnorm_group(dist, task):
-    """The RankGroup whose batch norm shares its statistics: the task's batchnorm_group_size ranks, times
-    K when samples are split (a slab's statistics are not its sample's): a process set that
-    Distribution's init registered (launch.py names its size)."""
-    k = task.mesh.size if task.mesh is not None else 1
-    return dist.rank_group(
-        task.batchnorm_group_size * k,
-        "batchnorm_group_size"
-        if k == 1
-        else f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})",
-    )
+# How many steps behind the newest one launched a step must be before its values are read: by then
+# it has finished, so the read does not wait for it (on a GPU, it would empty the launch queue).
+READ_LAG = 2
 
 
-def optimizer_shard(cfg, model, mesh):
-    """With parallel.shard_optimizer, this rank's share of `model`'s variables for the optimizer (a
-    common.parallel.sharded_optimizer.ShardedUpdate), the updated weights allgathered over the
-    spatial group; else None (every rank updates all of them)."""
-    if not cfg.parallel.shard_optimizer:
-        return None
-    from common.parallel.sharded_optimizer import ShardedUpdate  # sharded runs only
+def main(task, argv=None) -> int:
+    """Parses flags, trains the Task class `task`, reports; returns the process exit code."""
+    rank_prefix = ""
+    events = None
+    trainer = None
 
-    return ShardedUpdate(
-        model.trainable_variables,
-        mesh.index,
-        mesh.size,
-        lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"),
-    )
+    def terminated():
+        _abort(events, trainer)
+        print(
+            f"error:{rank_prefix} terminated (SIGTERM): log closed as aborted; stopping at the next "
+            f"step with a checkpoint if every rank gets there in time",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    # A launcher ends the other ranks with SIGTERM when one dies (horovodrun, mpirun,
+    # srun --kill-on-bad-exit): the log is closed as aborted before SIGKILL follows.
+    # Until the config is read, SIGTERM ends the process at once.
+    termination.on_signals(terminated)
+    try:
+        config_path, overrides = parse_overrides(task, argv)
+        # Horovod reads its cycle time during init: shorter when batch-norm groups chain collectives.
+        bn_group = task.requested_batchnorm_group_size(config_path, overrides)
+        cycle_time.set_for_batchnorm_groups(bn_group)
+        spatial = peek(task.config_class, config_path, overrides, "parallel.spatial_ranks") or 1
+        # Horovod's init, with the static process sets of the run's groups of ranks (spatial groups;
+        # batch-norm groups, whose requested size counts a split's ranks in) for the job's size as
+        # its launcher tells it; then the device pinned by local rank.
+        dist = Distribution(group_sizes=(spatial, bn_group))
+        rank_prefix = f" [rank {dist.rank}]" if dist.size > 1 else ""
+        cfg, note = load_run_config(task, config_path, overrides, dist.size)
+        termination.on_signals(terminated, cfg.runtime.sigterm_grace_s)
+        # Threads and precision, before the first TensorFlow op: the collective below is one.
+        runtime = runtime_lib.configure(cfg.runtime, dist)
+        # Collective (checks the nodes of the groups when samples are split): every rank, here.
+        mesh = dist.spatial_mesh(cfg.parallel.spatial_ranks)
+        bound = task(cfg, mesh if mesh.is_split else None)
+        run_dir = Path(cfg.run_dir)
+        listeners, console = [], None
+        if dist.is_root:
+            console = Console()  # rank 0's console: every line a person reads, in order
+            if note:
+                console.note(note)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            dump_config(cfg, run_dir / "config.yaml")
+            listeners = _listeners(bound, cfg, run_dir, console)
+        events = Events(listeners)
+        trainer = Trainer(bound, dist, events, run_dir, runtime)
+        result = trainer.run()
+        events.close()
+        if dist.is_root:
+            report = run_report.finish(bound, result, run_dir, ExitCode.PREEMPTED)
+            console.report(report)
+            write_summary(
+                result,
+                run_dir / "summary.json",
+                {
+                    "benchmark": task.name,
+                    "ranks": dist.size,
+                    "nodes": dist.num_nodes,
+                    "controller": dist.controller(),
+                    "launcher": launcher_env(),
+                    "metric_name": bound.metric_name,
+                    "target": bound.target,
+                    "log_check": report.log_check,
+                },
+            )
+        # Every rank waits for rank 0's report: a rank that exits first with a
+        # non-zero status would make the launcher kill rank 0 mid-write.
+        dist.barrier()
+        if result.failure:  # every rank agreed on it and says it, as on any bad input
+            print(
+                f"error:{rank_prefix} {' '.join(result.failure.message.split())}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return result.failure.exit_code
+        if result.status == "preempted":
+            termination.stopped()  # in order: the SIGTERM deadline no longer applies
+            return ExitCode.PREEMPTED
+        return (
+            ExitCode.OK
+            if result.status in ("success", "evaluated", "benchmarked")
+            else ExitCode.NOT_CONVERGED
+        )
+    except InputError as e:
+        _abort(events, trainer)
+        _fail(rank_prefix, " ".join(str(e).split()), ExitCode.INPUT_ERROR)
+    except KeyboardInterrupt:
+        _abort(events, trainer)
+        _fail(rank_prefix, "interrupted", ExitCode.INTERRUPTED)
+    except Exception:
+        traceback.print_exc()
+        _abort(events, trainer)
+        _fail(rank_prefix, "crashed (traceback above)", ExitCode.CRASH)
+    return ExitCode.CRASH
 
 
 class Trainer:
@@ -73,16 +168,45 @@ class Trainer:
       dist: the Distribution (rank, size, collectives).
       events: the Events that the listeners get.
       run_dir: the run's folder (checkpoints/, shards/).
-      runtime: what common.runtime.configure set (device, threads, precision): the launcher
-        configures it right after Horovod's init, before any TensorFlow op.
+      runtime: what common.runtime.configure set (device, threads, precision): `main` configures it
+        right after Horovod's init, before any TensorFlow op.
+
+    `run` sets the rest, what the modes read: mesh (the data-parallel groups: DataParallel, each
+    rank whole samples, or a SpatialMesh that splits them), shards (this rank's files, staged paths
+    once data preparation ran), model, optimizer, schedule, metric (the task's EvalMetric), saver
+    (common.checkpoints.save_policy), train_step and eval_step (traced at init), info (the RunInfo
+    of init_stop).
     """
 
     def __init__(self, task, dist, events, run_dir, runtime: dict):
         self.task, self.cfg, self.dist, self.events = task, task.cfg, dist, events
         self.runtime = runtime
+        self.precision = runtime["precision"]
         self.output_dir = Path(run_dir)
-        self.state = RunState()  # where the run stands (common.run.launch reads it on a crash)
+        # Where the run stands (main reads it on a crash): the epoch in progress (0 before the
+        # first); optimizer steps done over the whole run, resumes included (the run's one count,
+        # carried by the events that stand at a step); whether run_start was logged.
+        self.epoch, self.global_step, self.started = 0, 0, False
         self.optimizer_shard = None  # a ShardedUpdate when parallel.shard_optimizer (set by _build)
+        # The timed run's record, what a failed run still reports: one entry per epoch
+        # (RunResult.history), the last evaluation, and whether it ended at the target or the last
+        # epoch (neither stopped nor failed).
+        self.history, self.last_metric, self.completed = [], float("nan"), False
+        self.timed_epochs = 0  # epochs whose steps were each timed (the first this process runs)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.info.steps_per_epoch
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """One epoch's samples over all ranks, in whole steps."""
+        return self.info.samples_per_epoch
+
+    def reached(self, value: float) -> bool:
+        """Whether a metric value meets the task's target."""
+        target = self.task.target
+        return value <= target if self.metric.lower_is_better else value >= target
 
     def run(self) -> RunResult:
         """init -> (staging) -> one run mode: the order every Horovod program follows, a line a step."""
@@ -93,7 +217,7 @@ class Trainer:
         runtime = self.runtime
         tf_keras.utils.set_random_seed(cfg.train.seed)
         # Data parallelism is over groups: one rank each, or the K ranks that split each sample.
-        mesh = task.mesh or dist.spatial_mesh(1)
+        mesh = self.mesh = task.mesh or dist.spatial_mesh(1)
         split = f"; {mesh.describe()}" if mesh.is_split else ""
         if cfg.parallel.shard_optimizer:
             split += ", the optimizer's state sharded over each group"
@@ -101,8 +225,9 @@ class Trainer:
         shards = task.shard(mesh.group, mesh.groups)  # this rank's (its group's) files
         plan = _plan_epochs(shards, mesh.groups, cfg.train.gradient_accumulation_frequency)
         # The LR scaled for the global batch:
-        model, optimizer, schedule, loss_fn, metric = self._build(runtime["precision"], plan, mesh)
-        saver = CheckpointSaver(
+        model, optimizer, schedule, loss_fn, metric = self._build(plan, mesh)
+        self.model, self.optimizer, self.schedule, self.metric = model, optimizer, schedule, metric
+        saver = self.saver = CheckpointSaver(
             self.output_dir / "checkpoints",
             model,
             optimizer,
@@ -114,7 +239,7 @@ class Trainer:
         )
         saver.prepare()
         start = self._restore_or_start(saver, model, plan)  # rank 0 picks the checkpoint, if any
-        self.state.global_step = start.global_step
+        self.global_step = start.global_step
         # All start from rank 0's state. A sharded optimizer's differs by rank: zeros from scratch,
         # and each rank's own part of a checkpoint, read by every rank.
         dist.broadcast_variables(
@@ -123,26 +248,26 @@ class Trainer:
         if start.rank_state is not None:
             # Mid-epoch, each rank's running statistics are its own (averaged at the epoch's end).
             start.rank_state.restore_batchnorm(model, start.source)
-        train_step, eval_step = self._build_steps(
-            model, optimizer, loss_fn, metric
-        )  # gradients allreduced inside
+        # Gradients allreduced inside:
+        self.train_step, self.eval_step = self._build_steps(model, optimizer, loss_fn, metric)
         # Compile and autotune on synthetic batches, the state put back: not in the timed region.
         warmup = warm_up(
-            train_step,
-            eval_step,
+            self.train_step,
+            self.eval_step,
             task.input_specs(),
-            state_variables(model, optimizer, train_step),
+            state_variables(model, optimizer, self.train_step),
             0 if cfg.train.evaluate_only else cfg.train.warmup_steps,
             # On a GPU: an op of the steps left on the CPU ends the run (exit 2) unless allowed.
             cfg.runtime.allow_cpu_ops if runtime["device"] == "gpu" else None,
         )
-        info = self._run_info(runtime, mesh, shards, plan, model, metric, start, warmup)
-        events.on_init_stop(info)
+        self.info = self._run_info(shards, plan, start, warmup)
+        events.on_init_stop(self.info)
 
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
         shards, staging = prepare_data(
             cfg, dist, shards, events, self.output_dir, task.staged_layout()
         )
+        self.shards = shards
         train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
         valid_ds = padded_batches(valid_ds, shards.local_batch_size)  # the traced shape, always
         # The last stage, the same for every task: tf.data on a thread pool of the rank's cores, then
@@ -155,39 +280,23 @@ class Trainer:
             for ds in (train_ds, valid_ds)
         )
         self._check_specs(train_ds, valid_ds)
-        ctx = RunContext(
-            cfg=cfg,
-            task=task,
-            dist=dist,
-            events=events,
-            mesh=mesh,
-            shards=shards,
-            model=model,
-            optimizer=optimizer,
-            schedule=schedule,
-            metric=metric,
-            train_step=train_step,
-            eval_step=eval_step,
-            saver=saver,
-            info=info,
-            precision=runtime["precision"],
-            state=self.state,
-        )
-        training = None
-        if cfg.train.evaluate_only:
-            result = run_evaluation(ctx, valid_ds, start.start_epoch)
+        if cfg.train.evaluate_only:  # --evaluate: the model as restored, one validation pass
+            try:
+                value = self.evaluate(valid_ds, self.epoch)[0]
+            except RunFailed as e:  # no run started: bad input like any other
+                raise InputError(e.failure.message) from None
+            result = RunResult(status="evaluated", epochs=start.start_epoch, metric=value)
         elif cfg.train.benchmark_steps:
             from common.run.benchmark_mode import run_benchmark
 
-            result = run_benchmark(ctx, train_ds)
+            result = run_benchmark(self, train_ds)
         else:
             self._clear_page_cache(shards)
             if cfg.mlperf.start_barrier_dir:  # weak scaling: the set of instances starts together
                 from common.run.instance_start import meet_the_other_instances
 
                 events.on_instances_met(meet_the_other_instances(cfg.mlperf, dist))
-            training = TrainingRun(ctx, start)
-            result = training.run(train_ds, valid_ds)  # metrics averaged; rank 0 writes
+            result = self.train(train_ds, valid_ds, start)  # metrics averaged; rank 0 writes
         # A collective, once on every rank whatever the mode and however it ended: after run_stop,
         # before the characterization's collectives and rank 0's report. All ranks must end with
         # identical variables, batch-norm statistics included (common.parallel.fingerprint).
@@ -195,28 +304,332 @@ class Trainer:
         result = dataclasses.replace(
             result,
             runtime=runtime,
-            num_params=info.num_params,
+            num_params=self.info.num_params,
             resumed_from=start.resumed_from,
             staging=staging,
             weights_in_sync=in_sync,
             weights_compared=compared,
         )
-        if training is not None:
+        if cfg.runtime.characterize and self.completed:
             result = dataclasses.replace(
-                result, characterization=training.characterize(train_ds, staging)
+                result, characterization=self.characterize(train_ds, staging)
             )
         return result
 
+    # ------------------------------------------------------------ the timed run
+    def train(self, train_ds, valid_ds, start: ResumePoint) -> RunResult:
+        """Every rank: the timed run from `start` (its position, and the epoch's losses so far), to
+        its run_stop; what it found."""
+        self.events.on_run_start()
+        self.started = True
+        run_start = time.perf_counter()
+        # This rank's losses of the epoch in progress (a mid-epoch checkpoint's, resumed).
+        self.epoch_losses = (
+            [tf.constant(v) for v in start.rank_state.losses] if start.rank_state else []
+        )
+        try:
+            return self._epochs(iter(train_ds), valid_ds, start.position.epoch, run_start)
+        except RunFailed as e:
+            return self._end_failed(e.failure, run_start)
+
+    def _epochs(self, train_iter, valid_ds, first_epoch: int, run_start: float) -> RunResult:
+        events, saver, t = self.events, self.saver, self.cfg.train
+        status, checkpoint = "aborted", None
+        epoch = self.epoch = first_epoch - 1  # the last epoch done
+        stopped = False
+        for epoch in range(first_epoch, t.n_epochs + 1):
+            self.epoch = epoch
+            events.on_epoch_start(epoch, self.global_step)
+            train = self._epoch(train_iter, epoch)
+            if train is None:  # stopped on request mid-epoch, checkpoint written
+                stopped = True
+                epoch -= 1  # the last epoch done
+                break
+            # As the MLCommons DeepCAM reference: after every epoch's training,
+            # evaluated or not, each rank's batch-norm running statistics (from
+            # its own shard) become their mean over all ranks, so evaluation,
+            # checkpoints (rank 0's) and the final model use the same statistics
+            # on every rank. A collective: every rank calls it, here.
+            average_batchnorm_statistics(self.model, self.dist)
+            events.on_epoch_stop(epoch, train)
+            record = {
+                "epoch": epoch,
+                "loss": train.loss,
+                "samples_per_s": train.samples_per_s,
+                "lr": train.lr,
+            }
+            if train.first_step_s is not None:
+                record.update(
+                    first_step_s=train.first_step_s,
+                    median_step_s=train.median_step_s,
+                    p90_step_s=train.p90_step_s,
+                    first_input_wait_s=train.first_input_wait_s,
+                )
+            self.history.append(record)
+            if epoch % t.eval_every == 0 or epoch == t.n_epochs:
+                events.on_eval_start(epoch)
+                value, eval_loss = self.evaluate(valid_ds, epoch)
+                events.on_eval_stop(epoch, self.global_step, value, eval_loss)
+                self.last_metric = record["metric"] = value
+                record["eval_loss"] = eval_loss
+            record["time_s"] = time.perf_counter() - run_start
+            if "metric" in record and t.stop_at_target and self.reached(record["metric"]):
+                status = "success"
+                break
+            # A request at the last epoch's end leaves nothing to resume: the run just ends.
+            stopped = epoch < t.n_epochs and termination.agree_to_stop(self.dist)
+            if stopped or saver.due_after_epoch(epoch, self.global_step):
+                saver.save(epoch, self.steps_per_epoch, self.global_step, wait=stopped)
+            if stopped:
+                break
+        if saver.enabled and not stopped:  # the final state, unless just saved
+            saver.save(epoch, self.steps_per_epoch, self.global_step)
+        saver.wait()
+        checkpoint_save = saver.figures()
+        if stopped:
+            status = "preempted"
+            checkpoint = saver.folder(self.global_step)
+        elif not t.stop_at_target and self.reached(self.last_metric):
+            status = "success"
+        time_to_train_s = time.perf_counter() - run_start
+        # A stopped run's log says aborted, and where it can go on from.
+        events.on_run_stop("aborted" if stopped else status, self.epoch, checkpoint)
+        self.completed = not stopped
+        return RunResult(
+            status=status,
+            epochs=epoch,
+            metric=self.last_metric,
+            time_to_train_s=time_to_train_s,
+            history=self.history,
+            checkpoint=checkpoint,
+            checkpoint_save=checkpoint_save,
+        )
+
+    def _epoch(self, train_iter, epoch) -> EpochTrain | None:
+        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
+
+        The loop launches steps and reads none of their values while they may still run: a step's
+        loss and input flag are read (for the agreement and the log line) once it is READ_LAG steps
+        behind the newest one launched, so that on a GPU the read finds it done and the queue the
+        steps are launched into never drains. Only the epoch's end (_end_epoch) reads the last ones,
+        where batch-norm averaging and evaluation wait for them anyway.
+
+        Raises RunFailed on every rank once they agree that a step's input or loss was not finite.
+        """
+        t, saver, per_epoch = self.cfg.train, self.saver, self.steps_per_epoch
+        start = time.perf_counter()
+        losses = self.epoch_losses  # the steps a resumed run did before, if any
+        first = len(losses)
+        flags = []  # each step's StepResult.inputs_finite, from step first + 1
+        checked = first  # losses[:checked] went through an agreement
+        log_from, log_launched, log_start = first, first, start  # what the last TrainLog covered
+        # runtime.step_timing (a measurement, off by default): the first epoch's steps each waited
+        # for and timed, their wait for input apart, for the [timing] line.
+        timed = self.cfg.runtime.step_timing and self.timed_epochs == 0
+        batches = _TimedBatches(train_iter) if timed else train_iter
+        step_times, input_waits = [], []
+        self.timed_epochs += 1
+        with naming_bad_files(self.task, self.shards.train_files):
+            for step in range(first + 1, per_epoch + 1):
+                step_start = time.perf_counter()
+                result = self.train_step(batches)
+                if timed:
+                    result.loss.numpy()  # waits for the step: the measurement's cost, opted into
+                    waited = batches.take_wait()
+                    step_times.append(time.perf_counter() - step_start - waited)
+                    input_waits.append(waited)
+                losses.append(result.loss)
+                flags.append(result.inputs_finite)
+                self.global_step += 1
+                self.events.on_step(StepInfo(epoch, step, per_epoch, self.global_step))
+                if step == per_epoch:
+                    break  # the epoch's end checks and saves after its statistics are averaged
+                finished = max(len(losses) - READ_LAG, checked)  # losses[:finished] are done
+                if (
+                    t.log_every_steps
+                    and self.global_step % t.log_every_steps == 0
+                    and finished > log_from
+                ):
+                    now = time.perf_counter()
+                    self.events.on_train_log(
+                        self._train_log(
+                            epoch,
+                            losses[log_from:finished],
+                            self.global_step - (len(losses) - finished),
+                            len(losses) - log_launched,
+                            now - log_start,
+                        )
+                    )
+                    log_from, log_launched, log_start = finished, len(losses), now
+                stop = False
+                if self.global_step % t.stop_check_steps == 0:
+                    stop = self._agree(
+                        epoch,
+                        step,
+                        losses[checked:finished],
+                        flags[checked - first : finished - first],
+                        first_step=self.global_step - (len(losses) - checked) + 1,
+                    )
+                    checked = finished
+                if saver.due_mid_epoch(self.global_step):
+                    saver.save(epoch, step, self.global_step, losses)
+                if stop:
+                    saver.save(epoch, step, self.global_step, losses, wait=True)
+                    return None
+            loss = self._end_epoch(epoch, losses[checked:], flags[checked - first :], losses)
+        self.epoch_losses = []
+        seconds = time.perf_counter() - start
+        steps = per_epoch - first
+        return EpochTrain(
+            global_step=self.global_step,
+            loss=loss,
+            seconds=seconds,
+            lr=self.schedule.at_step((epoch - 1) * per_epoch),
+            samples_per_s=self.samples_per_epoch * steps / per_epoch / seconds,
+            first_step_s=step_times[0] if step_times else None,
+            median_step_s=float(np.median(step_times)) if step_times else None,
+            p90_step_s=float(np.percentile(step_times, 90)) if step_times else None,
+            first_input_wait_s=input_waits[0] if input_waits else None,
+        )
+
+    def _end_epoch(self, epoch, unchecked, flags, losses) -> float:
+        """After the epoch's last step: the agreement over the steps not yet agreed on (a stop request
+        waits for the epoch's end checks), then the epoch's mean loss over all ranks."""
+        first_step = self.global_step - len(unchecked) + 1
+        self._agree(epoch, self.steps_per_epoch, unchecked, flags, first_step=first_step)
+        return float(self.dist.allreduce_mean([_mean(losses)])[0])
+
+    def _agree(self, epoch, step, losses, flags, first_step: int) -> bool:
+        """The agreement of the steps since the last one (`losses`, `flags`: this rank's, done steps
+        from global step `first_step` on): True on every rank once any rank got a stop request;
+        RunFailed on every rank when a batch or a loss was not finite on any rank."""
+        global_step, first = self.global_step, first_step
+        values = tf.stack(losses).numpy() if losses else np.zeros(0)
+        finite = tf.stack(flags).numpy() if flags else np.ones(0, bool)
+        verdict = termination.agree(self.dist, first, values, finite)
+        if verdict.bad_input_rank is not None:
+            fail_on_input(
+                self.dist,
+                self.task,
+                verdict.bad_input_rank,
+                self.shards.train_files,
+                epoch,
+                verdict.bad_input_step,
+                "training",
+                global_step,
+            )
+        if verdict.bad_loss_step is not None:
+
+            def save_now():
+                self.saver.save(epoch, step, global_step, self.epoch_losses, wait=True)
+                return self.saver.folder(global_step)
+
+            fail_on_loss(
+                self.dist,
+                self.model.variables + self.optimizer.variables,
+                save_now,
+                self.saver.checkpointer.latest,
+                epoch,
+                verdict.bad_loss_step,
+                values[verdict.bad_loss_step - first],
+            )
+        return verdict.stop
+
+    def _end_failed(self, failure: Failure, run_start: float) -> RunResult:
+        """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
+        self.saver.wait()  # the last finite state is on disk before anyone exits
+        time_to_train_s = time.perf_counter() - run_start
+        self.events.on_run_stop("aborted", self.epoch, failure.checkpoint, failure)
+        return RunResult(
+            status="aborted",
+            epochs=self.epoch - 1,
+            metric=self.last_metric,
+            time_to_train_s=time_to_train_s,
+            history=self.history,
+            checkpoint=failure.checkpoint,
+            failure=failure,
+        )
+
+    def _train_log(self, epoch, losses, global_step, launched, seconds) -> TrainLog:
+        """This rank's mean loss over `losses` (done steps, the last of them `global_step`) and its LR;
+        samples/s of the `launched` steps of the last `seconds`."""
+        loss = float(np.mean(tf.stack(losses).numpy(), dtype=np.float64))
+        samples = launched * self.samples_per_epoch / self.steps_per_epoch
+        return TrainLog(
+            epoch=epoch,
+            global_step=global_step,
+            loss=loss,
+            lr=float(self.schedule.at_step(global_step - 1)),
+            samples_per_s=samples / seconds if seconds > 0 else 0.0,
+        )
+
+    def evaluate(self, valid_ds, epoch: int) -> tuple[float, float]:
+        """Every rank: (the metric, the per-sample mean loss) over every rank's validation files;
+        RunFailed on every rank if a batch held NaN or Inf."""
+        # Summed where the steps run and read once: a read per batch would wait for each.
+        sums = tf.constant(EvalSums.zero_vector(self.metric.n_sums))
+        with naming_bad_files(self.task, self.shards.valid_files):
+            for x, y, n in valid_ds:
+                sums = sums + self.eval_step(x, y, n)
+            sums = sums.numpy()
+        local = EvalSums.of(sums)
+        # The ranks of a spatial group evaluate the same samples: each group counted once.
+        total = EvalSums.of(self.dist.allreduce_sum(sums) / self.mesh.size)
+        if total.non_finite_batches:
+            culprit = self.dist.allreduce_max(
+                [self.dist.rank + 1.0 if local.non_finite_batches else 0.0]
+            )[0]
+            fail_on_input(
+                self.dist,
+                self.task,
+                int(culprit) - 1,
+                self.shards.valid_files,
+                epoch,
+                None,
+                "validation",
+                self.global_step,
+            )
+        loss = float(total.loss / total.samples) if total.samples else float("nan")
+        return float(self.metric.finalize(total.metric)), loss
+
+    def characterize(self, train_ds, staging) -> dict:
+        """Every rank, after run_stop and the weights check of a completed run with
+        runtime.characterize: FLOPs, input pipeline, memory and allreduce of this run
+        (offline.characterize).
+
+        Args:
+          train_ds: the training dataset the run read.
+          staging: the StageStats of data preparation, None when nothing was staged.
+        """
+        self.events.on_characterization_start()
+        from common.run.characterization import characterize_run  # runtime.characterize only
+
+        return characterize_run(
+            model=self.model,
+            dist=self.dist,
+            sample_shape=train_ds.element_spec[0].shape[1:],
+            history=self.history,
+            staging=staging_dict(staging),
+            global_batch_size=self.info.global_batch_size,
+            compression=self.cfg.runtime.gradient_compression,
+            make_train_dataset=lambda: self.task.build_inputs(
+                self.shards, self.mesh.group, self.dist.local_size
+            )[0],
+            local_batch_size=self.shards.local_batch_size,
+            files_read=self.shards.train_files,
+            samples_read=len(self.shards.train_files),
+        )
+
     # ---------------------------------------------------------------- set-up
-    def _build(self, precision: str, plan, mesh):
+    def _build(self, plan, mesh):
         """(model, optimizer, schedule, loss, metric): the model under the precision policy with its
         batch-norm group, the task's optimizer wrapped for the precision and built (for this rank's
         variables only when it is sharded over the spatial group: self.optimizer_shard)."""
         task = self.task
-        with runtime_lib.dtype_policy(precision):
+        with runtime_lib.dtype_policy(self.precision):
             model = task.build_model(batchnorm_group(self.dist, task))
         optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
-        optimizer = runtime_lib.wrap_optimizer(optimizer, precision)  # fp16: dynamic loss scaling
+        optimizer = runtime_lib.wrap_optimizer(optimizer, self.precision)  # fp16: loss scaling
         self.optimizer_shard = optimizer_shard(self.cfg, model, mesh)
         optimizer.build(
             self.optimizer_shard.owned_variables()
@@ -270,27 +683,27 @@ class Trainer:
         eval_step.get_concrete_function(*eval_step_specs(specs))
         return train_step, eval_step
 
-    def _run_info(self, runtime, mesh, shards, plan, model, metric, start, warmup) -> RunInfo:
-        cfg, dist, task = self.cfg, self.dist, self.task
+    def _run_info(self, shards, plan, start, warmup) -> RunInfo:
+        cfg, dist, task, model = self.cfg, self.dist, self.task, self.model
         return RunInfo(
             benchmark=task.name,
             seed=cfg.train.seed,
             num_nodes=dist.num_nodes,
             ranks=dist.size,
-            accelerators_per_node=runtime_lib.accelerators_per_node(runtime["device"], dist),
+            accelerators_per_node=runtime_lib.accelerators_per_node(self.runtime["device"], dist),
             global_batch_size=plan.global_batch,
             train_samples=shards.train_set_size or shards.n_train,
             eval_samples=shards.n_valid,
             hyperparameters=task.mlperf_hyperparameters(plan.global_batch),
-            target_name=metric.name,
+            target_name=self.metric.name,
             target=task.target,
             steps_per_epoch=plan.steps_per_epoch,
             n_epochs=cfg.train.n_epochs,
             resumed_from=start.resumed_from,
             model_name=model.name,
             num_params=int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-            spatial_ranks=mesh.size,
-            spatial_plan=task.describe_split(model) if mesh.is_split else "",
+            spatial_ranks=self.mesh.size,
+            spatial_plan=task.describe_split(model) if self.mesh.is_split else "",
             batchnorm_layers=len(batchnorm_statistics(model)) // 2,
             samples_per_epoch=plan.samples_per_epoch,
             shard_samples=shards.n_train,
@@ -322,6 +735,59 @@ class Trainer:
         self.events.on_caches_cleared(bool(failed == 0 and done > 0), int(done))
 
 
+def batchnorm_group(dist, task):
+    """The RankGroup whose batch norm shares its statistics: the task's batchnorm_group_size ranks, times
+    K when samples are split (a slab's statistics are not its sample's): a process set that
+    Distribution's init registered (main names its size)."""
+    k = task.mesh.size if task.mesh is not None else 1
+    return dist.rank_group(
+        task.batchnorm_group_size * k,
+        "batchnorm_group_size"
+        if k == 1
+        else f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})",
+    )
+
+
+def optimizer_shard(cfg, model, mesh):
+    """With parallel.shard_optimizer, this rank's share of `model`'s variables for the optimizer (a
+    common.parallel.sharded_optimizer.ShardedUpdate), the updated weights allgathered over the
+    spatial group; else None (every rank updates all of them)."""
+    if not cfg.parallel.shard_optimizer:
+        return None
+    from common.parallel.sharded_optimizer import ShardedUpdate  # sharded runs only
+
+    return ShardedUpdate(
+        model.trainable_variables,
+        mesh.index,
+        mesh.size,
+        lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"),
+    )
+
+
+def padded_batches(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+    """`dataset`'s batches (x, y) as (x, y, n), each of `batch_size` samples: the first n are the
+    batch's, then copies of its last sample (finite where the batch is) up to `batch_size`.
+
+    Every batch the eval step takes then has the shape traced at init, which warm-up runs: another
+    shape would be traced again, and on a GPU autotuned, in the timed region. The eval step counts
+    the n real samples only.
+    """
+
+    def pad(x, y):
+        n = tf.shape(x)[0]
+        fill = tf.minimum(tf.range(batch_size), n - 1)  # 0, 1, ..., n - 1, n - 1, ...
+        x, y = tf.cond(
+            n < batch_size, lambda: (tf.gather(x, fill), tf.gather(y, fill)), lambda: (x, y)
+        )
+        return (
+            tf.ensure_shape(x, (batch_size, *x.shape[1:])),
+            tf.ensure_shape(y, (batch_size, *y.shape[1:])),
+            n,
+        )
+
+    return dataset.map(pad)
+
+
 @dataclasses.dataclass(frozen=True)
 class _EpochPlan:
     """One epoch in optimizer steps, and the global batch of a step."""
@@ -349,3 +815,76 @@ def _plan_epochs(shards, groups: int, accumulation: int) -> _EpochPlan:
             f"local batch {shards.local_batch_size} x accumulation {accumulation}"
         )
     return _EpochPlan(steps, global_batch)
+
+
+class _TimedBatches:
+    """The training iterator, counting the seconds its callers wait in next() (for input), so that
+    a step's own time can be told apart."""
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+        self._waited = 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        try:
+            return next(self._iterator)
+        finally:
+            self._waited += time.perf_counter() - start
+
+    def take_wait(self) -> float:
+        """The seconds waited since the last call."""
+        taken, self._waited = self._waited, 0.0
+        return taken
+
+
+def _mean(losses) -> float:
+    """The mean of a list of scalar loss tensors, in float64 (reading it waits for the last step)."""
+    return float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
+
+
+def _fail(rank_prefix: str, message: str, code: int) -> None:
+    print(f"error:{rank_prefix} {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def _abort(events, trainer) -> None:
+    """Closes the MLPerf log of a failed run with run_stop status 'aborted'."""
+    if events is None:
+        return
+    try:
+        if trainer is not None and trainer.started:
+            events.on_run_stop("aborted", trainer.epoch)
+        events.close()
+    except Exception:  # the original error matters more than a failure to log it
+        pass
+
+
+def _listeners(task, cfg, run_dir, console) -> list:
+    """Rank 0's listeners: the MLPerf log (a benchmark run only), the console, TensorBoard."""
+    listeners = [console]
+    if not (cfg.train.evaluate_only or cfg.train.benchmark_steps):  # no MLPerf log otherwise
+        submission = {
+            "benchmark": task.name,
+            "org": cfg.mlperf.org,
+            "division": cfg.mlperf.division,
+            "status": cfg.mlperf.status,
+            "platform": cfg.mlperf.platform,
+        }
+        instance = {
+            k: getattr(cfg.mlperf, k)
+            for k in ("instance_id", "number_of_instances")
+            if getattr(cfg.mlperf, k) is not None
+        }
+        listeners.insert(
+            0, MLPerfLogger(run_dir, submission, metric_key=task.metric_name, instance=instance)
+        )
+    if cfg.runtime.tensorboard:
+        from common.reporting.tensorboard import TensorBoardListener  # --tensorboard only
+
+        listeners.append(TensorBoardListener(run_dir / "tensorboard", yaml_text(cfg)))
+    return listeners

@@ -7,7 +7,7 @@ rules that belongs before run_start, and touching no training data (NVIDIA's v3.
 synthetic warm-up steps before run_start too). So the warm-up runs `train.warmup_steps`
 optimizer steps on synthetic batches of the training batches' shapes and dtypes (the same
 graphs: no retrace), one eval step (evaluation pads every batch to that shape:
-common.run.evaluate_mode), and then puts back every variable the steps changed:
+common.run.trainer.padded_batches), and then puts back every variable the steps changed:
 weights, optimizer slots and step count, batch-norm statistics, the dropout generators'
 states, the accumulated gradients, a loss scale. A deterministic run with warm-up ends with
 the weights of one without, bit for bit (tests/test_warmup.py).

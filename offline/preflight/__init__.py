@@ -14,7 +14,7 @@ Under any launcher, every rank runs it; rank 0 prints:
      negotiation included: not bare NCCL, which nccl-tests' all_reduce_perf measures), in
      all_reduce_perf's columns: time, algorithm bandwidth (bytes / time) and bus bandwidth
      (algbw x 2(n-1)/n) per size (sweep.py);
-  3. a benchmark of a config (train.py --benchmark STEPS, the real trainer: common.run.launch) and,
+  3. a benchmark of a config (train.py --benchmark STEPS, the real trainer: common.run.trainer) and,
      beside it, the step time offline.projection gives for that model on a machine file; with no
      --machine, a file describing this host, written from lscpu and a measured matmul peak
      (host.py); the verdict is their ratio against a tolerance (verdict.py).

@@ -135,9 +135,10 @@ def main(argv=None) -> int:
     # TensorFlow and Horovod once the input is known to be good.
     import tensorflow as tf
 
+    from common import config_loading
     from common import runtime as runtime_lib
     from common.parallel.distribution import Distribution
-    from common.run import launch
+    from common.run import trainer
 
     task_class = benchmarks.task_class(bench.name)
     dist = Distribution()
@@ -155,8 +156,8 @@ def main(argv=None) -> int:
         *(["--tiny"] if args.tiny else []),
         *[a for kv in args.overrides for a in ("--set", kv)],
     ]
-    config_path, overrides = launch.parse_overrides(task_class, train_argv)
-    cfg, _ = launch.load_run_config(task_class, config_path, overrides, dist.size)
+    config_path, overrides = config_loading.parse_overrides(task_class, train_argv)
+    cfg, _ = config_loading.load_run_config(task_class, config_path, overrides, dist.size)
     # As the benchmark's trainer will: pin the device, size the threads, refuse a GPU two ranks share.
     runtime = runtime_lib.configure(cfg.runtime, dist)
 
@@ -219,15 +220,15 @@ def main(argv=None) -> int:
         train_argv += [a for key, n in counts.items() for a in ("--set", f"{key}={n}")]
         dist.barrier()
     say(f"{TAG} benchmark: {bench.train_script} {shlex.join(train_argv)}")
-    code = launch.main(
+    code = trainer.main(
         task_class, train_argv
     )  # the real trainer, every rank (its own barrier at the end)
     if code != ExitCode.OK:
         return code
     if dist.is_root:
         throughput = json.loads((out / "benchmark" / "summary.json").read_text())["throughput"]
-        config_path, overrides = launch.parse_overrides(task_class, train_argv)
-        run_cfg, _ = launch.load_run_config(task_class, config_path, overrides, dist.size)
+        config_path, overrides = config_loading.parse_overrides(task_class, train_argv)
+        run_cfg, _ = config_loading.load_run_config(task_class, config_path, overrides, dist.size)
         judged = verdict.judge(
             machine,
             verdict.model_costs(task_class(run_cfg, None)),
