@@ -1,4 +1,4 @@
-"""Checkpoint cost: what common.checkpoints.checkpointer.Checkpointer's save costs training, at closed-division model size.
+"""Checkpoint cost: what common.checkpoints.Checkpointer's save costs training, at closed-division model size.
 
   python bench/checkpoint_cost.py                                  # 5 saves of each model, temporary dir
   python bench/checkpoint_cost.py --saves 3 --dir /scratch/ckpt --cosmoflow-step-s 0.9 --deepcam-step-s 2.1 \
@@ -74,7 +74,7 @@ def measure(name: str, config_path: str, device: str, saves: int, folder: Path, 
     import tensorflow as tf
     import tf_keras
 
-    from common.checkpoints.checkpointer import Checkpointer, random_generators
+    from common.checkpoints import Checkpointer, random_generators
 
     model, optimizer, precision = build(name, config_path, device)
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))

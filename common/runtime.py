@@ -38,7 +38,7 @@ def configure(runtime, dist) -> dict:
     dist.check_one_rank_per_gpu()
     precision, why = choose_precision(runtime, device)
     # Random layers (dropout) draw from a tf.random.Generator, whose state a
-    # checkpoint can hold (common.checkpoints.checkpointer), not from stateful ops whose
+    # checkpoint can hold (common.checkpoints), not from stateful ops whose
     # state lives in the kernels and restarts with the process.
     tf_keras.backend.experimental.enable_tf_random_generator()
     if runtime.deterministic:

@@ -5,7 +5,7 @@
 
 CHECKPOINT is a training checkpoint folder or a model-only one; its config (the
 model's sizes, the sample shape and the preprocessing) is the run's config.yaml
-(common.checkpoints.model_weights.find_run_config) unless --config names one. Samples are read
+(common.checkpoints.find_run_config) unless --config names one. Samples are read
 and preprocessed exactly as in training (cosmoflow/data.py), the model runs in
 inference mode (no dropout). Prints each sample's predicted parameters next to
 the file's targets and the mean absolute error, and writes the same to
@@ -21,7 +21,7 @@ import numpy as np
 import tf_keras
 
 from common import config_loading as config_lib
-from common.checkpoints.model_weights import find_run_config, restore_model_weights
+from common.checkpoints import find_run_config, restore_model_weights
 from common.errors import InputError, tool_main
 from common.files import write_text_atomic
 from cosmoflow import data

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import tf_keras
 
-from common.checkpoints.model_weights import CONFIG_NAME, save_model_weights
+from common.checkpoints import CONFIG_NAME, save_model_weights
 from common.config_loading import dump_config
 from common.errors import InputError, tool_main
 from common.files import write_text_atomic

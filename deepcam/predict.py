@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import config_loading as config_lib
-from common.checkpoints.model_weights import find_run_config, restore_model_weights
+from common.checkpoints import find_run_config, restore_model_weights
 from common.errors import InputError, tool_main
 from deepcam import data, task
 from deepcam.config import N_CLASSES, DeepCAMConfig

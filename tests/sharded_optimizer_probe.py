@@ -31,8 +31,10 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from common import optimizers  # noqa: E402
-from common.checkpoints.checkpointer import resume_point  # noqa: E402
-from common.checkpoints.save_policy import CheckpointSaver  # noqa: E402
+from common.checkpoints import (
+    CheckpointSaver,  # noqa: E402
+    resume_point,  # noqa: E402
+)
 from common.config_loading import load_config  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.sharded_optimizer import ShardedUpdate  # noqa: E402

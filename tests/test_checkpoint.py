@@ -1,4 +1,4 @@
-"""common.checkpoints.checkpointer.Checkpointer: pruning to the newest `keep`, removing partial saves, restoring."""
+"""common.checkpoints.Checkpointer: pruning to the newest `keep`, removing partial saves, restoring."""
 
 import types
 
@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.checkpoints.checkpointer import Checkpointer, read_state, resume_point
+from common.checkpoints import Checkpointer, read_state, resume_point
 from common.errors import InputError
 
 

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.checkpoints.model_weights import CONFIG_NAME, restore_model_weights, save_model_weights
+from common.checkpoints import CONFIG_NAME, restore_model_weights, save_model_weights
 from common.config_loading import dump_config
 from common.run.steps import eval_step_specs, make_eval_step
 from common.run.trainer import Trainer, padded_batches

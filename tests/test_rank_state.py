@@ -1,11 +1,11 @@
-"""common.checkpoints.rank_state: each rank's part of a mid-epoch checkpoint, on disk and back."""
+"""common.checkpoints: each rank's part of a mid-epoch checkpoint, on disk and back."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.checkpoints.rank_state import RankState, rank_file
+from common.checkpoints import RankState, rank_file
 from common.errors import InputError
 from common.parallel.sync_batchnorm import batchnorm_statistics
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.checkpoints.checkpointer import random_generators
+from common.checkpoints import random_generators
 from common.errors import ConfigError
 from common.run import device_placement
 from common.run.steps import TrainStep, make_eval_step

@@ -47,7 +47,7 @@ class RunInfo:
     target: float
     steps_per_epoch: int = 0
     n_epochs: int = 0
-    resumed_from: dict | None = None  # common.checkpoints.checkpointer.ResumePoint.resumed_from
+    resumed_from: dict | None = None  # common.checkpoints.ResumePoint.resumed_from
     # What rank 0's console says of init (common.reporting.console):
     model_name: str = ""
     num_params: int = 0  # trainable

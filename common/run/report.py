@@ -34,7 +34,7 @@ class RunResult:
     # Values the weights_in_sync fingerprint covered: every model variable,
     # batch-norm running statistics included (more than num_params when the model has any).
     weights_compared: int = 0
-    # Where a run that did not start from scratch started: common.checkpoints.checkpointer.ResumePoint.resumed_from.
+    # Where a run that did not start from scratch started: common.checkpoints.ResumePoint.resumed_from.
     resumed_from: dict | None = None
     # The checkpoint a run stopped on request (status "preempted") can go on from.
     checkpoint: str | None = None

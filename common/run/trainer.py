@@ -11,7 +11,7 @@ the last epoch, a stop request or a failure.
 
 Every rank runs the same code and calls the same collectives in the same order: the epoch's
 batch-norm averaging, evaluation, the agreement every train.stop_check_steps steps
-(common.run.termination.agree) and mid-epoch saves (common.checkpoints.save_policy). The trainer
+(common.run.termination.agree) and mid-epoch saves (common.checkpoints). The trainer
 prints nothing: it emits events, and listeners (rank 0's console, the MLPerf log, TensorBoard) act
 on them.
 
@@ -35,8 +35,7 @@ import tensorflow as tf
 import tf_keras
 
 from common import runtime as runtime_lib
-from common.checkpoints.checkpointer import ResumePoint, resume_point
-from common.checkpoints.save_policy import CheckpointSaver
+from common.checkpoints import CheckpointSaver, ResumePoint, resume_point
 from common.config_loading import dump_config, load_run_config, parse_overrides, peek, yaml_text
 from common.errors import ExitCode, InputError
 from common.inputs import epochs
@@ -174,7 +173,7 @@ class Trainer:
     `run` sets the rest, what the modes read: mesh (the data-parallel groups: DataParallel, each
     rank whole samples, or a SpatialMesh that splits them), shards (this rank's files, staged paths
     once data preparation ran), model, optimizer, schedule, metric (the task's EvalMetric), saver
-    (common.checkpoints.save_policy), train_step and eval_step (traced at init), info (the RunInfo
+    (common.checkpoints), train_step and eval_step (traced at init), info (the RunInfo
     of init_stop).
     """
 

@@ -25,7 +25,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from common.checkpoints.checkpointer import random_generators
+from common.checkpoints import random_generators
 from common.errors import ConfigError
 
 

@@ -1,13 +1,12 @@
-"""Checkpoints that are either complete or absent, written while training goes on.
+"""Checkpoints: complete or absent, written while training goes on; when a run saves; model-only folders.
 
 A checkpoint is a folder `checkpoints/step-NNNNNNNNNN/` (the optimizer steps
 done) holding
   ckpt.*            model, optimizer (step count included) and the random
                     generators' states (tf.train.Checkpoint, written by rank 0);
   state.json        where the run stood: epoch, steps done in it, ranks;
-  rank-NNNNN.npz    mid-epoch only: each rank's own state, which differs
-                    between ranks until the end of the epoch
-                    (common.checkpoints.rank_state: written, read and applied there);
+  rank-NNNNN.npz    mid-epoch only: each rank's own state (`RankState`), which differs
+                    between ranks until the end of the epoch;
   optimizer-shard-N.*  with the optimizer sharded over a spatial group of K ranks
                     (common.parallel.sharded_optimizer), the optimizer of the group's rank
                     N = 1 .. K-1, written by the first group's; ckpt.* holds rank 0's, index 0.
@@ -16,6 +15,31 @@ killed mid-write leaves only a .tmp folder, which `latest` ignores and the
 next run removes. Rank 0's save copies the variables to host memory and
 returns; a background thread writes them and renames the folder
 (TensorFlow's async checkpointing), so a save costs the step a copy, not a write.
+
+Until an epoch ends, two things differ between the ranks: each rank's batch-norm
+running statistics (from its own shard; averaged over the ranks at the epoch's
+end, common.parallel.sync_batchnorm) and its losses of the epoch so far (averaged
+into the epoch's train_loss at its end). A checkpoint written mid-epoch keeps
+both of every rank in `rank-NNNNN.npz`, so that the resumed epoch ends as the
+uninterrupted one would have: the arrays
+  losses    float32[steps done in the epoch]   this rank's step losses;
+  bn_<i>    the i-th batch-norm statistic of the model, in the order of
+            common.parallel.sync_batchnorm.batchnorm_statistics (moving mean and
+            variance of each layer, layer by layer).
+A checkpoint written at an epoch's end needs neither: the model's statistics are
+then the same on every rank, and rank 0's tf.train.Checkpoint holds them.
+
+A run saves (`CheckpointSaver`)
+  - every `train.checkpoint_steps` optimizer steps, mid-epoch included;
+  - after every `train.checkpoint_every`-th epoch;
+  - when the ranks agreed to stop (SIGUSR1/SIGTERM, common.run.termination), waiting for the write;
+  - at the end of a run that saves at all (the final state, unless just saved).
+Each rank's own state is written by every rank before rank 0 publishes the folder.
+
+Model-only folders (`save_model_weights`, `restore_model_weights`): a model's variables without
+optimizer or position, written by the import tools (a reference-trained model) and read by
+predict, evaluation and fine-tuning, under the same object path as a training checkpoint
+("model"), so a training checkpoint folder is read by the same function.
 """
 
 import concurrent.futures
@@ -25,15 +49,94 @@ import os
 import re
 import shutil
 import time
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
-from common.checkpoints.model_weights import holds_training_state, restore_model_weights
-from common.checkpoints.rank_state import RankState
 from common.errors import InputError
 from common.files import replace_folder, write_text_atomic
 from common.inputs import epochs
+from common.parallel.sync_batchnorm import batchnorm_statistics
+
+_LOSSES = "losses"
+_BATCHNORM = "bn_{}"
+
+
+def rank_file(rank: int) -> str:
+    """The file name of `rank`'s state in a checkpoint folder."""
+    return f"rank-{rank:05d}.npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class RankState:
+    """One rank's part of a mid-epoch checkpoint.
+
+    Attributes:
+      losses: this rank's step losses of the epoch so far (float32).
+      batchnorm: the values of the model's batch-norm statistics, in batchnorm_statistics' order.
+    """
+
+    losses: np.ndarray
+    batchnorm: tuple
+
+    @classmethod
+    def of(cls, model, epoch_losses) -> "RankState":
+        """This rank's state now: `epoch_losses` (scalar tensors or floats) and `model`'s statistics."""
+        losses = tf.stack(epoch_losses).numpy() if len(epoch_losses) else np.zeros(0, np.float32)
+        return cls(losses=losses, batchnorm=tuple(v.numpy() for v in batchnorm_statistics(model)))
+
+    def write(self, folder, rank: int) -> None:
+        """Writes FOLDER/rank-NNNNN.npz (temporary name, then rename: a killed write leaves no file)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / (rank_file(rank) + ".tmp")
+        arrays = {_LOSSES: self.losses} | {
+            _BATCHNORM.format(i): v for i, v in enumerate(self.batchnorm)
+        }
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, folder / rank_file(rank))
+
+    @classmethod
+    def read(cls, folder, rank: int) -> "RankState":
+        """`rank`'s state in a checkpoint folder; InputError naming the file when missing or unreadable."""
+        path = Path(folder) / rank_file(rank)
+        if not path.is_file():
+            raise InputError(f"{folder}: rank {rank}'s state is missing ({rank_file(rank)})")
+        try:
+            with np.load(path) as f:
+                arrays = {k: f[k] for k in f.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated or not an .npz
+            raise InputError(f"{path}: unreadable ({str(e).splitlines()[0][:200]})") from None
+        if _LOSSES not in arrays:
+            raise InputError(f"{path}: no '{_LOSSES}' array")
+        count = sum(1 for k in arrays if k.startswith("bn_"))
+        missing = [_BATCHNORM.format(i) for i in range(count) if _BATCHNORM.format(i) not in arrays]
+        if missing:
+            raise InputError(f"{path}: no '{missing[0]}' array")
+        return cls(
+            losses=arrays[_LOSSES],
+            batchnorm=tuple(arrays[_BATCHNORM.format(i)] for i in range(count)),
+        )
+
+    def restore_batchnorm(self, model, source="") -> None:
+        """Sets `model`'s batch-norm statistics to this rank's; InputError when they are not the model's."""
+        variables = batchnorm_statistics(model)
+        if len(variables) != len(self.batchnorm):
+            raise InputError(
+                f"{source}: holds {len(self.batchnorm)} batch-norm statistics per rank, "
+                f"the model has {len(variables)}"
+            )
+        for i, (v, value) in enumerate(zip(variables, self.batchnorm)):
+            if tuple(v.shape) != value.shape:
+                raise InputError(
+                    f"{source}: batch-norm statistic {i} ({v.name}) has shape {value.shape}, "
+                    f"the model's is {tuple(v.shape)}"
+                )
+            v.assign(value)
+
 
 _NAME = re.compile(r"^step-(\d{10})$")
 STATE_FILE = "state.json"
@@ -295,3 +398,168 @@ def resume_point(
             "global_step": state["global_step"],
         },
     )
+
+
+class CheckpointSaver:
+    """Every rank's side of the run's checkpoints.
+
+    Args:
+      directory: the run's checkpoints/ folder.
+      model, optimizer: what a checkpoint holds.
+      dist: the Distribution (a mid-epoch save is a collective).
+      train: the config's train section (checkpoint_every, checkpoint_steps, keep_checkpoints).
+      steps_per_epoch: optimizer steps of one epoch (saved, and checked on a resume).
+      benchmark: the benchmark's name (saved in state.json).
+      optimizer_shard: the ShardedUpdate of an optimizer sharded over the spatial group, else None.
+    """
+
+    def __init__(
+        self,
+        directory,
+        model,
+        optimizer,
+        dist,
+        train,
+        steps_per_epoch: int,
+        benchmark: str,
+        optimizer_shard=None,
+    ):
+        self.checkpointer = Checkpointer(
+            directory,
+            model,
+            optimizer,
+            keep=train.keep_checkpoints,
+            generators=random_generators(model),
+        )
+        self.optimizer_shard = optimizer_shard
+        self.model, self.dist, self.benchmark = model, dist, benchmark
+        self.every_epochs, self.every_steps = train.checkpoint_every, train.checkpoint_steps
+        self.steps_per_epoch = steps_per_epoch
+        self.saved_at = None  # global step of the newest checkpoint this run wrote
+        self.blocked_s = []  # rank 0: seconds each save held the step up
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.every_epochs or self.every_steps)
+
+    def prepare(self) -> None:
+        """Rank 0, at init: removes what a killed save left, and does the first saves' one-off work."""
+        if (
+            self.dist.is_root
+        ):  # before any rank writes a part of a new checkpoint (collectives follow)
+            self.checkpointer.remove_partial()
+            if self.enabled:
+                self.checkpointer.prepare()
+
+    def due_mid_epoch(self, global_step: int) -> bool:
+        return bool(self.every_steps) and global_step % self.every_steps == 0
+
+    def due_after_epoch(self, epoch: int, global_step: int) -> bool:
+        return bool(self.every_epochs and epoch % self.every_epochs == 0) or self.due_mid_epoch(
+            global_step
+        )
+
+    def save(
+        self, epoch: int, steps_done: int, global_step: int, epoch_losses=(), wait: bool = False
+    ) -> None:
+        """Every rank: checkpoints the state after `steps_done` steps of `epoch` (a collective mid-epoch).
+
+        epoch_losses: this rank's losses of the epoch so far (kept by a mid-epoch checkpoint).
+        wait: rank 0 returns once the checkpoint is on disk (a stop, a failure).
+        """
+        if self.saved_at == global_step:
+            if wait and self.dist.is_root:
+                self.checkpointer.wait()
+            return
+        mid_epoch, shards = steps_done < self.steps_per_epoch, self.optimizer_shard
+        if mid_epoch:
+            RankState.of(self.model, epoch_losses).write(
+                self.checkpointer.staging_folder(global_step), self.dist.rank
+            )
+        if shards is not None and 0 < self.dist.rank < shards.size:  # the first group's other ranks
+            self.checkpointer.write_optimizer_shard(global_step, shards.index)
+        if mid_epoch or shards is not None:
+            self.dist.barrier()  # every rank's part is on disk before rank 0 publishes the folder
+        if self.dist.is_root:
+            state = {
+                "global_step": global_step,
+                "epoch": epoch,
+                "steps_done": steps_done,
+                "steps_per_epoch": self.steps_per_epoch,
+                "ranks": self.dist.size,
+                "benchmark": self.benchmark,
+                "optimizer_shards": shards.size if shards else 1,
+            }
+            self.blocked_s.append(self.checkpointer.save(global_step, state))
+            if wait:
+                self.checkpointer.wait()
+        self.saved_at = global_step
+
+    def wait(self) -> None:
+        """Rank 0: no save left in flight (its error raised here)."""
+        if self.dist.is_root and self.saved_at is not None:
+            self.checkpointer.wait()
+
+    def figures(self) -> dict:
+        """Rank 0, after `wait`: the last save's figures and the blocked times over all saves ({} if none)."""
+        if not (self.dist.is_root and self.saved_at is not None):
+            return {}
+        return dict(
+            self.checkpointer.last_save,
+            saves=len(self.blocked_s),
+            blocked_max_s=max(self.blocked_s),
+            blocked_mean_s=float(np.mean(self.blocked_s)),
+            interval_steps=self.every_steps or None,
+        )
+
+    def folder(self, global_step: int) -> str:
+        """The absolute path of the checkpoint after `global_step` steps."""
+        return str(self.checkpointer.folder(global_step).resolve())
+
+
+CONFIG_NAME = "config.yaml"
+
+
+def save_model_weights(model, folder) -> Path:
+    """Writes `model`'s variables to FOLDER/ckpt (temporary folder, then rename)."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tf.train.Checkpoint(model=model).write(str(tmp / "ckpt"))
+    replace_folder(tmp, folder)
+    return folder
+
+
+def holds_training_state(folder) -> bool:
+    """Whether a checkpoint folder has an optimizer and epoch (training) or only a model (import)."""
+    names = {name for name, _ in tf.train.list_variables(str(Path(folder) / "ckpt"))}
+    return any(n.startswith("optimizer/") for n in names)
+
+
+def restore_model_weights(model, folder) -> None:
+    """Loads the model's variables from a training or model-only checkpoint folder.
+
+    Every variable of `model` must be in the checkpoint with its shape; extra
+    objects (optimizer, epoch) are ignored. Raises InputError naming the folder.
+    """
+    folder = Path(folder)
+    if not (folder / "ckpt.index").is_file():
+        raise InputError(f"{folder}: not a checkpoint folder (no ckpt.index)")
+    try:
+        status = tf.train.Checkpoint(model=model).read(str(folder / "ckpt"))
+        status.expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError) as e:  # a missing variable; a shape that differs
+        first = str(e).splitlines()[0][:200]
+        raise InputError(f"{folder}: checkpoint does not match the model ({first})") from None
+
+
+def find_run_config(folder):
+    """The config.yaml that describes a checkpoint folder: in it (import tools), or in
+    the run directory two levels up (run/checkpoints/step-NNNNNNNNNN). None if absent."""
+    folder = Path(folder)
+    for candidate in (folder, folder.parent, folder.parent.parent):
+        if (candidate / CONFIG_NAME).is_file():
+            return candidate / CONFIG_NAME
+    return None

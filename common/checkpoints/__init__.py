@@ -1,1 +1,0 @@
-"""Checkpoints: what they hold, when they are written, restoring them, model-only weights."""
