@@ -60,7 +60,7 @@ class RuntimeConfig:
     # runs beside the rest of backward; 'grouped', one grouped allreduce once backward is done.
     gradient_allreduce: Literal["overlap", "grouped"] = "overlap"
     # The input pipeline's last stage copies each batch to the device while the step before runs
-    # (common.inputs.device_prefetch): 'auto' on a GPU, not on a CPU (nothing to copy); 'on' on a
+    # (common.inputs.pipeline): 'auto' on a GPU, not on a CPU (nothing to copy); 'on' on a
     # CPU prefetches to /cpu:0 (the same stage, for tests); 'off': each step takes its batch from host memory.
     prefetch_to_device: Literal["auto", "on", "off"] = "auto"
     # On a GPU, warm-up ends the run (exit 2) naming each op TensorFlow left on the CPU but what

@@ -57,7 +57,7 @@ import tensorflow as tf
 
 from common.errors import InputError
 from common.files import replace_folder, write_text_atomic
-from common.inputs import epochs
+from common.inputs import pipeline
 from common.parallel.sync_batchnorm import batchnorm_statistics
 
 _LOSSES = "losses"
@@ -321,7 +321,7 @@ class ResumePoint:
       source: the folder as it was named (what rank 0's console says).
     """
 
-    position: epochs.Position = epochs.Position()
+    position: pipeline.Position = pipeline.Position()
     global_step: int = 0
     start_epoch: int = 0
     rank_state: RankState | None = None
@@ -376,7 +376,7 @@ def resume_point(
         )
     rank_state = None
     if done >= per_epoch:  # written after the epoch's end (statistics averaged, evaluated)
-        position = epochs.Position(epoch + 1, 0)
+        position = pipeline.Position(epoch + 1, 0)
     else:
         if state["ranks"] != ranks:
             raise InputError(
@@ -384,7 +384,7 @@ def resume_point(
                 f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end"
             )
         rank_state = RankState.read(source, rank)
-        position = epochs.Position(epoch, done * accumulation)
+        position = pipeline.Position(epoch, done * accumulation)
     return ResumePoint(
         position=position,
         global_step=state["global_step"],

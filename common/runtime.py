@@ -8,7 +8,7 @@ import tensorflow as tf
 import tf_keras
 
 from common import cpu
-from common.inputs import device_prefetch
+from common.inputs import pipeline
 from common.parallel import binding
 
 
@@ -49,7 +49,7 @@ def configure(runtime, dist) -> dict:
         "intra_op_threads": intra,
         "deterministic": runtime.deterministic,
         "inter_op_threads": inter,
-        # tf.data's private thread pool (common.inputs.device_prefetch.host_options): the rank's cores.
+        # tf.data's private thread pool (common.inputs.pipeline.host_options): the rank's cores.
         "input_threads": threads.threads,
         "threads_note": threads_note,
         "precision": precision,
@@ -58,7 +58,7 @@ def configure(runtime, dist) -> dict:
         "gradient_compression": runtime.gradient_compression,
         "gradient_allreduce": runtime.gradient_allreduce,
         # Where the input pipeline's last stage puts the batches ('off': each step copies its own).
-        "prefetch_to_device": device_prefetch.target_device(runtime.prefetch_to_device, device),
+        "prefetch_to_device": pipeline.target_device(runtime.prefetch_to_device, device),
         "stack": software_stack(),
         "image": container_image(),
     }

@@ -118,7 +118,7 @@ class Task:
     def build_inputs(self, shards: Shards, rank: int, local_size: int, start=None) -> tuple:
         """(train, valid) datasets over readable paths; `rank` is the data-parallel group's index
         (every rank of a spatial group reads the same samples in the same order). train is endless, epoch after epoch from
-        `start` (a common.inputs.epochs.Position; each epoch's order depends on the seed and the epoch
+        `start` (a common.inputs.pipeline.Position; each epoch's order depends on the seed and the epoch
         only); valid is one pass."""
         raise NotImplementedError
 

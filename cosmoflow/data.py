@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import InputError
-from common.inputs import epochs
+from common.inputs import pipeline
 from common.inputs.staging_layouts import Conversion, sha256_of
 from cosmoflow.records import encode_example
 
@@ -116,7 +116,7 @@ def make_dataset(
     parallelism: int = 4,
     prefetch: int = 4,
     batches_per_epoch: int | None = None,
-    start: epochs.Position = epochs.Position(),
+    start: pipeline.Position = pipeline.Position(),
     deterministic: bool = False,
     slab=None,
 ) -> tf.data.Dataset:
@@ -124,7 +124,7 @@ def make_dataset(
 
     Args:
       files: this rank's shard (one sample per file, as in the public data).
-      training: a new order every epoch (common.inputs.epochs.training_dataset), endless,
+      training: a new order every epoch (common.inputs.pipeline.training_dataset), endless,
         each epoch one pass over the shard giving `batches_per_epoch` full batches
         (default: all), from `start`; else one ordered pass.
       cache: keep decoded int16 samples in memory after the first pass.
@@ -158,7 +158,7 @@ def make_dataset(
 
     if training:
         n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
-        ds = epochs.training_dataset(
+        ds = pipeline.training_dataset(
             files,
             read,
             batch_size=batch_size,

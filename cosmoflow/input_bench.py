@@ -31,7 +31,7 @@ def variants(run: Run, options: Options) -> list[Row]:
     """The figures of every variant, then of the train step's NaN/Inf check on one batch."""
     import tensorflow as tf
 
-    from common.inputs import epochs
+    from common.inputs import pipeline
     from common.inputs.staging import stage_files
     from common.inputs.staging_layouts import GUNZIP
     from cosmoflow import data, synthetic
@@ -44,7 +44,7 @@ def variants(run: Run, options: Options) -> list[Row]:
     staged, _ = stage_files(files, run.stage_root / "cosmoflow", GUNZIP)
     sample = f"{size}^3x4, batch {batch}"
 
-    def pipeline(paths, compression, float_in_pipeline):
+    def make_pipeline(paths, compression, float_in_pipeline):
         if not float_in_pipeline:
             return data.make_dataset(
                 paths, shape, batch, compression, training=True, seed=0, parallelism=run.readers
@@ -62,7 +62,7 @@ def variants(run: Run, options: Options) -> list[Row]:
                 lambda s: data.parse_example(s, shape), num_parallel_calls=tf.data.AUTOTUNE
             )
 
-        return epochs.training_dataset(
+        return pipeline.training_dataset(
             paths,
             read,
             batch_size=batch,
@@ -82,7 +82,7 @@ def variants(run: Run, options: Options) -> list[Row]:
     ):
         bench_timing.warm_page_cache(paths)
         rates = bench_timing.timings(
-            pipeline(paths, compression, float_in_pipeline),
+            make_pipeline(paths, compression, float_in_pipeline),
             batch,
             run.n_batches(batch),
             run.repeats,

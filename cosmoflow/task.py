@@ -5,9 +5,8 @@ import tensorflow as tf
 
 from common import lr_schedules, optimizers
 from common.base_config import check_global_batch
-from common.inputs import epochs
-from common.inputs.memory import fits_in_memory
-from common.inputs.sharding import check_divisible, list_files, select_and_shard
+from common.inputs import pipeline
+from common.inputs.pipeline import check_divisible, fits_in_memory, list_files, select_and_shard
 from common.inputs.staging_layouts import GUNZIP
 from common.lr_schedules import scale_lr
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
@@ -202,9 +201,9 @@ class CosmoFlowTask(Task):
             training=True,
             seed=cfg.train.seed + rank,
             compression=data.resolve_compression(compression, shards.train_files),
-            start=start or epochs.Position(),
+            start=start or pipeline.Position(),
             deterministic=in_order,
-            batches_per_epoch=epochs.batches_per_epoch(
+            batches_per_epoch=pipeline.batches_per_epoch(
                 len(shards.train_files), d.batch_size, cfg.train.gradient_accumulation_frequency
             ),
             **common,

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import InputError
-from common.inputs import epochs
+from common.inputs import pipeline
 from common.inputs.batch_buffers import BatchBuffers, aligned_empty
 from common.inputs.staging_layouts import Conversion, sha256_of
 from deepcam.config import N_CLASSES
@@ -361,7 +361,7 @@ def make_dataset(
     prefetch=2,
     cache=False,
     batches_per_epoch=None,
-    start: epochs.Position = epochs.Position(),
+    start: pipeline.Position = pipeline.Position(),
     deterministic=False,
     slab=None,
 ) -> tf.data.Dataset:
@@ -369,7 +369,7 @@ def make_dataset(
 
     x is not normalized: `normalize` does it inside the compiled step.
 
-    Training: a new order every epoch (common.inputs.epochs.training_dataset), endless,
+    Training: a new order every epoch (common.inputs.pipeline.training_dataset), endless,
     full batches only, each epoch one pass over the shard giving
     `batches_per_epoch` batches (default: all), from `start`; `deterministic`
     reads in order although several files are in flight (exact resume).
@@ -401,7 +401,7 @@ def make_dataset(
         )
     if training:
         n_batches = batches_per_epoch if batches_per_epoch is not None else len(files) // batch_size
-        ds = epochs.training_dataset(
+        ds = pipeline.training_dataset(
             files,
             read,
             read_batches=read_batches,

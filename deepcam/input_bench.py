@@ -182,7 +182,7 @@ def former_hdf5_buffers_pipeline(paths, data, data_dir, channels, h, w, batch, r
     import numpy as np
     import tensorflow as tf
 
-    from common.inputs import epochs
+    from common.inputs import pipeline
     from common.inputs.batch_buffers import BatchBuffers
 
     in_flight = max(1, -(-readers // batch))
@@ -202,7 +202,7 @@ def former_hdf5_buffers_pipeline(paths, data, data_dir, channels, h, w, batch, r
         x, y = tf.numpy_function(fill, [batch_paths], (tf.float32, tf.uint8), stateful=False)
         return tf.ensure_shape(x, (batch, h, w, len(channels))), tf.ensure_shape(y, (batch, h, w))
 
-    return epochs.training_dataset(
+    return pipeline.training_dataset(
         paths,
         read_batches=lambda ds: ds.map(load, num_parallel_calls=in_flight),
         batch_size=batch,
@@ -214,9 +214,9 @@ def former_hdf5_buffers_pipeline(paths, data, data_dir, channels, h, w, batch, r
 
 def per_sample_pipeline(paths, load, batch, readers):
     """The former pipelines' shape: `load` a sample at a time, `readers` in flight, then tf.data's batch."""
-    from common.inputs import epochs
+    from common.inputs import pipeline
 
-    return epochs.training_dataset(
+    return pipeline.training_dataset(
         paths,
         lambda ds: ds.map(load, num_parallel_calls=readers),
         batch_size=batch,

@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 
 from common.errors import InputError, tool_main
-from common.inputs.sharding import list_files
+from common.inputs.pipeline import list_files
 from common.reporting.progress import Progress, progress_stream
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES
 

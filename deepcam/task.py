@@ -6,9 +6,8 @@ from common import lr_schedules, optimizers
 from common.base_config import check_global_batch
 from common.config_loading import peek
 from common.errors import InputError
-from common.inputs import epochs
-from common.inputs.memory import fits_in_memory
-from common.inputs.sharding import list_files, select_and_shard
+from common.inputs import pipeline
+from common.inputs.pipeline import fits_in_memory, list_files, select_and_shard
 from common.lr_schedules import StepWarmupSchedule
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
@@ -278,9 +277,9 @@ class DeepCAMTask(Task):
             shards.train_files,
             training=True,
             seed=cfg.train.seed + rank,
-            start=start or epochs.Position(),
+            start=start or pipeline.Position(),
             deterministic=cfg.runtime.deterministic or split is not None,
-            batches_per_epoch=epochs.batches_per_epoch(
+            batches_per_epoch=pipeline.batches_per_epoch(
                 len(shards.train_files),
                 d.local_batch_size,
                 cfg.train.gradient_accumulation_frequency,

@@ -26,7 +26,7 @@ tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfigu
 
 import numpy as np  # noqa: E402
 
-from common.inputs.device_prefetch import prefetch_to  # noqa: E402
+from common.inputs.pipeline import prefetch_to  # noqa: E402
 from common.run.steps import TrainStep  # noqa: E402
 from cosmoflow import data as cosmoflow_data  # noqa: E402
 from deepcam import data as deepcam_data  # noqa: E402

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from common.inputs.sharding import list_files, select_and_shard
+from common.inputs.pipeline import list_files, select_and_shard
 from common.reporting.compliance import check_log
 from tests import helpers
 

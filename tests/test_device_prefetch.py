@@ -1,4 +1,4 @@
-"""The input pipeline's last stage, batches prefetched to the device (common.inputs.device_prefetch).
+"""The input pipeline's last stage, batches prefetched to the device (common.inputs.pipeline).
 
 No GPU here: where the batches go is proven on a second logical CPU in a process of its own
 (tests/device_prefetch_probe.py), the stage's place at the end of the pipelines the run modes
@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from common import cpu
 from common.config_loading import load_config
-from common.inputs import device_prefetch
+from common.inputs import pipeline
 from common.parallel import binding
 from common.reporting.events import Events
 from common.run import benchmark_mode
@@ -44,12 +44,12 @@ H, W = 16, 24
     ],
 )
 def test_where_batches_go_by_setting_and_device(setting, device, target):
-    assert device_prefetch.target_device(setting, device) == target
+    assert pipeline.target_device(setting, device) == target
 
 
 def test_an_unknown_setting_is_refused():
     with pytest.raises(ValueError, match="auto, on or off"):
-        device_prefetch.target_device("gpu", "gpu")
+        pipeline.target_device("gpu", "gpu")
 
 
 def _cosmoflow_files(directory, n, size=SIZE):
@@ -105,7 +105,7 @@ def test_the_stage_is_last_and_hands_over_the_compact_batches_unchanged(tmp_path
         deterministic=True,
     )
     for host, dtypes in ((cosmo, (tf.int16, tf.float32)), (deepcam, (tf.float32, tf.uint8))):
-        staged = device_prefetch.prefetch_to(host, "/cpu:0")
+        staged = pipeline.prefetch_to(host, "/cpu:0")
         assert _stage_chain(staged) == ["_PrefetchDataset", "_CopyToDeviceDataset"]
         assert staged._input_dataset._target_device == "/cpu:0"
         assert (
@@ -121,7 +121,7 @@ def test_the_stage_is_last_and_hands_over_the_compact_batches_unchanged(tmp_path
         it = iter(staged)
         assert [float(step(*next(it))) for _ in range(3)] == expected
         # The negative control: 'off' leaves the pipeline as the task built it.
-        assert device_prefetch.prefetch_to(host, "off") is host
+        assert pipeline.prefetch_to(host, "off") is host
         assert "_CopyToDeviceDataset" not in _stage_chain(host)
 
 
@@ -205,7 +205,7 @@ _CONCURRENCY_PROBE = """
 import json, os, threading, time
 import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(1)
-from common.inputs.device_prefetch import host_options
+from common.inputs.pipeline import host_options
 
 def most_at_once(threads):
     lock, now, most = threading.Lock(), [0], [0]

@@ -1,4 +1,4 @@
-"""An epoch is one pass over the shard in whole optimizer steps (common.inputs.epochs)."""
+"""An epoch is one pass over the shard in whole optimizer steps (common.inputs.pipeline)."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from common.config_loading import load_config
 from common.errors import ConfigError, InputError
-from common.inputs import epochs
+from common.inputs import pipeline
 from cosmoflow.config import CosmoFlowConfig
 from cosmoflow.task import CosmoFlowTask
 from deepcam.config import DeepCAMConfig
@@ -25,7 +25,7 @@ from tests.helpers import REPO
     ],
 )
 def test_batches_per_epoch_are_whole_steps_of_full_batches(shard, batch, accumulation, expected):
-    assert epochs.batches_per_epoch(shard, batch, accumulation) == expected
+    assert pipeline.batches_per_epoch(shard, batch, accumulation) == expected
 
 
 def _numbers(paths: tf.data.Dataset) -> tf.data.Dataset:
@@ -35,11 +35,11 @@ def _numbers(paths: tf.data.Dataset) -> tf.data.Dataset:
 
 def _batches(start, cache, n=None):
     files = [f"f{i}" for i in range(11)]
-    ds = epochs.training_dataset(
+    ds = pipeline.training_dataset(
         files,
         _numbers,
         batch_size=3,
-        n_batches=epochs.batches_per_epoch(11, 3, 2),
+        n_batches=pipeline.batches_per_epoch(11, 3, 2),
         seed=5,
         cache=cache,
         start=start,
@@ -51,7 +51,7 @@ def _batches(start, cache, n=None):
 def test_each_epoch_is_one_reshuffled_pass(cache):
     # 11 samples, batch 3: 3 full batches per pass; keep 2 (accumulation 2): 6 samples an epoch,
     # all distinct, drawn from the whole shard, a new order each epoch.
-    batches = _batches(epochs.Position(), cache, 6)  # 3 epochs x 2 batches
+    batches = _batches(pipeline.Position(), cache, 6)  # 3 epochs x 2 batches
     seen = [np.concatenate(batches[i : i + 2]) for i in (0, 2, 4)]
     for epoch in seen:
         assert len(epoch) == 6 and len(set(epoch.tolist())) == 6
@@ -66,9 +66,9 @@ def test_each_epoch_is_one_reshuffled_pass(cache):
 def test_a_run_started_at_a_position_reads_what_an_uninterrupted_run_reads_next(
     cache, epoch, batch
 ):
-    whole = _batches(epochs.Position(), cache, 8)
+    whole = _batches(pipeline.Position(), cache, 8)
     index = (epoch - 1) * 2 + batch
-    resumed = _batches(epochs.Position(epoch, batch), cache, 8 - index)
+    resumed = _batches(pipeline.Position(epoch, batch), cache, 8 - index)
     assert [b.tolist() for b in resumed] == [b.tolist() for b in whole[index:]]
 
 

@@ -1,4 +1,4 @@
-"""Before run_start each rank evicts its input files from the page cache (common.inputs.page_cache),
+"""Before run_start each rank evicts its input files from the page cache (common.inputs.pipeline),
 so that the MLPerf log's cache_clear is true to what happened. Residency is read with
 mincore(2), the kernel's own answer."""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from common.inputs.page_cache import drop_from_page_cache
+from common.inputs.pipeline import drop_from_page_cache
 
 _PAGE = mmap.PAGESIZE
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from common.errors import InputError
-from common.inputs.sharding import check_divisible, list_files, select_and_shard
+from common.inputs.pipeline import check_divisible, list_files, select_and_shard
 
 
 def test_shards_are_disjoint_cover_the_selection_and_agree_across_ranks():
@@ -20,7 +20,7 @@ def test_shards_are_disjoint_cover_the_selection_and_agree_across_ranks():
 
 
 def test_shards_are_consecutive_slices_of_one_selection_so_node_blocks_are_contiguous():
-    """What common.inputs.sharding promises: the seeded selection does not depend on the number of
+    """What common.inputs.pipeline promises: the seeded selection does not depend on the number of
     ranks, rank r reads its r-th consecutive slice, so the ranks of a node (numbered node by
     node) read one contiguous block of it: the block the node stages, which is exactly what
     sharding the selection over the nodes gives that node."""

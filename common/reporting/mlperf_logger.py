@@ -111,7 +111,7 @@ class MLPerfLogger(Listener):
 
     def on_caches_cleared(self, cleared, files):
         # True only when this rank's input files were evicted from the page cache
-        # (common.inputs.page_cache); metadata says how many files that covered.
+        # (common.inputs.pipeline); metadata says how many files that covered.
         self._event("cache_clear", bool(cleared), files=files, method="posix_fadvise(DONTNEED)")
 
     def on_run_start(self):

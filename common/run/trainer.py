@@ -38,9 +38,8 @@ from common import runtime as runtime_lib
 from common.checkpoints import CheckpointSaver, ResumePoint, resume_point
 from common.config_loading import dump_config, load_run_config, parse_overrides, peek, yaml_text
 from common.errors import ExitCode, InputError
-from common.inputs import epochs
-from common.inputs.device_prefetch import host_options, prefetch_to
-from common.inputs.page_cache import drop_from_page_cache
+from common.inputs import pipeline
+from common.inputs.pipeline import drop_from_page_cache, host_options, prefetch_to
 from common.parallel import cycle_time
 from common.parallel.distribution import Distribution, launcher_env
 from common.parallel.fingerprint import variables_in_sync
@@ -800,12 +799,12 @@ class _EpochPlan:
 
 
 def _plan_epochs(shards, groups: int, accumulation: int) -> _EpochPlan:
-    """Steps and samples per epoch from the shard (common.inputs.epochs); InputError when no whole step fits."""
+    """Steps and samples per epoch from the shard (common.inputs.pipeline); InputError when no whole step fits."""
     # Gradient accumulation makes each optimizer step see n local batches; the ranks of a
     # spatial group share theirs.
     global_batch = shards.local_batch_size * groups * accumulation
     steps = (
-        epochs.batches_per_epoch(len(shards.train_files), shards.local_batch_size, accumulation)
+        pipeline.batches_per_epoch(len(shards.train_files), shards.local_batch_size, accumulation)
         // accumulation
     )
     if steps == 0:
