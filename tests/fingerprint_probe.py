@@ -1,4 +1,4 @@
-"""Run under a launcher by test_fingerprint.py: common.parallel.fingerprint.variables_in_sync on ranks
+"""Run under a launcher by test_fingerprint.py: common.parallel.distribution.variables_in_sync on ranks
 whose variables are identical, then differ in one place.
 
 Every rank builds the same small model (Dense, BatchNormalization, Dense) and takes rank 0's
@@ -18,8 +18,11 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
-from common.parallel.distribution import Distribution  # noqa: E402
-from common.parallel.fingerprint import fingerprint, variables_in_sync  # noqa: E402
+from common.parallel.distribution import (  # noqa: E402
+    Distribution,  # noqa: E402
+    fingerprint,
+    variables_in_sync,
+)
 
 dist = Distribution()
 tf_keras.utils.set_random_seed(3)

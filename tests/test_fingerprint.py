@@ -1,4 +1,4 @@
-"""common.parallel.fingerprint: the end-of-run check that every rank holds the same variables."""
+"""common.parallel.distribution: the end-of-run check that every rank holds the same variables."""
 
 import tracemalloc
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.parallel.fingerprint import fingerprint, variables_in_sync
+from common.parallel.distribution import fingerprint, variables_in_sync
 from tests import helpers
 
 

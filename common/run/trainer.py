@@ -41,8 +41,7 @@ from common.errors import ExitCode, InputError
 from common.inputs import pipeline
 from common.inputs.pipeline import drop_from_page_cache, host_options, prefetch_to
 from common.parallel import cycle_time
-from common.parallel.distribution import Distribution, launcher_env
-from common.parallel.fingerprint import variables_in_sync
+from common.parallel.distribution import Distribution, launcher_env, variables_in_sync
 from common.parallel.sync_batchnorm import average_batchnorm_statistics, batchnorm_statistics
 from common.reporting.console import Console
 from common.reporting.events import EpochTrain, Events, RunInfo, StepInfo, TrainLog
@@ -297,7 +296,7 @@ class Trainer:
             result = self.train(train_ds, valid_ds, start)  # metrics averaged; rank 0 writes
         # A collective, once on every rank whatever the mode and however it ended: after run_stop,
         # before the characterization's collectives and rank 0's report. All ranks must end with
-        # identical variables, batch-norm statistics included (common.parallel.fingerprint).
+        # identical variables, batch-norm statistics included (common.parallel.distribution).
         in_sync, compared = variables_in_sync(model.variables, dist)
         result = dataclasses.replace(
             result,
