@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from common.inputs.pipeline import list_files, select_and_shard
-from common.reporting.compliance import check_log
+from common.run.report import check_log
 from tests import helpers
 
 

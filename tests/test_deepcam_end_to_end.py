@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from common.parallel import cycle_time
-from common.reporting.compliance import check_log
+from common.run.report import check_log
 from tests import helpers
 
 

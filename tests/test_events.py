@@ -10,7 +10,7 @@ import pytest
 from common.errors import ExitCode
 from common.reporting.events import EpochTrain, Events, Listener, RunInfo, StepInfo
 from common.reporting.mlperf_logger import MLPerfLogger
-from common.run.failures import NON_FINITE_LOSS, Failure
+from common.run.termination import NON_FINITE_LOSS, Failure
 
 EVENTS = sorted(n for n in vars(Listener) if n.startswith("on_"))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from common.reporting.compliance import check_log
+from common.run.report import check_log
 from offline.submission import code_files
 from tests import helpers
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from common.reporting.compliance import check_log
+from common.run.report import check_log
 from offline import characterize, scoring
 from tests import helpers
 from tests.conftest import EASY_ARGS

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the run's package imports this one: only the annotations name them
     from common.inputs.staging import StageStats
-    from common.run.failures import Failure
     from common.run.instance_start import Meeting
+    from common.run.termination import Failure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,7 @@ class Listener:
     def on_eval_stop(
         self, epoch: int, global_step: int, value: float, loss: float | None = None
     ): ...
-    # failure: why a run that could not go on stopped (non-finite input or loss: common.run.failures), else None.
+    # failure: why a run that could not go on stopped (non-finite input or loss: common.run.termination), else None.
     def on_run_stop(
         self,
         status: str,

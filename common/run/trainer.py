@@ -49,9 +49,9 @@ from common.reporting.mlperf_logger import MLPerfLogger
 from common.run import report as run_report
 from common.run import termination
 from common.run.data_preparation import prepare_data
-from common.run.failures import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run.report import RunResult, staging_dict, write_summary
 from common.run.steps import EvalSums, TrainStep, eval_step_specs, make_eval_step
+from common.run.termination import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run.warmup import state_variables, warm_up
 
 # How many steps behind the newest one launched a step must be before its values are read: by then
