@@ -70,7 +70,7 @@ class Task:
     The shape of TF Model Garden's `official/core` task: built once from a
     validated config (`Task(cfg)`), it builds the inputs, model, losses,
     metrics and optimizer; the generic trainer (common.run.trainer) runs it, and
-    common.run.data_preparation shards and stages its files before. Builders have
+    the trainer shards and stages its files before (common.inputs.staging.stage_shards). Builders have
     no side effects: no logging, no collectives, no global state.
 
     A subclass sets the class attributes and implements the `build_*` methods.

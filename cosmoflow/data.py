@@ -16,7 +16,6 @@ import tensorflow as tf
 
 from common.errors import InputError
 from common.inputs import pipeline
-from common.inputs.staging_layouts import Conversion, sha256_of
 from cosmoflow.records import encode_example
 
 SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz")
@@ -57,12 +56,15 @@ def slab_of(x, slab):
     return x[index * planes : (index + 1) * planes]
 
 
-def slab_conversion(index: int, count: int, sample_shape) -> Conversion:
-    """Staging's layout for a rank of a spatial group: its z-slab of each sample, uncompressed.
+def slab_conversion(index: int, count: int, sample_shape):
+    """Staging's layout (a common.inputs.staging_layouts.Conversion) for a rank of a spatial group:
+    its z-slab of each sample, uncompressed.
 
     A rank then reads 1/count of each sample's bytes every epoch instead of
     inflating and parsing the whole volume (1 GiB of int16 at 512^3) to keep a slab.
     """
+    from common.inputs.staging_layouts import Conversion, sha256_of  # a run that stages only
+
     sample_shape = tuple(int(s) for s in sample_shape)
 
     def write(src: Path, tmp: Path, verify: bool):

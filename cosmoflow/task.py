@@ -7,7 +7,6 @@ from common import lr_schedules, optimizers
 from common.base_config import check_global_batch
 from common.inputs import pipeline
 from common.inputs.pipeline import check_divisible, fits_in_memory, list_files, select_and_shard
-from common.inputs.staging_layouts import GUNZIP
 from common.lr_schedules import scale_lr
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from cosmoflow import data, model
@@ -162,6 +161,8 @@ class CosmoFlowTask(Task):
     def staged_layout(self):
         slab = self._slab()
         if slab is None:
+            from common.inputs.staging_layouts import GUNZIP  # a run that stages only
+
             return GUNZIP
         return data.slab_conversion(*slab, self.cfg.data.sample_shape)
 

@@ -34,7 +34,6 @@ import tensorflow as tf
 from common.errors import InputError
 from common.inputs import pipeline
 from common.inputs.batch_buffers import BatchBuffers, aligned_empty
-from common.inputs.staging_layouts import Conversion, sha256_of
 from deepcam.config import N_CLASSES
 from deepcam.layout import DATA_KEY, LABEL_KEY, RAW_SUFFIX, STATS_FILE
 
@@ -252,8 +251,11 @@ def _all_channels(channels, n_stored) -> bool:
     return list(channels) == list(range(n_stored))
 
 
-def raw_layout(channels, height, width) -> Conversion:
-    """The staged layout: each HDF5 sample written once as raw arrays (see layout.RAW_SUFFIX)."""
+def raw_layout(channels, height, width):
+    """The staged layout (a common.inputs.staging_layouts.Conversion): each HDF5 sample written once
+    as raw arrays (see layout.RAW_SUFFIX)."""
+    from common.inputs.staging_layouts import Conversion, sha256_of  # a run that stages only
+
     channels = tuple(int(c) for c in channels)
     # Every parameter in the name: a run with other channels or sizes stages again.
     name = f"deepcam-raw-v1:{height}x{width}:channels={','.join(map(str, channels))}"

@@ -49,7 +49,7 @@ from common.inputs.staging_layouts import Conversion
 
 @dataclasses.dataclass(frozen=True)
 class StageStats:
-    """What staging did: of one stage_files call, or of all ranks (common.run.data_preparation)."""
+    """What staging did: of one stage_files call, or of all ranks (stage_shards)."""
 
     files: int = 0  # files asked for
     skipped: int = 0  # of those, already staged and fresh
@@ -316,3 +316,31 @@ def _free_bytes(stage_dir: Path) -> str:
 
 def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
+
+
+def stage_shards(cfg, dist, shards, progress=None, conversion: Conversion | None = None):
+    """Every rank: stages its shard into the node-local staging.stage_dir (in `conversion`'s layout,
+    or copied); (the Shards with the staged paths, StageStats of all ranks).
+
+    MLPerf HPC lets staging sit outside the timed region: the trainer runs it after init_stop and
+    before run_start (`staging_start`/`staging_stop` in the log), and builds its datasets once,
+    from the staged paths.
+    """
+    s = cfg.staging
+    # '{node}' / '{host}' in the path name a directory per node, for nodes
+    # that share a file system (or several "nodes" on one machine).
+    stage_dir = Path(
+        s.stage_dir.replace("{node}", str(dist.node_rank)).replace("{host}", dist.hostname)
+    )
+    start = time.perf_counter()
+    options = dict(verify=s.verify, threads=s.threads)
+    train, st = stage_files(shards.train_files, stage_dir, conversion, progress, **options)
+    valid, sv = stage_files(shards.valid_files, stage_dir, conversion, progress, **options)
+    seconds = time.perf_counter() - start
+    # Staging ends when the slowest rank is done; bytes add up over ranks.
+    nbytes, nfiles, nskipped = dist.allreduce_sum(
+        [st.bytes + sv.bytes, st.files + sv.files, st.skipped + sv.skipped]
+    )
+    seconds = float(dist.allreduce_max([seconds])[0])
+    stats = StageStats(files=int(nfiles), skipped=int(nskipped), bytes=int(nbytes), seconds=seconds)
+    return dataclasses.replace(shards, train_files=train, valid_files=valid), stats

@@ -16,7 +16,7 @@ from common.files import write_text_atomic
 from common.reporting.mlperf_logger import LOG_NAME
 from common.run.termination import Failure
 
-if TYPE_CHECKING:  # staging is imported by a run that stages only (common.run.data_preparation)
+if TYPE_CHECKING:  # staging is imported by a run that stages only
     from common.inputs.staging import StageStats
 
 
@@ -51,7 +51,7 @@ class RunResult:
     num_params: int = 0
     # One entry per epoch: epoch, seconds since run_start, train loss, samples/s, lr, metric (if evaluated).
     history: list = dataclasses.field(default_factory=list)
-    # All ranks' staging figures (common.run.data_preparation); None when nothing was staged.
+    # All ranks' staging figures (common.inputs.staging.stage_shards); None when nothing was staged.
     staging: "StageStats | None" = None
     weights_in_sync: bool = True
     # Values the weights_in_sync fingerprint covered: every model variable,

@@ -24,6 +24,7 @@ collective.
 """
 
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -38,6 +39,7 @@ from common import runtime as runtime_lib
 from common.checkpoints import CheckpointSaver, ResumePoint, resume_point
 from common.config_loading import dump_config, load_run_config, parse_overrides, peek, yaml_text
 from common.errors import ExitCode, InputError
+from common.files import write_text_atomic
 from common.inputs import pipeline
 from common.inputs.pipeline import drop_from_page_cache, host_options, prefetch_to
 from common.parallel import cycle_time
@@ -48,7 +50,6 @@ from common.reporting.events import EpochTrain, Events, RunInfo, StepInfo, Train
 from common.reporting.mlperf_logger import MLPerfLogger
 from common.run import report as run_report
 from common.run import termination
-from common.run.data_preparation import prepare_data
 from common.run.report import RunResult, staging_dict, write_summary
 from common.run.steps import EvalSums, TrainStep, eval_step_specs, make_eval_step
 from common.run.termination import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
@@ -261,9 +262,16 @@ class Trainer:
         events.on_init_stop(self.info)
 
         # Outside the timed region: stage the shard node-locally, build the input pipeline once.
-        shards, staging = prepare_data(
-            cfg, dist, shards, events, self.output_dir, task.staged_layout()
-        )
+        staging = None
+        if cfg.staging.stage_dir:
+            from common.inputs.staging import stage_shards  # a run that stages only
+
+            events.on_staging_start()
+            layout = task.staged_layout() if cfg.staging.convert else None
+            shards, staging = stage_shards(cfg, dist, shards, events.on_staging_progress, layout)
+            events.on_staging_stop(staging)
+        if cfg.runtime.record_shards:
+            self._record_shards(shards)  # the paths actually read, staged or not
         self.shards = shards
         train_ds, valid_ds = task.build_inputs(shards, mesh.group, dist.local_size, start.position)
         valid_ds = padded_batches(valid_ds, shards.local_batch_size)  # the traced shape, always
@@ -722,6 +730,18 @@ class Trainer:
                     f"{self.task.name}: the steps' specs {declared} differ from the "
                     f"dataset's element_spec {actual}"
                 )
+
+    def _record_shards(self, shards) -> None:
+        """Writes <run dir>/shards/rank-NNNNN.json: this rank's host and files (tests, audits)."""
+        folder = self.output_dir / "shards"
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {
+            "rank": self.dist.rank,
+            "host": self.dist.hostname,
+            "train": shards.train_files,
+            "valid": shards.valid_files,
+        }
+        write_text_atomic(folder / f"rank-{self.dist.rank:05d}.json", json.dumps(record))
 
     def _clear_page_cache(self, shards) -> None:
         files = list(shards.train_files) + list(shards.valid_files)
