@@ -9,7 +9,6 @@ import tf_keras
 
 from common import cpu
 from common.inputs import pipeline
-from common.parallel import binding
 
 
 def configure(runtime, dist) -> dict:
@@ -19,12 +18,12 @@ def configure(runtime, dist) -> dict:
     `dist.device`) and before the first collective, since TensorFlow's thread pools
     are made by its first op and cannot be resized after (the threads note says so).
     Intra-op threads default to the rank's own CPUs (its affinity), divided among the node's
-    ranks only where they share them (common.parallel.binding): a task the launcher bound keeps
+    ranks only where they share them (common.cpu): a task the launcher bound keeps
     its cores, and two unbound ranks on one node do not each spawn a pool as large as the machine.
     Then every rank checks that no two of a host use one GPU (a collective: after the pools).
     """
     device = dist.device
-    threads = binding.intra_op_threads(os.environ, cpu.affinity(), dist.local_size)
+    threads = cpu.intra_op_threads(os.environ, cpu.affinity(), dist.local_size)
     intra, inter, kept = _size_thread_pools(
         runtime.intra_op_threads or threads.threads, runtime.inter_op_threads
     )

@@ -72,7 +72,7 @@ fi
 echo "[sbatch] job ${SLURM_JOB_ID:-?}: ${SLURM_NNODES:-1} node(s), ${SLURM_NTASKS:-1} task(s); python: ${PYTHON[*]}"
 
 # CPUs and GPUs of a rank. Each rank is bound to CPUS_PER_TASK cores of its own (TensorFlow sizes its
-# thread pools from them, common/parallel/binding.py); srun of SLURM 22.05 does not inherit sbatch's
+# thread pools from them, common/cpu.py); srun of SLURM 22.05 does not inherit sbatch's
 # --cpus-per-task, so it is given here. SLURM_CPUS_ON_NODE is what the job holds on this node: all of
 # its CPUs under --exclusive, else what -c x tasks asked for (1 a task without -c). Every rank sees
 # all of its node's GPUs and takes its local rank's (common/parallel/gpus.py): no --gpus-per-task or

@@ -1,5 +1,5 @@
 """Intra-op threads from the rank's own affinity and the launcher's binding
-(common/parallel/binding.py), and the NUMA-local binding slurm/env.sh gives srun
+(common/cpu.py), and the NUMA-local binding slurm/env.sh gives srun
 (common/parallel/gpu_binding.py)."""
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.parallel.binding import cpu_list, intra_op_threads
+from common.cpu import cpu_list, intra_op_threads
 from common.parallel.gpu_binding import gpu_affinity, gpu_local_masks
 from tests import helpers
 
@@ -172,7 +172,7 @@ def test_cpu_lists_read_as_taskset_writes_them():
 
 
 PROBE = (
-    "import json, os; from common import cpu; from common.parallel.binding import intra_op_threads; "
+    "import json, os; from common import cpu; from common.cpu import intra_op_threads; "
     "c = intra_op_threads(os.environ, cpu.affinity(), 2); "
     "print(json.dumps([sorted(cpu.affinity()), c.threads, c.rule]))"
 )

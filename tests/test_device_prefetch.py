@@ -17,7 +17,6 @@ import tensorflow as tf
 from common import cpu
 from common.config_loading import load_config
 from common.inputs import pipeline
-from common.parallel import binding
 from common.reporting.events import Events
 from common.run import benchmark_mode
 from common.run import trainer as trainer_module
@@ -195,7 +194,7 @@ def test_the_trainer_puts_the_stage_last_on_the_datasets_a_run_mode_reads(
     ) == staged
     # Behind the stage, the host pipeline runs on a private pool of the rank's cores.
     host = read["train"]._input_dataset._input_dataset if staged else read["train"]
-    cores = binding.intra_op_threads(os.environ, cpu.affinity(), dist.local_size).threads
+    cores = cpu.intra_op_threads(os.environ, cpu.affinity(), dist.local_size).threads
     assert host.options().threading.private_threadpool_size == runtime["input_threads"] == cores
 
 

@@ -249,7 +249,7 @@ def host_options(threads: int) -> tf.data.Options:
     """Options for the whole host pipeline, given last before the stage: tf.data's thread pool.
 
     Args:
-      threads: the rank's cores (common.parallel.binding's rule: its CPUs, divided among the
+      threads: the rank's cores (common.cpu's rule: its CPUs, divided among the
         node's ranks where they share them; the runtime's "input_threads").
     """
     options = tf.data.Options()

@@ -9,7 +9,7 @@ than its ranks x CPUS_PER_TASK). srun's --cpu-bind=cores alone follows SLURM's d
 block:cyclic, which deals consecutive tasks to alternating sockets: local rank 1 of a DGX H100 lands
 on socket 1 while GPU 1 hangs off socket 0, as does about half of the ranks. A mask per task is
 srun's own mechanism (no numactl on the node or in the image), SLURM exports what it applied
-(common/parallel/binding.py reads it), and memory follows the CPUs: Linux places a page on the NUMA
+(common/cpu.py reads it), and memory follows the CPUs: Linux places a page on the NUMA
 node of the CPU that first touches it. SLURM cuts a task's mask to the CPUs its step holds
 (task/affinity: "Ignoring user CPU binding outside of job step allocation"), so the masks are whole
 only where the job holds the whole node: the sbatch scripts ask for --exclusive.
@@ -21,7 +21,7 @@ import dataclasses
 import re
 import sys
 
-from common.parallel.binding import _cores, cpu_list
+from common.cpu import _cores, cpu_list
 
 # nvidia-smi separates the matrix's columns with tabs; a copy from a terminal has runs of spaces.
 _COLUMNS = re.compile(r"\t| {2,}")
