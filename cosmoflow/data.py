@@ -1,4 +1,9 @@
-"""Reader for the public CosmoFlow TFRecords (see records.py for the format).
+"""The public CosmoFlow TFRecords: their format, a reader and a writer.
+
+Each record is a `tf.train.Example` with
+  x: bytes, the int16 particle counts of one sub-volume, C-order (N, N, N, 4);
+  y: 4 float32 targets (the normalized cosmological parameters).
+v1.0+ data is GZIP-compressed, v0.7 data is not; one sample per file.
 
 The input pipeline hands over the int16 particle counts as stored: half the
 bytes of float32 through tf.data, its cache and the host-to-device copy. The
@@ -8,6 +13,7 @@ on the accelerator when there is one, where the CPU cores of a node would
 otherwise cast and log1p 8.4 M values (34 MB of float32) per sample.
 """
 
+import os
 import re
 from pathlib import Path
 
@@ -16,7 +22,36 @@ import tensorflow as tf
 
 from common.errors import InputError
 from common.inputs import pipeline
-from cosmoflow.records import encode_example
+
+
+def encode_example(x: np.ndarray, y: np.ndarray) -> bytes:
+    """Serializes one sample in the public layout."""
+    x = np.ascontiguousarray(x, dtype=np.int16)
+    feature = {
+        "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.tobytes()])),
+        "y": tf.train.Feature(
+            float_list=tf.train.FloatList(value=np.asarray(y, np.float32).ravel())
+        ),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_record_file(path, examples, gzip: bool, gzip_level: int = -1) -> None:
+    """Writes serialized examples to `path` atomically (temporary name, then rename).
+
+    Args:
+      gzip_level: zlib level, -1 for zlib's default (6); any level reads back
+        the same, only the size and the time to write differ.
+    """
+    tmp = f"{path}.tmp.{os.getpid()}"
+    options = tf.io.TFRecordOptions(
+        compression_type="GZIP" if gzip else "", compression_level=gzip_level if gzip else None
+    )
+    with tf.io.TFRecordWriter(tmp, options) as writer:
+        for example in examples:
+            writer.write(example)
+    os.replace(tmp, path)
+
 
 SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz")
 _GZIP_MAGIC = b"\x1f\x8b"

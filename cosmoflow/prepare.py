@@ -47,7 +47,7 @@ def assign_split(name: str, valid_fraction: float) -> str:
 def _prepare_one(job):
     import h5py
 
-    from cosmoflow.records import encode_example, write_record_file
+    from cosmoflow.data import encode_example, write_record_file
 
     path, out_dir, sub, gzip = job
     try:
