@@ -3,11 +3,11 @@
 import numpy as np
 import tensorflow as tf
 
-from common import lr_schedules, optimizers
+from common import optimizers
 from common.base_config import check_global_batch
 from common.inputs import pipeline
 from common.inputs.pipeline import check_divisible, fits_in_memory, list_files, select_and_shard
-from common.lr_schedules import scale_lr
+from common.optimizers import scale_lr
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from cosmoflow import data, model
 from cosmoflow.config import CosmoFlowConfig
@@ -234,7 +234,7 @@ class CosmoFlowTask(Task):
     def build_optimizer(self, global_batch_size: int, steps_per_epoch: int):
         o = self.cfg.optimizer
         peak, start = learning_rates(self.cfg, global_batch_size)
-        schedule = lr_schedules.build_schedule(
+        schedule = optimizers.build_schedule(
             "epoch_warmup_step_decay",
             peak_lr=peak,
             init_lr=start,

@@ -2,13 +2,13 @@
 
 import tensorflow as tf
 
-from common import lr_schedules, optimizers
+from common import optimizers
 from common.base_config import check_global_batch
 from common.config_loading import peek
 from common.errors import InputError
 from common.inputs import pipeline
 from common.inputs.pipeline import fits_in_memory, list_files, select_and_shard
-from common.lr_schedules import StepWarmupSchedule
+from common.optimizers import StepWarmupSchedule
 from common.task import TINY_LOOP, EvalMetric, Flag, Shards, Task
 from deepcam import data, model
 from deepcam.config import N_CLASSES, DeepCAMConfig
@@ -392,7 +392,7 @@ class DeepCAMTask(Task):
 
 def build_schedule(cfg: DeepCAMConfig) -> StepWarmupSchedule:
     o, s = cfg.optimizer, cfg.optimizer.lr_schedule
-    return lr_schedules.build_schedule(
+    return optimizers.build_schedule(
         "step_warmup",
         kind=s.type,
         start_lr=o.start_lr,

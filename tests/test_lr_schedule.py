@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.lr_schedules import EpochWarmupStepDecay, StepWarmupSchedule, scale_lr
+from common.optimizers import EpochWarmupStepDecay, StepWarmupSchedule, scale_lr
 
 
 # ------------------------------------------------------------------ oracles

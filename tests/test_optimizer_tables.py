@@ -1,4 +1,4 @@
-"""The name tables of optimizers (common/optimizers.py) and LR schedules (common/lr_schedules.py):
+"""The name tables of optimizers (common/optimizers.py) and LR schedules (common/optimizers.py):
 each name builds its class with the hyperparameters it takes, an unknown name is refused naming
 the known ones, and the configs and tasks choose from them."""
 
@@ -7,8 +7,17 @@ import tf_keras
 
 from common.config_loading import load_config
 from common.errors import ConfigError
-from common.lr_schedules import SCHEDULES, EpochWarmupStepDecay, StepWarmupSchedule, build_schedule
-from common.optimizers import LAMB, OPTIMIZERS, AdamL2, build_optimizer, names_taking
+from common.optimizers import (
+    LAMB,
+    OPTIMIZERS,
+    SCHEDULES,
+    AdamL2,
+    EpochWarmupStepDecay,
+    StepWarmupSchedule,
+    build_optimizer,
+    build_schedule,
+    names_taking,
+)
 from cosmoflow.config import CosmoFlowConfig
 from cosmoflow.task import CosmoFlowTask
 from deepcam.config import DeepCAMConfig
