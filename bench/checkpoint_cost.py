@@ -50,7 +50,7 @@ def build(name: str, config_path: str, device: str):
     import tf_keras
 
     from common import runtime
-    from common.config_loading import load_model_config
+    from common.config import load_model_config
     from common.parallel.distribution import RankGroup
 
     task_class = benchmarks.task_class(name)

@@ -68,7 +68,7 @@ def _ours(args) -> dict:
     """Builds the training step as deepcam/train.py does, runs it; returns the step times (s)."""
     import tensorflow as tf
 
-    from common.config_loading import load_config
+    from common.config import load_config
     from common.run.steps import TrainStep
     from deepcam.config import DeepCAMConfig
     from deepcam.task import DeepCAMTask

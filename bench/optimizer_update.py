@@ -63,7 +63,7 @@ def measure(args, mode: str) -> dict:
     import tensorflow as tf
     import tf_keras
 
-    from common.config_loading import load_config
+    from common.config import load_config
     from common.run.steps import TrainStep
     from deepcam.config import DeepCAMConfig
     from deepcam.task import DeepCAMTask

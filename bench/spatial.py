@@ -121,7 +121,7 @@ def plan(
 
 def slab_overrides(row: dict, overrides: dict) -> dict:
     """A slab control row's config overrides: the sample cut to 1/K along the benchmark's split axis."""
-    from common.config_loading import load_model_config
+    from common.config import load_model_config
 
     k, b = row["slab_control"], benchmarks.get(row["benchmark"])
     whole = load_model_config(
@@ -135,7 +135,7 @@ def slab_overrides(row: dict, overrides: dict) -> dict:
 
 
 def row_config(row: dict, sets: list[str]):
-    from common.config_loading import load_model_config
+    from common.config import load_model_config
 
     b = benchmarks.get(row["benchmark"])
     overrides = dict(s.split("=", 1) for s in sets)

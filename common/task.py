@@ -80,7 +80,7 @@ class Task:
     metric_name: ClassVar[
         str
     ]  # the MLPerf key of its quality metric ('eval_error'): build_metrics().name
-    # Root config dataclass (a common.base_config.BaseConfig with a `data` section).
+    # Root config dataclass (a common.config.BaseConfig with a `data` section).
     config_class: ClassVar[type]
     flags: ClassVar[tuple[Flag, ...]] = ()  # command-line flags mapped onto config keys
 

@@ -3,7 +3,7 @@
 import dataclasses
 from typing import Literal
 
-from common.base_config import BaseConfig, TrainLoopConfig
+from common.config import BaseConfig, TrainLoopConfig
 from common.errors import ConfigError
 
 # What the optimizer section sets for every run (cosmoflow/task.py passes them): optimizer.name

@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 
 from common.checkpoints import CONFIG_NAME, save_model_weights
-from common.config_loading import dump_config
+from common.config import dump_config
 from common.errors import InputError, tool_main
 from common.files import write_text_atomic
 from cosmoflow import model as model_lib

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import tf_keras
 
-from common import config_loading as config_lib
+from common import config as config_lib
 from common.checkpoints import find_run_config, restore_model_weights
 from common.errors import InputError, tool_main
 from common.files import write_text_atomic

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import optimizers
-from common.base_config import check_global_batch
+from common.config import check_global_batch
 from common.inputs import pipeline
 from common.inputs.pipeline import check_divisible, fits_in_memory, list_files, select_and_shard
 from common.optimizers import scale_lr

@@ -3,7 +3,7 @@
 import dataclasses
 from typing import Literal
 
-from common.base_config import BaseConfig, TrainLoopConfig
+from common.config import BaseConfig, TrainLoopConfig
 from common.errors import ConfigError
 
 N_CHANNELS = 16  # fields per sample in the public data set

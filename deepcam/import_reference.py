@@ -26,7 +26,7 @@ import numpy as np
 import tf_keras
 
 from common.checkpoints import CONFIG_NAME, save_model_weights
-from common.config_loading import dump_config
+from common.config import dump_config
 from common.errors import InputError, tool_main
 from common.files import write_text_atomic
 from deepcam.config import N_CLASSES

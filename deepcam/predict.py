@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from common import config_loading as config_lib
+from common import config as config_lib
 from common.checkpoints import find_run_config, restore_model_weights
 from common.errors import InputError, tool_main
 from deepcam import data, task

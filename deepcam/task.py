@@ -3,8 +3,7 @@
 import tensorflow as tf
 
 from common import optimizers
-from common.base_config import check_global_batch
-from common.config_loading import peek
+from common.config import check_global_batch, peek
 from common.errors import InputError
 from common.inputs import pipeline
 from common.inputs.pipeline import fits_in_memory, list_files, select_and_shard

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import common  # noqa: F401  (oneDNN on before TensorFlow is imported)
 from common import benchmarks, cpu
-from common.config_loading import load_config
+from common.config import load_config
 from common.files import write_text_atomic
 
 OUT_DIR = Path(__file__).resolve().parent / "model_costs"

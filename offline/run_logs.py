@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from common import benchmarks
-from common.base_config import MLPerfConfig
+from common.config import MLPerfConfig
 from common.errors import ExitCode
 from common.reporting.mlperf_logger import LOG_NAME
 

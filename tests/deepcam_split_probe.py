@@ -47,7 +47,7 @@ def _without_halo(mesh):
 
 
 def _task(mesh, groups: int):
-    from common.base_config import ParallelConfig
+    from common.config import ParallelConfig
     from deepcam.config import DataConfig, DeepCAMConfig, ModelConfig
     from deepcam.task import DeepCAMTask
 

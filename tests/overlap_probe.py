@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
-from common.config_loading import load_config  # noqa: E402
+from common.config import load_config  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.run.steps import TrainStep  # noqa: E402
 from cosmoflow.task import CosmoFlowTask  # noqa: E402

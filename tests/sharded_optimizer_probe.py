@@ -35,7 +35,7 @@ from common.checkpoints import (
     CheckpointSaver,  # noqa: E402
     resume_point,  # noqa: E402
 )
-from common.config_loading import load_config  # noqa: E402
+from common.config import load_config  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.sharded_optimizer import ShardedUpdate  # noqa: E402
 from common.run.steps import TrainStep  # noqa: E402

@@ -118,7 +118,7 @@ def halo(mesh) -> dict:
 
 
 def _model_config(spatial_ranks: int, batch_size: int, halo_overlap: bool):
-    from common.base_config import ParallelConfig
+    from common.config import ParallelConfig
     from cosmoflow.config import CosmoFlowConfig, DataConfig, ModelConfig
 
     cfg = CosmoFlowConfig(
@@ -186,7 +186,7 @@ def model(mesh, dist, overlap: bool) -> dict:
 
 
 def labels(mesh, data_dir: str) -> dict:
-    from common.config_loading import load_config
+    from common.config import load_config
     from cosmoflow.task import CosmoFlowTask
 
     cfg = load_config(

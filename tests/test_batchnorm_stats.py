@@ -53,7 +53,7 @@ def test_model_without_batch_norm_makes_no_collective():
 
 
 def test_deepcam_model_hands_over_every_batch_norm_layer():
-    from common.config_loading import load_config
+    from common.config import load_config
     from deepcam.task import DeepCAMTask
 
     cfg = load_config(

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from common import benchmarks
-from common.config_loading import load_config
+from common.config import load_config
 from tests.helpers import REPO
 
 NAMES = benchmarks.names()

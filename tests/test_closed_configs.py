@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from common import benchmarks
-from common.config_loading import load_config
+from common.config import load_config
 from common.errors import ConfigError
 from cosmoflow.config import CosmoFlowConfig
 from cosmoflow.task import CosmoFlowTask

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from common import benchmarks
-from common.config_loading import dump_config, load_config, replace, to_dict
+from common.config import dump_config, load_config, replace, to_dict
 from common.errors import ConfigError
 from cosmoflow.config import CosmoFlowConfig
 from tests.helpers import REPO

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from common.config_loading import load_config
+from common.config import load_config
 from cosmoflow import model
 from cosmoflow.config import CosmoFlowConfig
 from tests.helpers import REPO

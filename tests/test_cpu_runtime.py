@@ -84,7 +84,7 @@ TENSORFLOW_FIRST = """
 import tensorflow as tf
 import numpy as np
 from common import cpu
-from common.config_loading import load_config, replace
+from common.config import load_config, replace
 from common.parallel.distribution import RankGroup
 from common.run.steps import TrainStep
 from deepcam.config import DeepCAMConfig

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from common import benchmarks
-from common.config_loading import peek
+from common.config import peek
 from common.parallel import cycle_time
 from deepcam.config import DeepCAMConfig
 from tests import helpers

@@ -191,7 +191,7 @@ def test_bad_flags_end_the_run_with_one_line(
 
 
 def test_reference_flags_reach_the_config():
-    from common.config_loading import parse_overrides
+    from common.config import parse_overrides
     from deepcam.task import DeepCAMTask
 
     _, overrides = parse_overrides(

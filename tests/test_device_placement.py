@@ -102,7 +102,7 @@ def test_graph_collection_gives_the_steps_ops_as_placed_on_their_first_call():
 
 def test_the_messages_override_sets_the_allowed_types():
     """What the one line tells a user to pass is a valid override of the config."""
-    from common.config_loading import load_config
+    from common.config import load_config
     from cosmoflow.config import CosmoFlowConfig
 
     message = fallback_message([FALLBACK, PlacedOp("erf", "Erf", CPU)])

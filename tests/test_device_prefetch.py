@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from common import cpu
-from common.config_loading import load_config
+from common.config import load_config
 from common.inputs import pipeline
 from common.reporting.events import Events
 from common.run import benchmark_mode

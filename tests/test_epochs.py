@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.config_loading import load_config
+from common.config import load_config
 from common.errors import ConfigError, InputError
 from common.inputs import pipeline
 from cosmoflow.config import CosmoFlowConfig

@@ -7,7 +7,7 @@ import pytest
 import tf_keras
 
 from common import benchmarks, runtime
-from common.config_loading import load_config, load_run_config
+from common.config import load_config, load_run_config
 from common.errors import ConfigError
 from tests import helpers
 

@@ -205,7 +205,7 @@ class RecordingDistribution(helpers.SingleProcess):
 @pytest.fixture(scope="module")
 def cosmoflow_start():
     """(task, initial weights, one batch as the input pipeline yields it: int16 counts, float32 targets)."""
-    from common.config_loading import load_config
+    from common.config import load_config
     from cosmoflow.config import CosmoFlowConfig
     from cosmoflow.task import CosmoFlowTask
 
@@ -327,7 +327,7 @@ def test_the_closed_cosmoflow_configs_run_amp_and_the_init_line_names_its_precis
     device, native_bf16, expected
 ):
     from common import benchmarks
-    from common.config_loading import load_config
+    from common.config import load_config
     from common.reporting.console import runtime_lines
     from common.runtime import choose_precision
     from cosmoflow.config import CosmoFlowConfig

@@ -194,7 +194,7 @@ def test_a_nan_cosmoflow_target_is_named(cosmo_data, tiny_config, tmp_path):
 
 
 def test_a_nan_target_read_by_one_rank_ends_both(cosmo_data, tiny_config, tmp_path):
-    from common.config_loading import load_config
+    from common.config import load_config
     from common.inputs.pipeline import list_files, select_and_shard
     from cosmoflow.config import CosmoFlowConfig
 

@@ -5,7 +5,7 @@ the known ones, and the configs and tasks choose from them."""
 import pytest
 import tf_keras
 
-from common.config_loading import load_config
+from common.config import load_config
 from common.errors import ConfigError
 from common.optimizers import (
     LAMB,

@@ -70,7 +70,7 @@ def test_uneven_shards_cover_every_file_once():
 
 
 def test_deepcam_logs_the_whole_training_set_and_validates_every_file(tmp_path):
-    from common.config_loading import load_config
+    from common.config import load_config
     from deepcam.config import DeepCAMConfig
     from deepcam.task import DeepCAMTask
 

@@ -363,7 +363,7 @@ def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks(
     bench, batch_key, batch, ranks, config
 ):
     from common.benchmarks import task_class
-    from common.config_loading import closed_config_for
+    from common.config import closed_config_for
 
     task = task_class(bench)
     assert closed_config_for(

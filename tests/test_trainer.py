@@ -3,7 +3,7 @@ the run modes, the events in order, a resume, and no line printed by anything bu
 
 import pytest
 
-from common.config_loading import load_config
+from common.config import load_config
 from common.reporting.console import Console
 from common.reporting.events import Events, Listener
 from common.run.trainer import Trainer

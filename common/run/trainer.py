@@ -37,7 +37,7 @@ import tf_keras
 
 from common import runtime as runtime_lib
 from common.checkpoints import CheckpointSaver, ResumePoint, resume_point
-from common.config_loading import dump_config, load_run_config, parse_overrides, peek, yaml_text
+from common.config import dump_config, load_run_config, parse_overrides, peek, yaml_text
 from common.errors import ExitCode, InputError
 from common.files import write_text_atomic
 from common.inputs import pipeline

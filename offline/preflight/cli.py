@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     # TensorFlow and Horovod once the input is known to be good.
     import tensorflow as tf
 
-    from common import config_loading
+    from common import config as config_lib
     from common import runtime as runtime_lib
     from common.parallel.distribution import Distribution
     from common.run import trainer
@@ -156,8 +156,8 @@ def main(argv=None) -> int:
         *(["--tiny"] if args.tiny else []),
         *[a for kv in args.overrides for a in ("--set", kv)],
     ]
-    config_path, overrides = config_loading.parse_overrides(task_class, train_argv)
-    cfg, _ = config_loading.load_run_config(task_class, config_path, overrides, dist.size)
+    config_path, overrides = config_lib.parse_overrides(task_class, train_argv)
+    cfg, _ = config_lib.load_run_config(task_class, config_path, overrides, dist.size)
     # As the benchmark's trainer will: pin the device, size the threads, refuse a GPU two ranks share.
     runtime = runtime_lib.configure(cfg.runtime, dist)
 
@@ -227,8 +227,8 @@ def main(argv=None) -> int:
         return code
     if dist.is_root:
         throughput = json.loads((out / "benchmark" / "summary.json").read_text())["throughput"]
-        config_path, overrides = config_loading.parse_overrides(task_class, train_argv)
-        run_cfg, _ = config_loading.load_run_config(task_class, config_path, overrides, dist.size)
+        config_path, overrides = config_lib.parse_overrides(task_class, train_argv)
+        run_cfg, _ = config_lib.load_run_config(task_class, config_path, overrides, dist.size)
         judged = verdict.judge(
             machine,
             verdict.model_costs(task_class(run_cfg, None)),
