@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import InputError, tool_main
-from common.reporting.progress import Progress, progress_stream
+from common.reporting.console import Progress, progress_stream
 
 
 def split_universe(full: np.ndarray, sub: int):

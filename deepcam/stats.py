@@ -19,7 +19,7 @@ import numpy as np
 
 from common.errors import InputError, tool_main
 from common.inputs.pipeline import list_files
-from common.reporting.progress import Progress, progress_stream
+from common.reporting.console import Progress, progress_stream
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES
 
 

@@ -7,9 +7,14 @@ import io
 
 import pytest
 
-from common.reporting.console import StepProgress
+from common.reporting.console import (
+    LineSink,
+    Progress,
+    StepProgress,
+    format_duration,
+    progress_stream,
+)
 from common.reporting.events import EpochTrain, Events, RunInfo, StepInfo
-from common.reporting.progress import LineSink, Progress, format_duration, progress_stream
 
 
 def run_info(global_batch_size, steps_per_epoch):

@@ -13,7 +13,7 @@ import multiprocessing
 import os
 from pathlib import Path
 
-from common.reporting.progress import Progress, progress_stream
+from common.reporting.console import Progress, progress_stream
 
 MARKER = ".synthetic.json"
 

@@ -40,8 +40,12 @@ from common.checkpoints import CheckpointSaver, ResumePoint, resume_point
 from common.config import dump_config, load_run_config, parse_overrides, peek, yaml_text
 from common.errors import ExitCode, InputError
 from common.files import write_text_atomic
-from common.inputs import pipeline
-from common.inputs.pipeline import drop_from_page_cache, host_options, prefetch_to
+from common.inputs.pipeline import (
+    batches_per_epoch,
+    drop_from_page_cache,
+    host_options,
+    prefetch_to,
+)
 from common.parallel import cycle_time
 from common.parallel.distribution import Distribution, launcher_env, variables_in_sync
 from common.parallel.sync_batchnorm import average_batchnorm_statistics, batchnorm_statistics
@@ -823,7 +827,7 @@ def _plan_epochs(shards, groups: int, accumulation: int) -> _EpochPlan:
     # spatial group share theirs.
     global_batch = shards.local_batch_size * groups * accumulation
     steps = (
-        pipeline.batches_per_epoch(len(shards.train_files), shards.local_batch_size, accumulation)
+        batches_per_epoch(len(shards.train_files), shards.local_batch_size, accumulation)
         // accumulation
     )
     if steps == 0:
