@@ -13,7 +13,7 @@ labels as uint8, and `normalize` runs inside the compiled train and eval steps
 node's CPU cores and memory bandwidth.
 
 Each file is read straight into its place in a batch buffer that is reused once
-the step has consumed it (common.inputs.batch_buffers), inside tf.data (several files in
+the step has consumed it (common.inputs.pipeline), inside tf.data (several files in
 flight per rank), so reading overlaps training. Reads use readinto, which releases
 the GIL and takes no other lock, so a rank's readers run on every core: staged files
 (staging.convert), each sample written once in a raw layout (layout.RAW_SUFFIX), and
@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from common.errors import InputError
 from common.inputs import pipeline
-from common.inputs.batch_buffers import BatchBuffers, aligned_empty
+from common.inputs.pipeline import BatchBuffers, aligned_empty
 from deepcam.config import N_CLASSES
 from deepcam.layout import DATA_KEY, LABEL_KEY, RAW_SUFFIX, STATS_FILE
 
@@ -437,7 +437,7 @@ class _Rows:
 def _batch_reader(raw, channels, rows, width, batch_size, readers, prefetch, batch_dim):
     """Dataset of path batches -> Dataset of (x, y) batches, each filled in place in a reused buffer.
 
-    Each file is read straight into its slot of the batch (common.inputs.batch_buffers): no
+    Each file is read straight into its slot of the batch (common.inputs.pipeline): no
     per-sample array, no batching copy, no fresh memory to fault in per batch. Staged raw
     files and contiguous HDF5 datasets are read with readinto, which releases the GIL, so
     reads run on every core (read_fields_into); other HDF5 layouts go through h5py, which
@@ -484,7 +484,7 @@ def _sample_reader(raw, channels, rows: _Rows, width, readers):
     read_into = _file_reader(raw, channels, rows, width)
 
     def read_one(path):
-        # Aligned: TensorFlow takes them without a copy (common.inputs.batch_buffers).
+        # Aligned: TensorFlow takes them without a copy (common.inputs.pipeline).
         x, y = (
             aligned_empty((rows.count, width, n_ch), np.float32),
             aligned_empty((rows.count, width), np.uint8),

@@ -1,10 +1,10 @@
-"""Reused batch buffers (common.inputs.batch_buffers): refilled only once nothing else holds them."""
+"""Reused batch buffers (common.inputs.pipeline): refilled only once nothing else holds them."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.inputs.batch_buffers import ALIGNMENT, BatchBuffers, aligned_empty
+from common.inputs.pipeline import ALIGNMENT, BatchBuffers, aligned_empty
 
 
 def _address(a) -> int:

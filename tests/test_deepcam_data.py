@@ -216,7 +216,7 @@ def test_a_label_out_of_range_in_a_contiguous_file_is_still_named(tmp_path):
 @pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("channels", [tuple(range(16)), (3, 0, 15)])
 def test_batches_held_by_the_consumer_are_never_overwritten(small_set, tmp_path, staged, channels):
-    # Batches are filled in reused buffers (common.inputs.batch_buffers): holding many of them at once
+    # Batches are filled in reused buffers (common.inputs.pipeline): holding many of them at once
     # (here 12, more than the pool keeps) must leave each as read, in training and validation.
     root, files = small_set
     paths = [f[0] for f in files]
