@@ -91,9 +91,10 @@ def deepcam_config():
     return helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"
 
 
-# A one-node SLURM cluster of this host's own (tools/local_slurm.sh), per module that asks for it:
-# tests/test_slurm.py and tests/test_images.py (its image's jobs). One per host at a time (its ports,
-# munged): the scheduler below gives both files to one worker.
+# A one-node SLURM cluster of this host's own (tools/local_slurm.sh), started once for the pytest
+# process by the first test that asks for it and stopped at its end: tests/test_slurm.py and
+# tests/test_images.py (its image's jobs). One per host at a time (its ports, munged): the scheduler
+# below gives both files to one worker.
 def _ensure_packages() -> str | None:
     """None when SLURM and munge are usable, else why not."""
     if os.geteuid() != 0:
@@ -111,7 +112,7 @@ def _ensure_packages() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     why = _ensure_packages()
     if why:

@@ -2,6 +2,9 @@
 
   dist_probe.py OUT_DIR [--no-groups]   # --no-groups: Distribution() declares no group of ranks
 
+With --no-groups a group of 2 ranks is refused (unless 2 is the job) and the group is the whole
+job: Horovod's global set, a data-parallel job's plain hvd.init().
+
 Each rank writes its results to OUT_DIR/rank-N.json (ranks' stdout lines can interleave).
 """
 
@@ -20,11 +23,12 @@ from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
 dist = Distribution(group_sizes=() if "--no-groups" in sys.argv[2:] else (2,))
 # Groups of 2 ranks: a static process set when the job is larger than 2.
+refused = None
 try:
     group = dist.rank_group(2)
 except RuntimeError as e:  # a job larger than 2 whose Distribution declared no group size
-    Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(json.dumps({"refused": str(e)}))
-    sys.exit(0)
+    refused = str(e)
+    group = dist.rank_group(dist.size)
 # The group's process set as Horovod registered it (the global set's id is 0), asked before any rank
 # can have ended: a rank's exit shuts Horovod down on all, and its sets with it.
 group_set = [group.process_set.process_set_id, group.process_set.ranks, group.process_set.size()]
@@ -63,6 +67,7 @@ Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
             "process_set_refusal": refusal,
             "group_set": group_set,
             "init": dist.describe(),
+            "refused": refused,
         }
     )
 )

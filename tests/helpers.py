@@ -1,5 +1,6 @@
 """Shared test helpers: writing CosmoFlow records with TensorFlow's own writer, running train.py."""
 
+import functools
 import json
 import os
 import re
@@ -220,8 +221,10 @@ def horovodrun_two_nodes(np_: int, cmd, timeout=600) -> subprocess.CompletedProc
     return run([*launchers.horovodrun(np_, hosts=two_nodes(np_ // 2)), *cmd], timeout=timeout)
 
 
+@functools.cache
 def horovod_has_mpi() -> bool:
-    """Whether Horovod was built with the MPI controller and mpirun exists."""
+    """Whether Horovod was built with the MPI controller and mpirun exists (asked once per process:
+    the answer imports TensorFlow in a subprocess)."""
     import shutil
 
     probe = run([PYTHON, "-c", "import horovod.tensorflow as h; print(h.mpi_built())"], timeout=120)

@@ -271,27 +271,42 @@ def test_every_file_kind_meets_every_damage_with_a_seed_of_its_own():
     assert sum(c.fast for c in cases) == sum(row[3] for row in PLAN)
 
 
-@pytest.mark.parametrize("tier", ["fast", pytest.param("slow", marks=pytest.mark.slow)])
-def test_damaged_input_trains_or_names_the_file(tier, cosmo_data, deepcam_data, tmp_path, capsys):
-    cases = [c for c in plan_cases() if c.fast == (tier == "fast")]
+@pytest.fixture(scope="module")
+def driven(cosmo_data, deepcam_data, tmp_path_factory):
+    """driven(tier) -> the tier's cases prepared and run in one driver (run once): (cases, prepared
+    specs by id, {id: (victim, damage done)}, {id: result}, seconds, root)."""
     sources = {"cosmoflow": cosmo_data, "deepcam": deepcam_data}
-    prepared, victims = [], {}
-    for case in cases:
-        spec, victim, done = prepare(case, sources[case.bench], tmp_path / case.id)
-        prepared.append(spec)
-        victims[case.id] = (victim, done)
-    start = time.monotonic()
-    results = run_driver(prepared, tmp_path)
-    seconds = time.monotonic() - start
+    done = {}
+
+    def run(tier: str):
+        if tier not in done:
+            root = tmp_path_factory.mktemp(f"fuzz-{tier}")
+            cases = [c for c in plan_cases() if c.fast == (tier == "fast")]
+            prepared, victims = {}, {}
+            for case in cases:
+                spec, victim, damage = prepare(case, sources[case.bench], root / case.id)
+                prepared[case.id] = spec
+                victims[case.id] = (victim, damage)
+            start = time.monotonic()
+            results = run_driver(list(prepared.values()), root)
+            done[tier] = cases, prepared, victims, results, time.monotonic() - start, root
+        return done[tier]
+
+    return run
+
+
+@pytest.mark.parametrize("tier", ["fast", pytest.param("slow", marks=pytest.mark.slow)])
+def test_damaged_input_trains_or_names_the_file(tier, driven, capsys):
+    cases, _, victims, results, seconds, root = driven(tier)
     rows, failures = [], []
     for case in cases:
         victim, done = victims[case.id]
-        outcome, why = verdict(case, victim, tmp_path / case.id / "data", results[case.id])
+        outcome, why = verdict(case, victim, root / case.id / "data", results[case.id])
         rows.append((case, outcome, why))
         if outcome == "FAIL":
             failures.append(
                 f"{case.id}: {why}\n  reproduce: seed {case.seed}, {case.target} "
-                f"{victim.relative_to(tmp_path / case.id)}, {done}\n  stderr tail: "
+                f"{victim.relative_to(root / case.id)}, {done}\n  stderr tail: "
                 f"{results[case.id]['stderr'][-1500:]}"
             )
     report = f"{tier} tier: {len(cases)} cases in {seconds:.0f} s\n{table(rows)}\n" + "\n".join(
@@ -312,14 +327,14 @@ REAL = (
 
 
 @pytest.mark.slow
-def test_train_py_ends_as_the_driver_says(cosmo_data, deepcam_data, tmp_path):
-    cases = [next(c for c in plan_cases() if c.id.startswith(prefix)) for prefix in REAL]
-    sources = {"cosmoflow": cosmo_data, "deepcam": deepcam_data}
-    prepared = [prepare(c, sources[c.bench], tmp_path / c.id)[0] for c in cases]
-    driven = run_driver(prepared, tmp_path)
-    for spec in prepared:
+def test_train_py_ends_as_the_driver_says(driven):
+    # The cases as the tiers' driver ran them (three of the fast tier's, one of the slow's), each
+    # again as a process of its own with the same arguments, on the same damaged files.
+    for prefix in REAL:
+        case = next(c for c in plan_cases() if c.id.startswith(prefix))
+        _, prepared, _, results, _, _ = driven("fast" if case.fast else "slow")
+        spec, mine = prepared[case.id], results[case.id]
         proc = helpers.run(helpers.train_cmd(spec["bench"], *spec["argv"]), timeout=TIMEOUT_S)
-        mine = driven[spec["id"]]
         assert proc.returncode == mine["exit_code"], (
             spec["id"],
             proc.stderr[-2000:],

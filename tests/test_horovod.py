@@ -110,22 +110,6 @@ def run_probe(launcher, ranks, out_dir, *args):
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("rank-*.json"))]
 
 
-def test_distribution_collectives(launcher, tmp_path):
-    results = run_probe(launcher, 2, tmp_path)
-    assert [r["rank"] for r in results] == [0, 1]
-    for r in results:
-        assert r["size"] == 2 and r["nodes"] == 1 and r["local_rank"] == r["rank"]
-        assert r["mean"] == [0.5, 10.0]
-        assert r["max"] == [1.0]
-        assert r["gathered"] == [[0.0], [2.0]]
-        assert r["object"] == {"from": 0}
-        assert r["broadcast"] == [1.0, 1.0, 1.0]  # rank 0's initial value everywhere
-        assert r["grad"] == [0.5, 0.5]  # average of 0 and 1
-        # Its group of 2 is the job: plain hvd.init(), Horovod's global set alone, no dynamic sets.
-        assert r["group_set"] == [0, [0, 1], 2] and "process sets" not in r["init"]
-        assert r["process_set_refusal"] == "not dynamic"
-
-
 def test_rank_groups_and_group_batch_norm_over_static_process_sets(launcher, tmp_path):
     results = run_probe(launcher, 4, tmp_path)
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
@@ -137,15 +121,27 @@ def test_rank_groups_and_group_batch_norm_over_static_process_sets(launcher, tmp
         assert "static process sets of 2 ranks" in r["init"]
         assert r["group_sum"] == [4.0 * pair + 1.0]  # {0, 1} -> 1, {2, 3} -> 5
         assert r["group_bn"] == pytest.approx(-1.0 if r["rank"] % 2 == 0 else 1.0, abs=1e-3)
-        assert r["mean"] == [1.5, 10.0]  # plain collectives still span all 4
+        # Plain collectives still span all 4.
+        assert r["size"] == 4 and r["nodes"] == 1 and r["local_rank"] == r["rank"]
+        assert r["mean"] == [1.5, 10.0]
+        assert r["max"] == [3.0]
+        assert r["gathered"] == [[0.0], [2.0], [4.0], [6.0]]
+        assert r["object"] == {"from": 0}
+        assert r["broadcast"] == [1.0, 1.0, 1.0]  # rank 0's initial value everywhere
+        assert r["grad"] == [1.5, 1.5]  # average of 0, 1, 2 and 3
+        assert r["refused"] is None
 
 
 def test_a_group_size_not_declared_at_init_is_refused(tmp_path):
     # The negative control of the above: the same 4 ranks, no group size given to Distribution.
     results = run_probe("gloo", 4, tmp_path, "--no-groups")
-    assert len(results) == 4
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
     for r in results:
         assert "initialised without the process sets of groups of 2 ranks" in r["refused"]
+        # A data-parallel job: its group is the job, Horovod's global set, from a plain hvd.init()
+        # (no static sets), and no dynamic sets either.
+        assert r["group_set"] == [0, [0, 1, 2, 3], 4] and "process sets" not in r["init"]
+        assert r["group_sum"] == [6.0] and r["process_set_refusal"] == "not dynamic"
 
 
 @pytest.mark.parametrize(

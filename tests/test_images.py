@@ -298,7 +298,7 @@ def test_the_sif_trains_cosmoflow_to_the_target_with_its_own_code(sif, tmp_path)
     }
 
 
-def sif_job(script, slurm_cluster, sif, tmp_path, data, config, extra_args):
+def sif_job(script, slurm_cluster, sif, tmp_path, data, config, extra_args, log_check="passed"):
     """slurm/SCRIPT with CONTAINER=the SIF, 2 tasks, a STAGE_DIR whose parent does not exist, from a
     submit directory that holds only slurm/ and tools/: the image's code runs, or nothing does."""
     submit = tmp_path / "submit"
@@ -332,7 +332,7 @@ def sif_job(script, slurm_cluster, sif, tmp_path, data, config, extra_args):
     print(log_text[-3000:])  # shown in the test report and the closing note
     assert proc.returncode == 0, proc.stdout + proc.stderr + log_text[-4000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "success" and summary["log_check"] == "passed", summary
+    assert summary["status"] == "success" and summary["log_check"] == log_check, summary
     assert summary["ranks"] == 2 and summary["nodes"] == 1
     # Wired by SLURM's PMIx through the image's OpenMPI, not by horovodrun's Gloo rendezvous.
     assert summary["controller"] == "mpi"
@@ -366,17 +366,23 @@ def test_sbatch_cosmoflow_runs_both_ranks_in_the_sif_under_pmix(
 def test_sbatch_deepcam_runs_both_ranks_in_the_sif_under_pmix(
     slurm_cluster, sif, deepcam_data, tmp_path
 ):
-    # The tiny config's global batch of 4 on its 256 samples of 64x96: IoU 0.82 in a few epochs.
+    # The job, not the learning: one epoch of 8 samples, a target met at its evaluation (the run ends
+    # successful) and so no official check (it asks IoU >= 0.82). A DeepCAM run to 0.82 whose log
+    # passes the checker: test_deepcam_end_to_end.py; the checker passing in the SIF's job: CosmoFlow's.
+    data = tmp_path / "data"
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=8, n_valid=4)
     summary = sif_job(
         "deepcam.sbatch",
         slurm_cluster,
         sif,
         tmp_path,
-        deepcam_data,
+        data,
         "tests/configs/deepcam_tiny.yaml",
-        ["--local_batch_size", "2"],
+        ["--local_batch_size", "2", "--max_epochs", "1", "--set", "target_iou=0.01"]
+        + ["--set", "runtime.check_log=false"],
+        log_check="not checked",
     )
-    assert summary["metric"] >= 0.82, summary
+    assert summary["epochs"] == 1, summary
 
 
 def test_two_ranks_under_mpirun_allreduce_in_the_image(image, engine):
