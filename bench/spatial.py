@@ -229,9 +229,10 @@ def worker(args) -> int:
     import tensorflow as tf
 
     from common.parallel.distribution import Distribution
+    from common.parallel.sharded_optimizer import optimizer_shard
     from common.parallel.spatial_mesh import split_mesh
     from common.run.steps import TrainStep
-    from common.run.trainer import batchnorm_group, optimizer_shard
+    from common.run.trainer import batchnorm_group
 
     row = json.loads(args.row)
     cfg = row_config(row, args.set)
@@ -245,9 +246,8 @@ def worker(args) -> int:
     # The trainer's batch-norm group (a split sample's statistics over its K slabs) and optimizer shard.
     net, sends = build_recording_sends(task, batchnorm_group(dist, task), mesh)
     optimizer, _ = task.build_optimizer(1, steps_per_epoch=100)
-    shard = optimizer_shard(
-        cfg, net, mesh
-    )  # TrainStep builds the optimizer for the shard's variables
+    # TrainStep builds the optimizer for the shard's variables.
+    shard = optimizer_shard(net, mesh) if cfg.parallel.shard_optimizer else None
     step = TrainStep(
         net,
         optimizer,

@@ -24,7 +24,7 @@ both of every rank in `rank-NNNNN.npz`, so that the resumed epoch ends as the
 uninterrupted one would have: the arrays
   losses    float32[steps done in the epoch]   this rank's step losses;
   bn_<i>    the i-th batch-norm statistic of the model, in the order of
-            common.parallel.sync_batchnorm.batchnorm_statistics (moving mean and
+            common.parallel.distribution.batchnorm_statistics (moving mean and
             variance of each layer, layer by layer).
 A checkpoint written at an epoch's end needs neither: the model's statistics are
 then the same on every rank, and rank 0's tf.train.Checkpoint holds them.
@@ -58,7 +58,7 @@ import tensorflow as tf
 from common.errors import InputError
 from common.files import replace_folder, write_text_atomic
 from common.inputs import pipeline
-from common.parallel.sync_batchnorm import batchnorm_statistics
+from common.parallel.distribution import batchnorm_statistics
 
 _LOSSES = "losses"
 _BATCHNORM = "bn_{}"

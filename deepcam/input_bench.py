@@ -90,7 +90,7 @@ def reader_thread_rows(files, data, channels, h, w, repeats) -> list[Row]:
 
     import numpy as np
 
-    from common.inputs.pipeline import aligned_empty
+    from deepcam.data import aligned_empty
 
     buffers = [
         (aligned_empty((h, w, len(channels)), np.float32), aligned_empty((h, w), np.uint8))
@@ -183,7 +183,7 @@ def former_hdf5_buffers_pipeline(paths, data, data_dir, channels, h, w, batch, r
     import tensorflow as tf
 
     from common.inputs import pipeline
-    from common.inputs.pipeline import BatchBuffers
+    from deepcam.data import BatchBuffers
 
     in_flight = max(1, -(-readers // batch))
     buffers = BatchBuffers(

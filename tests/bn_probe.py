@@ -1,5 +1,5 @@
 """Run under a launcher by test_batchnorm_stats.py: batch-norm running statistics around
-common.parallel.sync_batchnorm.average_batchnorm_statistics.
+common.parallel.distribution.average_batchnorm_statistics.
 
 Every rank builds the same tiny model (Dense, BatchNormalization, and a nested
 sub-model with a GroupBatchNormalization of one rank), runs a few training-mode
@@ -19,8 +19,12 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu.py)
-from common.parallel.distribution import Distribution, RankGroup  # noqa: E402
-from common.parallel.sync_batchnorm import GroupBatchNormalization, average_batchnorm_statistics  # noqa: E402
+from common.parallel.distribution import (  # noqa: E402
+    Distribution,
+    RankGroup,
+    average_batchnorm_statistics,  # noqa: E402
+)
+from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
 N_IN, N_HIDDEN, N_OUT = 6, 4, 3
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common.inputs.pipeline import ALIGNMENT, BatchBuffers, aligned_empty
+from deepcam.data import ALIGNMENT, BatchBuffers, aligned_empty
 
 
 def _address(a) -> int:

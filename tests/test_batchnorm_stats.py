@@ -5,12 +5,12 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.parallel.distribution import RankGroup
-from common.parallel.sync_batchnorm import (
-    GroupBatchNormalization,
+from common.parallel.distribution import (
+    RankGroup,
     average_batchnorm_statistics,
     batchnorm_statistics,
 )
+from common.parallel.sync_batchnorm import GroupBatchNormalization
 from tests import helpers
 
 

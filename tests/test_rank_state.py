@@ -7,7 +7,7 @@ import tf_keras
 
 from common.checkpoints import RankState, rank_file
 from common.errors import InputError
-from common.parallel.sync_batchnorm import batchnorm_statistics
+from common.parallel.distribution import batchnorm_statistics
 
 
 def _model(bn_layers: int = 2, width: int = 3):

@@ -420,3 +420,26 @@ def variables_in_sync(variables, dist) -> tuple[bool, int]:
     gathered = dist.allgather(values)
     n_values = sum(int(np.prod(v.shape)) for v in variables)
     return bool(np.all(gathered == gathered[0])), n_values
+
+
+def batchnorm_statistics(model) -> list:
+    """The moving mean and variance of every batch-norm layer of `model` (sub-models' included), in
+    the model's layer order, the same on every rank."""
+    found = []
+    for layer in model.submodules:
+        if (
+            getattr(layer, "moving_mean", None) is not None
+            and getattr(layer, "moving_variance", None) is not None
+        ):
+            found += [layer.moving_mean, layer.moving_variance]
+    return found
+
+
+def average_batchnorm_statistics(model, dist) -> int:
+    """Every rank: replaces its batch-norm running statistics by their mean over all ranks, as the
+    MLCommons DeepCAM reference does after each epoch's training (one grouped allreduce; none
+    without batch norm). Returns the number of layers averaged."""
+    statistics = batchnorm_statistics(model)
+    if statistics:  # the same answer on every rank: they all build the same model
+        dist.average_variables(statistics)
+    return len(statistics) // 2

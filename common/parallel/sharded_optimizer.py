@@ -93,3 +93,14 @@ def own_buffer(part):
     buffer alive (every variable's bytes, the owned ones a second time) until the next step's share,
     0.1 GiB more held per rank for DeepCAM at K = 2."""
     return tf.raw_ops.DeepCopy(x=part)
+
+
+def optimizer_shard(model, mesh) -> ShardedUpdate:
+    """This rank's share of `model`'s variables for the optimizer (parallel.shard_optimizer), the
+    updated weights allgathered over the spatial group `mesh`."""
+    return ShardedUpdate(
+        model.trainable_variables,
+        mesh.index,
+        mesh.size,
+        lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"),
+    )

@@ -6,9 +6,8 @@ keeps batch statistics meaningful at local batch sizes of 1 or 2. Horovod's
 own SyncBatchNormalization syncs over all ranks only; this one takes a
 `RankGroup` (common.parallel.distribution) so the group can be any divisor of the job.
 
-The running statistics (moving mean and variance, used at evaluation) are a
-separate matter: `average_batchnorm_statistics` averages them over all ranks
-once per epoch, as the MLCommons reference does.
+The running statistics (moving mean and variance, used at evaluation) are averaged over all ranks
+once per epoch (common.parallel.distribution.average_batchnorm_statistics).
 """
 
 import tensorflow as tf
@@ -112,42 +111,3 @@ def _normalize(x, gamma, beta, mean, variance, epsilon: float, count, group_sum)
         return tf.cast(y, x.dtype), grad
 
     return run(x, tf.convert_to_tensor(gamma, tf.float32), tf.convert_to_tensor(beta, tf.float32))
-
-
-def batchnorm_statistics(model) -> list:
-    """The moving mean and variance of every batch-norm layer of `model`, in a fixed order.
-
-    Layers nested in sub-models count, and so does any subclass
-    (GroupBatchNormalization): a layer qualifies by holding `moving_mean` and
-    `moving_variance`, as the reference picks modules with running statistics.
-    The order is the model's own layer order, the same on every rank.
-    """
-    found = []
-    for layer in model.submodules:  # each module once, sub-models' layers included
-        if (
-            getattr(layer, "moving_mean", None) is not None
-            and getattr(layer, "moving_variance", None) is not None
-        ):
-            found += [layer.moving_mean, layer.moving_variance]
-    return found
-
-
-def average_batchnorm_statistics(model, dist) -> int:
-    """Replaces each rank's batch-norm running statistics by their mean over all ranks.
-
-    The MLCommons DeepCAM reference does this after every epoch's training,
-    before validation: each rank's statistics saw only its own shard (or its
-    batch-norm group's), while evaluation and checkpoints should reflect all
-    ranks' data. One grouped allreduce for all layers; a model
-    without batch norm (CosmoFlow) makes no collective.
-
-    Args:
-      model: a Keras model, built.
-      dist: the Distribution (every rank calls this, in the same place).
-    Returns:
-      The number of batch-norm layers averaged.
-    """
-    statistics = batchnorm_statistics(model)
-    if statistics:  # the same answer on every rank: they all build the same model
-        dist.average_variables(statistics)
-    return len(statistics) // 2

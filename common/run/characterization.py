@@ -78,21 +78,22 @@ def allreduce_seconds(dist, variables, compression: str, repeats: int = 5) -> fl
     return (time.perf_counter() - start) / repeats
 
 
-def characterize_run(
-    *,
-    model,
-    dist,
-    sample_shape,
-    history,
-    staging,
-    global_batch_size,
-    compression,
-    make_train_dataset,
-    local_batch_size,
-    files_read,
-    samples_read,
-) -> dict:
-    """The run's figures for offline.characterize (collective: every rank calls it)."""
+def characterize_run(trainer, train_ds, staging) -> dict:
+    """Every rank (collectives), after run_stop of a completed run with runtime.characterize: the
+    run's figures for offline.characterize. `staging`: the StageStats, None when nothing was staged."""
+    from common.run.report import staging_dict
+
+    trainer.events.on_characterization_start()
+    model, dist, shards = trainer.model, trainer.dist, trainer.shards
+    sample_shape = train_ds.element_spec[0].shape[1:]
+    history, local_batch_size = trainer.history, shards.local_batch_size
+    compression = trainer.cfg.runtime.gradient_compression
+    global_batch_size, files_read = trainer.info.global_batch_size, shards.train_files
+    samples_read = len(files_read)
+
+    def make_train_dataset():
+        return trainer.task.build_inputs(shards, trainer.mesh.group, dist.local_size)[0]
+
     forward = forward_flops_per_sample(model, sample_shape)
     timed = history[1:] or history  # epoch 1 includes warm-up (graph optimization, caches)
     train_rate = float(np.mean([h["samples_per_s"] for h in timed])) if timed else 0.0
@@ -124,7 +125,7 @@ def characterize_run(
         "allreduce_seconds_per_step": reduce_s,
         "step_seconds": step_s,
         "allreduce_share": reduce_s / step_s if math.isfinite(step_s) and step_s > 0 else 0.0,
-        "staging": staging,
+        "staging": staging_dict(staging),
     }
 
 

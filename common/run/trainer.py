@@ -47,14 +47,19 @@ from common.inputs.pipeline import (
     prefetch_to,
 )
 from common.parallel import cycle_time
-from common.parallel.distribution import Distribution, launcher_env, variables_in_sync
-from common.parallel.sync_batchnorm import average_batchnorm_statistics, batchnorm_statistics
+from common.parallel.distribution import (
+    Distribution,
+    average_batchnorm_statistics,
+    batchnorm_statistics,
+    launcher_env,
+    variables_in_sync,
+)
 from common.reporting.console import Console
 from common.reporting.events import EpochTrain, Events, RunInfo, StepInfo, TrainLog
 from common.reporting.mlperf_logger import MLPerfLogger
 from common.run import report as run_report
 from common.run import termination
-from common.run.report import RunResult, staging_dict, write_summary
+from common.run.report import RunResult, write_summary
 from common.run.steps import EvalSums, TrainStep, eval_step_specs, make_eval_step
 from common.run.termination import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
 from common.run.warmup import state_variables, warm_up
@@ -320,8 +325,10 @@ class Trainer:
             weights_compared=compared,
         )
         if cfg.runtime.characterize and self.completed:
+            from common.run.characterization import characterize_run  # runtime.characterize only
+
             result = dataclasses.replace(
-                result, characterization=self.characterize(train_ds, staging)
+                result, characterization=characterize_run(self, train_ds, staging)
             )
         return result
 
@@ -601,34 +608,6 @@ class Trainer:
         loss = float(total.loss / total.samples) if total.samples else float("nan")
         return float(self.metric.finalize(total.metric)), loss
 
-    def characterize(self, train_ds, staging) -> dict:
-        """Every rank, after run_stop and the weights check of a completed run with
-        runtime.characterize: FLOPs, input pipeline, memory and allreduce of this run
-        (offline.characterize).
-
-        Args:
-          train_ds: the training dataset the run read.
-          staging: the StageStats of data preparation, None when nothing was staged.
-        """
-        self.events.on_characterization_start()
-        from common.run.characterization import characterize_run  # runtime.characterize only
-
-        return characterize_run(
-            model=self.model,
-            dist=self.dist,
-            sample_shape=train_ds.element_spec[0].shape[1:],
-            history=self.history,
-            staging=staging_dict(staging),
-            global_batch_size=self.info.global_batch_size,
-            compression=self.cfg.runtime.gradient_compression,
-            make_train_dataset=lambda: self.task.build_inputs(
-                self.shards, self.mesh.group, self.dist.local_size
-            )[0],
-            local_batch_size=self.shards.local_batch_size,
-            files_read=self.shards.train_files,
-            samples_read=len(self.shards.train_files),
-        )
-
     # ---------------------------------------------------------------- set-up
     def _build(self, plan, mesh):
         """(model, optimizer, schedule, loss, metric): the model under the precision policy with its
@@ -639,7 +618,11 @@ class Trainer:
             model = task.build_model(batchnorm_group(self.dist, task))
         optimizer, schedule = task.build_optimizer(plan.global_batch, plan.steps_per_epoch)
         optimizer = runtime_lib.wrap_optimizer(optimizer, self.precision)  # fp16: loss scaling
-        self.optimizer_shard = optimizer_shard(self.cfg, model, mesh)
+        self.optimizer_shard = None
+        if self.cfg.parallel.shard_optimizer:
+            from common.parallel.sharded_optimizer import optimizer_shard  # sharded runs only
+
+            self.optimizer_shard = optimizer_shard(model, mesh)
         optimizer.build(
             self.optimizer_shard.owned_variables()
             if self.optimizer_shard
@@ -766,22 +749,6 @@ def batchnorm_group(dist, task):
         "batchnorm_group_size"
         if k == 1
         else f"batchnorm_group_size x parallel.spatial_ranks ({task.batchnorm_group_size} x {k})",
-    )
-
-
-def optimizer_shard(cfg, model, mesh):
-    """With parallel.shard_optimizer, this rank's share of `model`'s variables for the optimizer (a
-    common.parallel.sharded_optimizer.ShardedUpdate), the updated weights allgathered over the
-    spatial group; else None (every rank updates all of them)."""
-    if not cfg.parallel.shard_optimizer:
-        return None
-    from common.parallel.sharded_optimizer import ShardedUpdate  # sharded runs only
-
-    return ShardedUpdate(
-        model.trainable_variables,
-        mesh.index,
-        mesh.size,
-        lambda flat: mesh.allgather(flat, "sharded_optimizer.weights"),
     )
 
 
