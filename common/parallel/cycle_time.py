@@ -1,21 +1,9 @@
-"""Horovod's cycle time: the value its background loop runs with, read from the environment as Horovod reads it.
+"""Horovod's cycle time, read from the environment as Horovod 0.28.1 reads it (operations.cc).
 
-Horovod's background thread (horovod/common/operations.cc, 0.28.1: BackgroundThreadLoop and
-RunLoopOnce) starts one negotiation cycle every HOROVOD_CYCLE_TIME milliseconds, sleeping for
-what is left of the period after the last cycle's work, and every cycle coordinates the ranks
-whether or not a tensor waits. A collective submitted between cycles waits for the next one, so
-a chain of collectives each depending on the last (group batch norm's: a layer after another,
-forward then backward) pays up to a cycle apiece on top of its transfer (docs/figures.md).
-
-The thread reads the variable once, as hvd.init starts it (hvd.init returns after that), so a
-value set later changes nothing: it must come from the launch environment (slurm/env.sh, the
-docs' `export`, horovodrun's --cycle-time-ms) or be set before Distribution() is made
-(`set_for_batchnorm_groups`). No Python API reports the value, so `read` mirrors Horovod's own
-reading: 1 ms by default, 0 when HOROVOD_ENABLE_XLA_OPS is set, then HOROVOD_CYCLE_TIME parsed
-with C's strtof (milliseconds, fractions allowed; text that is not a number reads as 0), and
-left to Horovod's autotuner (1-100 ms) when HOROVOD_AUTOTUNE is on and no value is given.
-
-Standard library only: it is read before Horovod starts.
+Horovod's background thread starts a negotiation cycle every HOROVOD_CYCLE_TIME ms; a chain of
+collectives each depending on the last (group batch norm's) pays up to a cycle apiece
+(docs/figures.md). The thread reads the variable once, in hvd.init: it must come from the launch
+environment or be set before Distribution() (`set_for_batchnorm_groups`). Standard library only.
 """
 
 import dataclasses
@@ -24,10 +12,8 @@ import re
 
 ENV = "HOROVOD_CYCLE_TIME"
 DEFAULT_MS = 1.0  # operations.cc: SetCycleTimeMs(1)
-# For runs with batch-norm groups, whose two collectives per layer each wait for a cycle. On 2 Gloo
-# ranks of a 2-core AMD EPYC shared with other jobs, DeepCAM's step at reference depth with groups
-# of 2 took 0.98 s at 0.1 ms against 2.38 s at 1 ms (0.22-0.32 s without the collectives); 0 ms,
-# a loop that never sleeps, did no better than 1 ms there (docs/figures.md).
+# For runs with batch-norm groups, whose two collectives per layer each wait for a cycle: DeepCAM's
+# step with groups of 2 took half as long as at 1 ms (docs/figures.md).
 BATCHNORM_GROUP_MS = 0.1
 
 # The value set_for_batchnorm_groups put into the environment (None: it set nothing), for the report.
@@ -39,13 +25,8 @@ _INT_PREFIX = re.compile(r"\s*[+-]?\d+")
 
 @dataclasses.dataclass(frozen=True)
 class CycleTime:
-    """Horovod's cycle time as it reads it at init.
-
-    Attributes:
-      ms: the period in milliseconds (<= 0: no wait between cycles); the autotuner's start when `autotuned`.
-      source: who chose it: "Horovod's default", "HOROVOD_CYCLE_TIME=0.1", ...
-      autotuned: Horovod's autotuner varies it during the run.
-    """
+    """Horovod's cycle time as it reads it at init: the period in ms (<= 0: no wait), who chose it
+    ("Horovod's default", "HOROVOD_CYCLE_TIME=0.1", ...), whether its autotuner varies it."""
 
     ms: float
     source: str

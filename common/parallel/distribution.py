@@ -26,20 +26,12 @@ class Distribution:
     """Rank, size, node layout and collectives of the current job."""
 
     def __init__(self, group_sizes=()):
-        """Initialises Horovod, with a static process set per group of ranks the run makes, and pins
-        this rank's device.
+        """Initialises Horovod and pins this rank's device.
 
-        Args:
-          group_sizes: the sizes of the groups of consecutive ranks the run makes (batch-norm
-            groups, spatial splits: rank_group, spatial_mesh). Horovod registers their sets in
-            hvd.init (static process sets), for the job's size as its launcher tells it
-            (launched_size): a set for every group of a size g with 1 < g < size that divides it.
-            A group of one rank or of the whole job needs none; a data-parallel run, and any run
-            on as many ranks as its group, gets a plain hvd.init(). A launcher that sets none of
-            SIZE_VARIABLES is taken for one rank: a run with groups under it stops with a
-            ConfigError naming them. Never dynamic process sets: their bookkeeping (a global
-            allgather in every cycle of Horovod's background thread) made each allreduce of 2
-            Gloo ranks 1.45x slower (bench/horovod_cycle.py).
+        `group_sizes`: the sizes of the groups of consecutive ranks the run makes (batch-norm
+        groups, spatial splits), whose static process sets hvd.init registers for the job's size as
+        its launcher tells it (launched_size). Never dynamic process sets: their bookkeeping made
+        each allreduce of 2 Gloo ranks 1.45x slower (bench/horovod_cycle.py).
         """
         first = (
             not hvd.is_initialized()
@@ -93,13 +85,8 @@ class Distribution:
     gpu: gpus.RankGpu | None = None
 
     def _pin_device(self) -> str:
-        """Makes this rank's GPU the only one TensorFlow sees; returns the device kind.
-
-        Its local rank's GPU among those the process sees (all of the node's: NCCL keeps
-        peer-to-peer between them), or the only one it sees. Called by __init__, right after
-        Horovod's; runs no TensorFlow op: two ranks on one GPU are refused by
-        check_one_rank_per_gpu, once the thread pools are sized.
-        """
+        """Makes its local rank's GPU the only one TensorFlow sees (no TensorFlow op); returns the
+        device kind, 'gpu' or 'cpu'."""
         seen = (
             gpus.visible_uuids()
         )  # NVML's UUIDs as CUDA_VISIBLE_DEVICES leaves them; None without NVML
@@ -119,12 +106,8 @@ class Distribution:
         return "gpu"
 
     def check_one_rank_per_gpu(self) -> None:
-        """Raises ConfigError, naming the ranks, host and GPU UUID, when two ranks of a host would use one GPU.
-
-        A collective (every rank tells the others its _pin_device GPU), and TensorFlow ops: call it on
-        every rank after the thread pools are sized. NVML alone decides, so it holds
-        where TensorFlow sees no GPU.
-        """
+        """A collective, after the thread pools are sized: ConfigError naming the ranks, host and
+        GPU UUID (from NVML) when two ranks of a host would use one GPU."""
         if self.size > 1:
             error = gpus.sharing_error(self.allgather_object(self.gpu))
             if error:
@@ -133,14 +116,6 @@ class Distribution:
     def allgather_object(self, obj) -> list:
         """Every rank's picklable `obj`, in rank order (a collective)."""
         return hvd.allgather_object(obj)
-
-    def horovod_build(self) -> dict:
-        """Which controllers and GPU collectives this Horovod was built with: {'nccl', 'mpi', 'gloo'} -> bool."""
-        return {
-            "nccl": bool(hvd.nccl_built()),
-            "mpi": bool(hvd.mpi_built()),
-            "gloo": bool(hvd.gloo_built()),
-        }
 
     def barrier(self) -> None:
         """Returns once every rank has called it (horovod.tensorflow has no barrier op)."""
@@ -175,18 +150,10 @@ class Distribution:
         hvd.broadcast_variables(variables, root_rank=root_rank)
 
     def average_gradients(self, grads, compression: str = "none", grouped: bool = False):
-        """Averages a list of gradients over all ranks. Usable inside tf.function.
-
-        By default each gradient gets its own allreduce, named by its index (every rank
-        builds the same names), which depends on that gradient alone: in the step's graph
-        it starts as soon as backward has produced it, while backward goes on with the
-        layers below, and Horovod's background thread fuses the tensors that meet in one
-        cycle (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME), as its DistributedGradientTape
-        does. `grouped`: one grouped allreduce, which waits for every gradient. An
-        XLA-compiled backward (runtime.xla) emits all gradients at once, so both start
-        together then. `compression='fp16'` halves the bytes on the wire, as Horovod's
-        Compression.fp16 does.
-        """
+        """Averages gradients over all ranks, inside tf.function. Each gets its own allreduce, named
+        by its index, which starts as soon as backward has produced it (Horovod fuses those that
+        meet in a cycle, as its DistributedGradientTape); `grouped`: one allreduce that waits for
+        all. `compression='fp16'` halves the bytes on the wire."""
         if self.size == 1:
             return grads
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
@@ -198,11 +165,7 @@ class Distribution:
         ]
 
     def average_variables(self, variables) -> None:
-        """Sets each variable to its mean over all ranks (sum / size), in one grouped allreduce.
-
-        Eager, between steps (batch-norm running statistics after an epoch).
-        Every rank must pass the same variables in the same order.
-        """
+        """Sets each variable to its mean over all ranks, in one grouped allreduce (eager)."""
         if self.size == 1:
             return
         sums = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Sum)
@@ -225,12 +188,8 @@ class Distribution:
             hvd.stop_timeline()
 
     def rank_group(self, group_size: int, what: str = "group size") -> "RankGroup":
-        """This rank's group of `group_size` consecutive ranks (sync batch norm, spatial groups).
-
-        The group's Horovod process set was registered by hvd.init (Distribution's group_sizes), so
-        this is no collective. A group of one rank needs no set, a group of the whole job is
-        Horovod's global set.
-        """
+        """This rank's group of `group_size` consecutive ranks (batch-norm and spatial groups), on
+        the process set hvd.init registered (no collective)."""
         if group_size < 1 or self.size % group_size:
             raise ConfigError(
                 f"{what}={group_size} does not divide the {self.size} ranks of this job"
@@ -247,11 +206,8 @@ class Distribution:
         return RankGroup(group_size, self._process_sets[group_size])
 
     def spatial_mesh(self, spatial_ranks: int):
-        """This rank's place among the data-parallel groups of `spatial_ranks` ranks each.
-
-        1: every rank a group of its own (DataParallel). More: the ranks of a group split each
-        sample (common.parallel.spatial_mesh, imported by split runs only); a collective then.
-        """
+        """This rank's place among the data-parallel groups of `spatial_ranks` ranks each: 1, a rank
+        each (DataParallel); more, the group's ranks split each sample (a collective)."""
         k = int(spatial_ranks)
         if k < 1 or self.size % k:
             raise ConfigError(
@@ -312,16 +268,6 @@ class RankGroup:
         return hvd.allreduce(tensor, op=hvd.Sum, name=name, process_set=self._process_set)
 
 
-def horovod_host() -> str:
-    """The name of this rank's node as Horovod counts nodes.
-
-    horovodrun's Gloo ranks get the -H name they were started under (HOROVOD_HOSTNAME), which
-    is what makes 'localhost' and '127.0.0.1' two nodes of one machine; MPI's ranks are grouped
-    by Horovod into nodes by shared memory, i.e. by machine, whose name is the host name.
-    """
-    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-
-
 # Where each launcher says how many ranks it started, first found first: horovodrun's Gloo ranks,
 # Open MPI's mpirun, MPICH/Intel MPI's Hydra (PMI-1/2), a SLURM job step (srun's own variable for
 # its step, whatever the allocation's SLURM_NTASKS says).
@@ -356,40 +302,14 @@ def launcher_env() -> dict:
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
-# Whether every rank holds the same variables, checked with a cheap fingerprint.
-#
-# Data-parallel ranks must end a run with identical variables: they start from
-# rank 0's broadcast and apply the same averaged gradients. Comparing every value
-# across ranks would move the whole model over the network; a fingerprint of
-# three numbers per rank, gathered once, is enough to catch the drift that matters.
-
-# The random direction of the projection: fixed, so every rank draws the same one.
-_PROBE_SEED = 1234
+# Whether every rank holds the same variables: a fingerprint of three numbers per rank, gathered once.
+_PROBE_SEED = 1234  # the random direction of the projection: the same on every rank
 
 
 def fingerprint(variables) -> np.ndarray:
-    """Three float64 numbers that change when any value of `variables` changes.
-
-    The values are flattened in the given order and widened to float64, where
-    a change of one float32 ulp in one element survives the summation (it is
-    lost only if that element is below about 2^-29 of the sum of magnitudes).
-    The sum sees most changes; the sum of magnitudes sees sign flips that keep
-    the sum; a projection on a fixed random direction sees values that moved
-    between elements (a permutation, two ranks' updates landing on swapped
-    variables), which leave both sums unchanged.
-
-    One variable at a time, on the host: a float64 copy of the whole model, its magnitudes and the
-    direction (DeepCAM: 0.42 GiB each) raised a run's peak memory after its last step (DeepCAM at
-    768 x 1152, one CPU rank: 9.25 GiB against the steps' 8.41), and on a GPU the concatenation
-    took device memory. The direction is drawn piece by piece from one generator: the same
-    numbers as one draw of the whole length.
-
-    Args:
-      variables: tf.Variables or arrays (e.g. `model.variables`), in the same
-        order on every rank.
-    Returns:
-      [sum, sum of |values|, random projection], float64.
-    """
+    """[sum, sum of |values|, projection on a fixed random direction] of `variables` in float64,
+    where a change of one float32 ulp survives; the projection sees values that moved between
+    elements. One variable at a time on the host, to keep the peak memory of the steps."""
     direction = np.random.default_rng(_PROBE_SEED)
     total = np.zeros(3)
     for variable in variables:
@@ -401,21 +321,8 @@ def fingerprint(variables) -> np.ndarray:
 
 
 def variables_in_sync(variables, dist) -> tuple[bool, int]:
-    """Whether every rank holds the same `variables`, by their fingerprints (a collective).
-
-    Pass all of a model's variables, not only the trainable ones: batch-norm
-    running statistics that drifted apart (evaluation differs per rank, the
-    checkpoint holds rank 0's) show up here. Fingerprints are compared exactly,
-    as identical ranks compute identical ones (same values, same order, same
-    arithmetic). Every rank must call this, with the same variables in the
-    same order, and every rank gets the same answer.
-
-    Args:
-      variables: the variables to compare (e.g. `model.variables`).
-      dist: the Distribution (common.parallel.distribution).
-    Returns:
-      (in sync, number of values compared on each rank).
-    """
+    """A collective: (whether every rank holds the same `variables`, by exact fingerprints; the
+    values compared per rank). Pass all of a model's variables: batch-norm statistics count."""
     values = fingerprint(variables)
     gathered = dist.allgather(values)
     n_values = sum(int(np.prod(v.shape)) for v in variables)

@@ -19,7 +19,7 @@ from common.errors import ConfigError
 class RankPlace:
     """Where one rank runs, as Horovod sees it."""
 
-    host: str  # the node's name Horovod was given (common.parallel.distribution.horovod_host)
+    host: str  # the node's name Horovod was given (common.parallel.spatial_mesh.horovod_host)
     local_size: int  # the ranks Horovod counts on that node
 
 

@@ -4,13 +4,14 @@ each sample, and the job's groups of K do data parallelism. Imported by split ru
 """
 
 import dataclasses
+import os
+import socket
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 from common.parallel import placement
-from common.parallel.distribution import horovod_host
 
 
 def split_mesh(dist, k: int) -> "SpatialMesh":
@@ -180,3 +181,13 @@ class NeighbourPlanes:
 def _wire(tensor):
     """Horovod's collectives have no bfloat16: such tensors travel as float32 (exact both ways)."""
     return tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor
+
+
+def horovod_host() -> str:
+    """The name of this rank's node as Horovod counts nodes.
+
+    horovodrun's Gloo ranks get the -H name they were started under (HOROVOD_HOSTNAME), which
+    is what makes 'localhost' and '127.0.0.1' two nodes of one machine; MPI's ranks are grouped
+    by Horovod into nodes by shared memory, i.e. by machine, whose name is the host name.
+    """
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()

@@ -16,14 +16,9 @@ class StepResult(NamedTuple):
 
 
 def all_finite(tensors) -> tf.Tensor:
-    """A scalar bool: no NaN or Inf in any floating tensor of `tensors` (integers cannot hold one).
-
-    One pass of sums first: a finite sum holds no NaN or Inf (NaN + x is NaN, Inf + x is Inf or
-    NaN), and a sum reads the data once where is_finite also writes and reads a mask (7.0-7.8
-    against 9.6-12.2 ms for a batch of two 768x1152x16 DeepCAM samples on the 2-core AVX2 EPYC,
-    two measurements with other jobs on the cores). Only a non-finite sum, which finite values
-    can give by overflowing, looks at every value.
-    """
+    """A scalar bool: no NaN or Inf in any floating tensor of `tensors`. A finite sum holds none,
+    and a sum reads the data once, cheaper than is_finite's mask; only a non-finite sum (which an
+    overflow can give) looks at every value."""
     tensors = [t for t in tensors if t.dtype.is_floating]
     if not tensors:
         return tf.constant(True)
@@ -41,45 +36,20 @@ def all_finite(tensors) -> tf.Tensor:
 
 
 class TrainStep:
-    """One optimizer step: forward/backward over `accumulation` micro-batches,
-    allreduce-average, update.
+    """One optimizer step: forward and backward over `accumulation` micro-batches (gradients summed
+    in variables), allreduce average, update.
 
-    With `accumulation` n > 1 the gradients of n consecutive local batches
-    are summed in variables and averaged, so the global batch is
-    n x local batch x ranks at the memory of one local batch; the allreduce
-    runs once per optimizer step, not per micro-batch.
-
-    With `xla`, only forward and backward are XLA-compiled: Horovod's allreduce
-    is a custom op that XLA cannot compile, so it runs outside the cluster.
-    Under fp16 mixed precision (a LossScaleOptimizer) the loss is scaled before
-    the backward pass and the gradients unscaled before the allreduce.
-
-    `preprocess` (Task.preprocess_batch) turns a batch as the input pipeline
-    yields it (compact: int16 counts, uint8 labels) into the model's input and
-    labels, inside the compiled step, so casts and normalization run on the
-    accelerator.
-
-    Non-finite values: every preprocessed batch is checked for NaN and Inf in
-    the step (`StepResult.inputs_finite`), where the data already is (on the
-    device), instead of on the host CPU beside the readers; the trainer reads
-    the flags every `train.stop_check_steps` steps. An update whose averaged
-    gradients are not all finite is skipped (the step count still advances, as
-    the LossScaleOptimizer does on an fp16 overflow, which handles its own
-    skipping), so a NaN loss leaves the weights at the last finite update and
-    the trainer can checkpoint them. The gradients are the same on every rank
-    after the allreduce, so every rank skips the same steps.
-
-    With `shard` (common.parallel.sharded_optimizer.ShardedUpdate), the optimizer holds the slots of
-    this rank's variables only and updates them; the global-norm clip over all gradients moves here
-    from the optimizer, and the updated variables are allgathered over the spatial group.
-
-    The update after the allreduce (the finiteness check, the global-norm clip, every variable's
-    optimizer step) is one XLA-compiled function where the optimizer asks for XLA. Keras sets an
-    optimizer's `jit_compile` where a GPU exists, and would compile a function per variable: a
-    launch each, beside ops per gradient for the clip and the check. As one function the update is
-    one launch, and XLA's GPU backend can fuse the small kernels of different variables into one
-    (its horizontal fusion passes, made for an optimizer's update), which it does within a function
-    only. bench/results/optimizer_update.md counts them on a CPU.
+    - `preprocess` (Task.preprocess_batch) casts and normalizes the batch inside the compiled step,
+      on the accelerator; the step checks it for NaN/Inf there (`StepResult.inputs_finite`).
+    - `xla` compiles forward and backward only: Horovod's allreduce is a custom op XLA cannot
+      compile. Under fp16 (a LossScaleOptimizer) the gradients are unscaled before the allreduce.
+    - An update whose averaged gradients are not all finite is skipped (the step count advances),
+      on every rank alike, so a NaN loss leaves the last finite weights to checkpoint.
+    - The update after the allreduce (finiteness check, global-norm clip, every variable's step)
+      is one XLA function where the optimizer asks for XLA: one launch whose small kernels XLA
+      can fuse (bench/results/optimizer_update.md).
+    - With `shard` (common.parallel.sharded_optimizer), the optimizer holds this rank's
+      variables' slots only, the clip moves here, and the updated variables are allgathered.
     """
 
     def __init__(
@@ -275,13 +245,10 @@ def eval_step_specs(input_specs) -> tuple:
 
 
 def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=None):
-    """A tf.function (x, y, n) -> float64 vector for one batch (x as the pipeline yields it) of
-    which the first n samples count and the rest pad it to the traced shape
-    (common.run.trainer.padded_batches): the metric's sums; the loss times the batch's
-    samples and the samples (0, 0 without `loss_fn`), so that sums over batches give the
-    per-sample mean loss, as the references' eval_loss; then 1.0 if the preprocessed batch held a
-    NaN or Inf, else 0.0. One allreduce adds up all of it, the non-finite batches of every rank
-    included; EvalSums.of names the entries of the sum."""
+    """A tf.function (x, y, n) -> float64 vector for a batch whose first n samples count (the rest
+    pad it to the traced shape: common.run.trainer.padded_batches): the metric's sums, the loss
+    times the samples, the samples (0, 0 without `loss_fn`) and 1.0 if the batch held a NaN or Inf.
+    Summed over batches and ranks, EvalSums.of names the entries."""
     preprocess = preprocess or (lambda x, y: (x, y))
 
     def forward(x, y):

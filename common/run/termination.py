@@ -1,23 +1,12 @@
-"""Stop requests (SIGUSR1, SIGTERM), the ranks' agreement to stop, closing the books in time, and
-ending a run that cannot go on (a non-finite input or loss) with the same message on every rank.
+"""Stop requests, the ranks' agreement to stop, and ending a run that cannot go on (a non-finite
+input or loss) with the same message on every rank.
 
-SIGUSR1 is the preemption notice (SLURM's `--signal=USR1@<grace>`): the ranks
-agree at the next check (`agree`, a collective of the training loop),
-write a checkpoint, close the MLPerf log as aborted with that checkpoint and
-exit with ExitCode.PREEMPTED; nothing hurries them.
-
-SIGTERM is the kill notice: scancel, a preemption without notice, or a
-launcher ending the other ranks after one died (horovodrun, mpirun and
-`srun --kill-on-bad-exit` send SIGTERM, then SIGKILL a few seconds later). A
-surviving rank is then often blocked inside a collective that will never
-complete (MPI does not notice the dead peer), and Python runs signal handlers
-only between bytecodes of the main thread: a plain handler would never run.
-So a small thread takes the signals instead: Python's C-level handler writes
-the signal number to a wakeup file descriptor, the thread reads it. On
-SIGTERM it runs the callback at once (close the MLPerf log as aborted: SIGKILL
-may follow any moment), requests a stop like SIGUSR1, and gives the main
-thread `grace_s` seconds to reach it and write the checkpoint; then it ends the
-process with ExitCode.TERMINATED (143 = 128 + SIGTERM).
+SIGUSR1 (SLURM's `--signal=USR1@<grace>`) asks for a stop: the ranks agree at the next check,
+checkpoint, close the MLPerf log as aborted and exit with ExitCode.PREEMPTED. SIGTERM (scancel, a
+launcher ending the ranks after one died) may find the main thread blocked in a collective that
+never completes, where Python runs no handler: a thread reads the signal from a wakeup fd, closes
+the log at once, requests a stop, and ends the process with ExitCode.TERMINATED if the main thread
+has not stopped in order within `grace_s`.
 """
 
 import contextlib
@@ -38,15 +27,9 @@ _stopped = threading.Event()  # the main thread finished its orderly stop: no de
 
 
 def on_signals(on_sigterm, grace_s: float = 0.0) -> None:
-    """Watches SIGTERM and SIGUSR1 from now on (call from the main thread).
-
-    Args:
-      on_sigterm: run on the watcher thread as soon as SIGTERM arrives, while the
-        main thread may be anywhere: it must only do what is safe then (writing
-        and closing a log is). A later call replaces it.
-      grace_s: after SIGTERM, how long the main thread has to stop in order
-        (`stopped()`) before the process exits with ExitCode.TERMINATED.
-    """
+    """Watches SIGTERM and SIGUSR1 from now on (call from the main thread). `on_sigterm` runs on the
+    watcher thread when SIGTERM arrives (a later call replaces it); the main thread then has
+    `grace_s` seconds to call `stopped()` before the process exits with ExitCode.TERMINATED."""
     _state["callback"], _state["grace_s"] = on_sigterm, float(grace_s)
     if _state["started"]:
         return
@@ -99,14 +82,9 @@ class Agreement:
 
 
 def agree(dist, first_step: int, losses: np.ndarray, inputs_finite: np.ndarray) -> Agreement:
-    """A collective of every rank, every `train.stop_check_steps` steps: the stop request and the
-    checks of the steps since the last call share one allreduce.
-
-    Args:
-      first_step: the global step of losses[0] and inputs_finite[0].
-      losses: this rank's losses of those steps.
-      inputs_finite: for each of those steps, whether this rank's batch was finite.
-    """
+    """A collective, every `train.stop_check_steps` steps: the stop request and the checks of this
+    rank's `losses` and `inputs_finite` of the steps since the last call (from global step
+    `first_step`) share one allreduce."""
     bad_batch = _first(~np.asarray(inputs_finite, bool))
     bad_loss = _first(~np.isfinite(np.asarray(losses, np.float64)))
     # [stop, 1 + the rank of a non-finite batch, minus the first global step with a non-finite loss]
@@ -137,12 +115,10 @@ def _first(flags) -> int | None:
     return int(hits[0]) if hits.size else None
 
 
-# Ending a run that cannot go on, with the same message on every rank.
-#
-# Bad input names its file: a read or parse error (`naming_bad_files`) on the rank that hit
-# it, a batch with NaN or Inf (`fail_on_input`) on every rank. A non-finite loss with every
-# input finite (`fail_on_loss`) keeps a checkpoint of the last finite state. Both raise
-# RunFailed on every rank at the same point, so no rank is left waiting in a collective.
+# Bad input names its file: a read or parse error (`naming_bad_files`) on the rank that hit it, a
+# batch with NaN or Inf (`fail_on_input`) on every rank. A non-finite loss with every input finite
+# (`fail_on_loss`) keeps a checkpoint of the last finite state. Both raise RunFailed on every rank
+# at the same point, so no rank is left waiting in a collective.
 
 NON_FINITE_INPUT = "non-finite input"
 NON_FINITE_LOSS = "non-finite loss"
@@ -177,12 +153,7 @@ class Failure:
 
 
 class RunFailed(Exception):
-    """Every rank agreed that the run cannot go on (a non-finite input or loss); `failure` says why.
-
-    Raised inside the loop, on every rank at the same point (the functions below); the training
-    loop ends the run in order (log closed as aborted, summary written) and common.run.trainer.main exits
-    with failure.exit_code.
-    """
+    """Every rank agreed that the run cannot go on; raised on every rank at the same point."""
 
     def __init__(self, failure: Failure):
         super().__init__(failure.message)
@@ -245,15 +216,9 @@ def fail_on_input(
 def fail_on_loss(
     dist, variables, save_now, latest_checkpoint, epoch: int, bad_step: int, local_loss
 ) -> None:
-    """Every rank: the loss of `bad_step` was not finite on some rank, with every input batch
-    finite. Keeps a checkpoint of the last finite state; raises RunFailed on every rank.
-
-    Args:
-      variables: the training state (model and optimizer variables).
-      save_now: every rank: checkpoints the state now, waits for the write, returns its folder.
-      latest_checkpoint: rank 0: the newest checkpoint folder on disk, or None.
-      local_loss: this rank's loss of `bad_step`.
-    """
+    """Every rank: the loss of `bad_step` was not finite on some rank (`local_loss`: this rank's),
+    every input finite. Keeps the last finite state of `variables` (`save_now()` checkpoints and
+    returns the folder; rank 0's `latest_checkpoint()` the newest on disk); raises RunFailed."""
     loss = float(np.mean(dist.allgather([local_loss])))  # the global loss of that step
     checkpoint, kept = _keep_finite_state(dist, variables, save_now, latest_checkpoint)
     message = (
@@ -274,13 +239,8 @@ def fail_on_loss(
 
 
 def _keep_finite_state(dist, variables, save_now, latest_checkpoint) -> tuple:
-    """Every rank: (checkpoint path or None, what the message says about it).
-
-    Updates with non-finite gradients were skipped (common.run.steps.TrainStep), so the
-    variables usually hold the last finite state: they are saved. If they are not finite
-    all the same (a finite gradient times the LR overflowed, a batch-norm statistic of a
-    diverged forward pass), the newest checkpoint written before is the last finite state.
-    """
+    """Every rank: (checkpoint path or None, what the message says about it). The variables, whose
+    non-finite updates the step skipped, are saved if finite; else the newest checkpoint is it."""
     broken = float(
         not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables if v.dtype.is_floating)
     )

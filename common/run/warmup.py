@@ -1,21 +1,10 @@
-"""Warm-up before run_start: synthetic steps through the real train and eval steps, then the state put back.
+"""Warm-up before run_start: `train.warmup_steps` steps and one eval step on synthetic batches of
+the traced shapes, then every variable the steps changed put back (tests/test_warmup.py: bitwise).
 
-Tracing at init builds the graphs but runs nothing: the first step that runs pays grappler's
-rewrites, oneDNN's primitive creation (cuDNN's autotuning and the Keras optimizer's XLA compile
-on a GPU, `--xla`'s compile anywhere), and the first collectives' negotiation. Under the MLPerf
-rules that belongs before run_start, and touching no training data (NVIDIA's v3.0 code runs
-synthetic warm-up steps before run_start too). So the warm-up runs `train.warmup_steps`
-optimizer steps on synthetic batches of the training batches' shapes and dtypes (the same
-graphs: no retrace), one eval step (evaluation pads every batch to that shape:
-common.run.trainer.padded_batches), and then puts back every variable the steps changed:
-weights, optimizer slots and step count, batch-norm statistics, the dropout generators'
-states, the accumulated gradients, a loss scale. A deterministic run with warm-up ends with
-the weights of one without, bit for bit (tests/test_warmup.py).
-
-The first step that runs is also where TensorFlow finds an op without a kernel for the device and
-dtype (tracing does not look): warm-up turns that into one line and exit 2, before run_start. On a
-GPU, it is where TensorFlow places the steps' ops: an op left on the CPU ends the run the same way,
-unless allowed (common.run.device_placement).
+The first step that runs pays the compile, autotuning and the first collectives' negotiation, which
+the MLPerf rules put before run_start, touching no training data (as NVIDIA's v3.0 code). It is also
+where an op without a kernel for the device and dtype, or (on a GPU) an op left on the CPU
+(common.run.device_placement), ends the run with one line and exit 2.
 """
 
 import dataclasses
@@ -68,26 +57,17 @@ def synthetic_batch(specs, seed: int = 0) -> tuple:
 
 
 def saved_values(variables) -> list:
-    """The variables' values now, kept where they cost the steps nothing.
-
-    A GPU's variable: a NumPy copy in host memory (a copy on the device would add the weights and
-    the optimizer's slots to the warm-up's peak there: DeepCAM's 0.63 GiB in fp32 with LAMB). A
-    CPU's: a tensor sharing the variable's buffer, which TensorFlow copies before an in-place
-    update while the tensor lives (copy-on-write), so it keeps the values of now; a NumPy copy
-    instead raised DeepCAM's peak RSS in warm-up by 0.54 GiB (7.82 to 8.36 GiB, 768 x 1152, one
-    rank on a 2-core EPYC).
-    """
+    """The variables' values now: a GPU's in host memory (not in the device's peak), a CPU's as a
+    tensor sharing the buffer (copy-on-write: no second copy of the state in RSS)."""
     return [v.numpy() if "GPU" in v.device.upper() else tf.identity(v) for v in variables]
 
 
 def warm_up(
     train_step, eval_step, specs, variables, steps: int, allow_cpu_ops=None
 ) -> WarmupResult:
-    """Runs `steps` optimizer steps and one eval step on a synthetic batch, then sets `variables`
-    (state_variables) back to their values before; every rank runs it, in the same order (the
-    steps hold the collectives). With `allow_cpu_ops` (a GPU run's runtime.allow_cpu_ops), an op
-    of the steps left on the CPU ends the run (ConfigError) unless it belongs on the host or its
-    type is one of those (common.run.device_placement); None: no check."""
+    """Every rank: `steps` optimizer steps and one eval step on a synthetic batch, then `variables`
+    (state_variables) set back. With `allow_cpu_ops` (a GPU run's runtime.allow_cpu_ops, else
+    None), an op of the steps left on the CPU and not allowed ends the run (ConfigError)."""
     if steps <= 0:
         return WarmupResult(0, 0.0, 0)
     start = time.perf_counter()
@@ -131,9 +111,8 @@ def warm_up(
 
 
 def _missing_kernel(message: str) -> str | None:
-    """The one line for an op this device cannot run in this dtype or form (float16 pooling on a CPU,
-    float16 dilated convolutions' gradients on a CPU), which the first step that runs meets and
-    tracing does not; None for any other error."""
+    """The one line for an op this device cannot run in this dtype or form (float16 pooling on a
+    CPU), which the first step that runs meets and tracing does not; None for any other error."""
     advice = "(on a CPU: --set runtime.amp_dtype=bfloat16, or --xla, whose kernels cover float16)"
     found = re.search(r"No OpKernel was registered to support Op '(\w+)'", message)
     if found:

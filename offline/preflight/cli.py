@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     )  # an unknown file fails here
 
     # TensorFlow and Horovod once the input is known to be good.
+    import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from common import config as config_lib
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
     facts = dist.allgather_object(
         ranks.this_rank(dist, runtime, len(tf.config.list_physical_devices("GPU")))
     )
-    built = dist.horovod_build()
+    built = {"nccl": hvd.nccl_built(), "mpi": hvd.mpi_built(), "gloo": hvd.gloo_built()}
     say(
         f"{TAG} {dist.describe()}; Horovod built with "
         + ", ".join(
