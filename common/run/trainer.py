@@ -3,24 +3,14 @@
   python <bench>/train.py [CONFIG] [--flag value ...] [--set key.sub=value ...]
 
 `main` reads the command line, starts Horovod and reports. `Trainer.run` builds the run in
-Horovod's canonical order (seed, model, the LR scaled for the global batch, the optimizer wrapped,
-the initial state broadcast from rank 0, the steps traced and warmed up), prepares the data and
-runs one mode. `Trainer.train` is the timed run: epochs of `common.run.steps.TrainStep` (forward,
-loss, gradients, allreduce, update), evaluated every train.eval_every epochs, until the target,
-the last epoch, a stop request or a failure.
-
-Every rank runs the same code and calls the same collectives in the same order: the epoch's
-batch-norm averaging, evaluation, the agreement every train.stop_check_steps steps
-(common.run.termination.agree) and mid-epoch saves (common.checkpoints). The trainer
-prints nothing: it emits events, and listeners (rank 0's console, the MLPerf log, TensorBoard) act
-on them.
-
-Without CONFIG (a reference-style job script: flags only), the closed config whose global batch
-the job gives is used, and the `[init]` line says which. Works the same under `horovodrun -np N`,
-`mpirun -np N` and `srun`. A bad input ends the run with one line naming the culprit and a
-non-zero exit on the rank that found it; the process leaves at once (no Horovod shutdown
-handshake), so the launcher tears the other ranks down instead of leaving them waiting in a
-collective.
+Horovod's order (seed, model, LR scaled for the global batch, optimizer, rank 0's state broadcast,
+steps traced and warmed up), prepares the data and runs one mode. `Trainer.train` is the timed run:
+epochs of `common.run.steps.TrainStep`, evaluated every train.eval_every epochs, until the target,
+the last epoch, a stop request or a failure. Every rank calls the same collectives in the same
+order; the trainer prints nothing: listeners (rank 0's console, the MLPerf log) act on its events.
+Without CONFIG, the closed config of the job's global batch is used. A bad input ends the run with
+one `error:` line and a non-zero exit at once (no Horovod shutdown), so the launcher tears the other
+ranks down instead of leaving them in a collective.
 """
 
 import dataclasses
@@ -168,22 +158,10 @@ def main(task, argv=None) -> int:
 
 
 class Trainer:
-    """Runs a bound Task (common.task) on every rank.
-
-    Args:
-      task: the benchmark's Task, built from the run's config (task.cfg).
-      dist: the Distribution (rank, size, collectives).
-      events: the Events that the listeners get.
-      run_dir: the run's folder (checkpoints/, shards/).
-      runtime: what common.runtime.configure set (device, threads, precision): `main` configures it
-        right after Horovod's init, before any TensorFlow op.
-
-    `run` sets the rest, what the modes read: mesh (the data-parallel groups: DataParallel, each
-    rank whole samples, or a SpatialMesh that splits them), shards (this rank's files, staged paths
-    once data preparation ran), model, optimizer, schedule, metric (the task's EvalMetric), saver
-    (common.checkpoints), train_step and eval_step (traced at init), info (the RunInfo
-    of init_stop).
-    """
+    """Runs a bound Task (common.task) on every rank: `dist` the Distribution, `events` what the
+    listeners get, `runtime` what common.runtime.configure set (device, threads, precision). `run`
+    sets what the modes read: mesh, shards, model, optimizer, schedule, metric, saver, the traced
+    train_step and eval_step, info (the RunInfo of init_stop)."""
 
     def __init__(self, task, dist, events, run_dir, runtime: dict):
         self.task, self.cfg, self.dist, self.events = task, task.cfg, dist, events
@@ -361,11 +339,8 @@ class Trainer:
                 stopped = True
                 epoch -= 1  # the last epoch done
                 break
-            # As the MLCommons DeepCAM reference: after every epoch's training,
-            # evaluated or not, each rank's batch-norm running statistics (from
-            # its own shard) become their mean over all ranks, so evaluation,
-            # checkpoints (rank 0's) and the final model use the same statistics
-            # on every rank. A collective: every rank calls it, here.
+            # As the MLCommons DeepCAM reference: each rank's batch-norm running statistics become
+            # their mean over all ranks after every epoch (a collective).
             average_batchnorm_statistics(self.model, self.dist)
             events.on_epoch_stop(epoch, train)
             record = {
@@ -753,13 +728,8 @@ def batchnorm_group(dist, task):
 
 
 def padded_batches(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
-    """`dataset`'s batches (x, y) as (x, y, n), each of `batch_size` samples: the first n are the
-    batch's, then copies of its last sample (finite where the batch is) up to `batch_size`.
-
-    Every batch the eval step takes then has the shape traced at init, which warm-up runs: another
-    shape would be traced again, and on a GPU autotuned, in the timed region. The eval step counts
-    the n real samples only.
-    """
+    """`dataset`'s batches (x, y) as (x, y, n) of `batch_size` samples, the first n real, then
+    copies of the last: the shape traced and warmed up at init (no retrace in the timed region)."""
 
     def pad(x, y):
         n = tf.shape(x)[0]
