@@ -1,32 +1,10 @@
-"""What this CPU can do, TensorFlow's oneDNN switch (settled before TensorFlow loads), and how many
-intra-op threads a rank takes from the CPUs its launcher bound it to (`intra_op_threads`). Standard
-library only.
-
-TensorFlow turns its oneDNN kernels on by default only on x86 CPUs with
-AVX-512 VNNI or newer. Elsewhere (every AVX2-only CPU, AMD EPYC up to Zen 3
-among them) convolutions fall back to TensorFlow's own im2col + small-GEMM path:
-a CosmoFlow Conv3D training step measured 4.1x slower on a 2-core AVX2 EPYC.
-That matters where the CPU trains: `prefer_onednn()` turns oneDNN on for x86
-hosts where no GPU is visible, and leaves TensorFlow's default where one is
-(the model then runs on the GPU; oneDNN would only change the input pipeline's
-CPU ops). Whether a GPU is visible is read without TensorFlow: the NVIDIA
-driver's device list in /proc, narrowed by CUDA_VISIBLE_DEVICES.
-TensorFlow reads `TF_ENABLE_ONEDNN_OPTS` once, when it is first imported, so
-`prefer_onednn()` must run before that; the packages of this repository call it
-in their `__init__`, which every entry point (train.py, bench/, `python -m`
-tools, the tests) imports first. A value the user set is left alone.
-
-When TensorFlow was imported before this project (a notebook's first line), it
-is too late: TensorFlow has registered its kernels, and setting the variable
-then would only make `IsMklEnabled()`, which reads it on its first call, claim
-oneDNN kernels that do not run (DeepCAM's model would pick the dilated
-convolution that only oneDNN can differentiate, and fail). So the variable is
-left unset, code that depends on the kernels asks `onednn_enabled()`, and one
-line on stderr says what that costs and how to avoid it.
-
-This module imports nothing heavy: it must be importable before TensorFlow.
+"""The CPU's features, TensorFlow's oneDNN switch, and a rank's intra-op threads. Standard library
+only: `prefer_onednn` runs (from `import common`) before TensorFlow reads TF_ENABLE_ONEDNN_OPTS at
+its import (docs/figures.md#cpus); the thread rules follow the launcher's CPU binding
+(docs/scaling.md).
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -40,34 +18,22 @@ _X86_64 = ("x86_64", "amd64")
 _ISA_LEVELS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
-# Whether prefer_onednn() set the variable (as opposed to the user), for the report.
-_set_here = False
-# Whether prefer_onednn() left TensorFlow's default because a GPU is visible.
-_gpu_seen = False
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # a folder per GPU, where the NVIDIA driver is loaded
-# Whether TensorFlow was imported before prefer_onednn() could choose.
-_tensorflow_first = False
-# Training samples/s on the 2-core AVX2 EPYC, oneDNN on vs off (bench/results/AVX2.md).
-_ONEDNN_SPEEDUP = "3.7x (DeepCAM) to 4.4x (CosmoFlow)"
+_decided = ""  # who chose oneDNN's state, where prefer_onednn() did or could not (describe())
 
 
 @functools.cache
 def _cpuinfo() -> tuple[str, frozenset]:
     """(model name, flags) of the first processor in /proc/cpuinfo; ('', {}) where there is none."""
-    model, flags = "", frozenset()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not model:
-                    model = " ".join(value.split())
-                elif key == "flags":
-                    flags = frozenset(value.split())
-                    break  # the first processor's flags: all cores of a node share them
-    except OSError:
-        pass
-    return model, flags
+    fields = {}
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value)
+            if "flags" in fields:  # the first processor's: all cores of a node share them
+                break
+    model, flags = fields.get("model name", ""), fields.get("flags", "")
+    return " ".join(model.split()), frozenset(flags.split())
 
 
 def affinity() -> frozenset:
@@ -99,48 +65,41 @@ def gpu_visible(environ=None, gpus_dir: str = NVIDIA_GPUS) -> bool:
     """Whether this process would see an NVIDIA GPU, told without importing TensorFlow: the driver
     lists one, and CUDA_VISIBLE_DEVICES (if set) does not hide them all ('' or '-1')."""
     environ = os.environ if environ is None else environ
-    try:
-        if not os.listdir(gpus_dir):
-            return False
-    except OSError:
-        return False
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    return visible is None or visible.strip() not in ("", "-1")
+    with contextlib.suppress(OSError):
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        return bool(os.listdir(gpus_dir)) and (visible is None or visible.strip() not in ("", "-1"))
+    return False
 
 
 def prefer_onednn(environ=None, machine=None, gpus_dir: str = NVIDIA_GPUS) -> bool:
-    """Turns TensorFlow's oneDNN kernels on for x86-64 hosts without a visible GPU, unless the user
-    chose; True if it set it.
-
-    Args:
-      environ: the environment to update (default: os.environ).
-      machine: platform.machine() to decide on (default: this one's).
-      gpus_dir: where the NVIDIA driver lists its GPUs (gpu_visible).
-    """
-    global _set_here, _tensorflow_first, _gpu_seen
+    """Sets TF_ENABLE_ONEDNN_OPTS=1 on x86-64 hosts without a visible GPU, unless the user chose or
+    TensorFlow is already imported (then it warns); True if it set it. `environ` defaults to
+    os.environ, `machine` to platform.machine()."""
+    global _decided
     environ = os.environ if environ is None else environ
     machine = (machine or platform.machine()).lower()
+    ours = environ is os.environ
     if ONEDNN_ENV in environ or machine not in _X86_64:
         return False
     if gpu_visible(environ, gpus_dir):
-        if environ is os.environ:
-            _gpu_seen = True
+        if ours:
+            _decided = "TensorFlow's default: a GPU is visible, so this project left it"
         return False
-    if environ is os.environ and "tensorflow" in sys.modules:
-        _tensorflow_first = True
+    if ours and "tensorflow" in sys.modules:
+        _decided = "TensorFlow imported before this project could choose"
         if not onednn_enabled():
             print(
-                f"warning: TensorFlow was imported before this project could set {ONEDNN_ENV}=1, so its "
-                f"oneDNN kernels stay off on this {isa()} CPU and training runs {_ONEDNN_SPEEDUP} slower "
-                f"(bench/results/AVX2.md); import common, cosmoflow or deepcam before tensorflow, or start "
-                f"Python with {ONEDNN_ENV}=1 set",
+                f"warning: TensorFlow was imported before this project could set {ONEDNN_ENV}=1, "
+                f"so its oneDNN kernels stay off on this {isa()} CPU and training runs 3.7-4.4x "
+                f"slower (docs/figures.md); import common, cosmoflow or deepcam before tensorflow, "
+                f"or start Python with {ONEDNN_ENV}=1 set",
                 file=sys.stderr,
                 flush=True,
             )
         return False
     environ[ONEDNN_ENV] = "1"
-    if environ is os.environ:
-        _set_here = True
+    if ours:
+        _decided = f"{ONEDNN_ENV}=1 set by this project"
     return True
 
 
@@ -156,12 +115,9 @@ def onednn_enabled():
         return None
 
 
-def onednn_runs_bfloat16(flags=None) -> bool:
-    """Whether TensorFlow's oneDNN kernels take bfloat16 on this CPU: only with AVX-512 (TensorFlow
-    logs "oneDNN supports DT_BFLOAT16 only on platforms with AVX-512" and falls back to its Eigen
-    kernels elsewhere)."""
-    flags = _cpuinfo()[1] if flags is None else flags
-    return "avx512f" in flags or "amx_tile" in flags
+def onednn_runs_bfloat16() -> bool:
+    """Whether TensorFlow's oneDNN kernels take bfloat16 on this CPU: only with AVX-512."""
+    return bool({"avx512f", "amx_tile"} & _cpuinfo()[1])
 
 
 def describe() -> dict:
@@ -171,16 +127,11 @@ def describe() -> dict:
     if onednn is None:
         state = "unknown"
     else:
-        if _set_here:
-            who = f"{ONEDNN_ENV}=1 set by this project"
-        elif _gpu_seen:
-            who = "TensorFlow's default: a GPU is visible, so this project left it"
-        elif _tensorflow_first and ONEDNN_ENV not in os.environ:
-            who = "TensorFlow imported before this project could choose"
-        elif ONEDNN_ENV in os.environ:
-            who = f"{ONEDNN_ENV}={os.environ[ONEDNN_ENV]} set by the user"
-        else:
-            who = "TensorFlow's default"
+        who = _decided or (
+            f"{ONEDNN_ENV}={os.environ[ONEDNN_ENV]} set by the user"
+            if ONEDNN_ENV in os.environ
+            else "TensorFlow's default"
+        )
         state = f"{'on' if onednn else 'off'} ({who})"
     return {
         "cpu": model or platform.processor() or platform.machine(),
@@ -190,34 +141,10 @@ def describe() -> dict:
     }
 
 
-# How a rank is bound to CPUs: the intra-op threads a rank takes from its own CPU affinity
-# (the NUMA-local binding slurm/env.sh gives srun is common/parallel/gpu_binding.py).
-#
-# The threads: a rank may run on the CPUs of its affinity mask (os.sched_getaffinity). Whether the
-# node's other ranks run on the same CPUs is something only the launcher knows, and says in the
-# variables it exports; the mask's size cannot tell, since a job-wide cgroup (SLURM's task/cgroup, a
-# container's --cpuset-cpus) shrinks every rank's mask to the same cores. `intra_op_threads` reads:
-#
-# - srun: SLURM's task/affinity plugin turns --cpu-bind=cores (or sockets, threads, its automatic
-#   binding) into one CPU mask per local task and exports what it applied:
-#   SLURM_CPU_BIND_TYPE=mask_cpu: and SLURM_CPU_BIND_LIST=0x3,0xc (slurm src/plugins/task/affinity/
-#   dist_tasks.c). A task owns its mask, or shares it with the local tasks given the same CPUs
-#   (--cpu-bind=sockets; or one mask for all when it binds nothing). SLURM_CPU_BIND_TYPE=cores (the
-#   option itself, not a mask) means no plugin applied it: the one-node SLURM of
-#   tools/local_slurm.sh (task/none) exports it, says "cluster configuration lacks support for cpu
-#   binding" and leaves every task on all CPUs. --cpu-bind=map_ldom:/mask_ldom: (a site binding each
-#   task to its GPU's NUMA domain) stays as written: tasks given the same domain share it.
-# - mpirun (Open MPI 4): OMPI_MCA_orte_bound_at_launch=1 when it bound the process, with
-#   OMPI_MCA_hwloc_base_binding_policy when --bind-to was given (seen on Open MPI 4.1.4). core and
-#   hwthread give each rank CPUs of its own; socket, numa, a cache or board bind a domain that the
-#   node's ranks may share. Its default (no --bind-to) is core for up to 2 processes, socket for more,
-#   none when oversubscribed (mpirun(1)).
-# - horovodrun (Gloo) binds nothing and exports nothing about it.
-# A mask the launcher says it applied is believed only if it is this process's affinity: variables
-# inherited from an enclosing step (a launcher started inside an srun task) describe another process.
-#
-# Pure: no TensorFlow, no Horovod, only the standard library (common.runtime calls intra_op_threads
-# with os.environ, os.sched_getaffinity(0) and Horovod's local size).
+# A rank's intra-op threads: the CPUs of its affinity mask, divided among the node's ranks unless
+# its launcher says it bound each rank to CPUs of its own (docs/scaling.md): srun's
+# SLURM_CPU_BIND_TYPE/_LIST (believed only where the mask is this process's affinity), mpirun's
+# OMPI_MCA_* binding variables; horovodrun binds nothing.
 
 # Open MPI's --bind-to levels that give each rank CPUs of its own.
 _OMPI_OWN = ("core", "hwthread", "cpu")
@@ -241,14 +168,19 @@ def intra_op_threads(environ: Mapping, affinity, local_size: int) -> ThreadChoic
     """
     cpus = frozenset(affinity)
     n, local_size = len(cpus), max(1, int(local_size))
-    if "OMPI_COMM_WORLD_SIZE" in environ or "OMPI_MCA_orte_bound_at_launch" in environ:
-        return _open_mpi(environ, n, local_size)
-    if "HOROVOD_RANK" in environ:
-        return _divided(n, local_size, "horovodrun binds no CPUs")
     bind_type = environ.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
-    if bind_type:
-        return _slurm(environ, bind_type, cpus, local_size)
-    return _divided(n, local_size, "no launcher binding seen")
+    if "OMPI_COMM_WORLD_SIZE" in environ or "OMPI_MCA_orte_bound_at_launch" in environ:
+        choice = _open_mpi(environ, n)
+    elif "HOROVOD_RANK" in environ:
+        choice = "horovodrun binds no CPUs"
+    elif bind_type:
+        choice = _slurm(environ, bind_type, cpus, local_size)
+    else:
+        choice = "no launcher binding seen"
+    return choice if isinstance(choice, ThreadChoice) else _divided(n, local_size, choice)
+
+
+# The rules below return their ThreadChoice, or why the node's ranks may share the rank's CPUs.
 
 
 def _divided(n: int, ranks: int, why: str, who: str = "the node's") -> ThreadChoice:
@@ -268,104 +200,64 @@ def _cores(n: int) -> str:
     return f"{n} CPU{'s' if n != 1 else ''}"
 
 
-def _open_mpi(environ: Mapping, n: int, local_size: int) -> ThreadChoice:
+def _open_mpi(environ: Mapping, n: int) -> ThreadChoice | str:
     policy = environ.get("OMPI_MCA_hwloc_base_binding_policy", "").split(":")[0].strip().lower()
     if environ.get("OMPI_MCA_orte_bound_at_launch") != "1":
-        return _divided(
-            n, local_size, f"mpirun bound no CPUs{f' (--bind-to {policy})' if policy else ''}"
-        )
+        return f"mpirun bound no CPUs{f' (--bind-to {policy})' if policy else ''}"
     if policy in _OMPI_OWN:
         return _own(n, f"mpirun bound each rank (--bind-to {policy})")
-    if (
-        not policy
-    ):  # mpirun(1) of Open MPI 4: "Bind to core: when the number of processes is <= 2"; else socket
-        if int(environ.get("OMPI_COMM_WORLD_SIZE", "0") or 0) in (1, 2):
-            return _own(n, "mpirun bound each rank to a core (its default for up to 2 processes)")
-        return _divided(
-            n,
-            local_size,
-            "mpirun bound the rank to a socket (its default for more than 2 processes) "
-            "the node's ranks may share",
-        )
-    return _divided(
-        n, local_size, f"mpirun bound the rank to a {policy} domain the node's ranks may share"
+    if policy:
+        return f"mpirun bound the rank to a {policy} domain the node's ranks may share"
+    # mpirun(1) of Open MPI 4 binds to a core for up to 2 processes, else to a socket.
+    if int(environ.get("OMPI_COMM_WORLD_SIZE", "0") or 0) in (1, 2):
+        return _own(n, "mpirun bound each rank to a core (its default for up to 2 processes)")
+    return (
+        "mpirun bound the rank to a socket (its default for more than 2 processes) "
+        "the node's ranks may share"
     )
 
 
-def _slurm(environ: Mapping, bind_type: str, cpus: frozenset, local_size: int) -> ThreadChoice:
+def _slurm(
+    environ: Mapping, bind_type: str, cpus: frozenset, local_size: int
+) -> ThreadChoice | str:
+    """srun's binding: masks or lists of CPUs (*_cpu) or of NUMA nodes (*_ldom), one per local task;
+    a task shares its set with the local tasks whose sets overlap it."""
     n = len(cpus)
     if bind_type == "none":
-        return _divided(n, local_size, "srun bound no CPUs (--cpu-bind=none)")
+        return "srun bound no CPUs (--cpu-bind=none)"
     kind = bind_type.rstrip(":")
-    if kind in ("map_ldom", "mask_ldom"):
-        return _numa(environ, kind, n, local_size)
-    if kind not in ("mask_cpu", "map_cpu"):
-        return _divided(
-            n,
-            local_size,
+    if kind not in ("mask_cpu", "map_cpu", "map_ldom", "mask_ldom"):
+        return (
             f"SLURM_CPU_BIND_TYPE={bind_type} names a binding no task plugin "
-            f"applied (it would be a mask_cpu: list)",
+            f"applied (it would be a mask_cpu: list)"
         )
-    masks, local_id = _bind_list(environ, kind)
-    if not masks:
-        return _divided(
-            n,
-            local_size,
-            f"SLURM_CPU_BIND_TYPE={bind_type} without a readable SLURM_CPU_BIND_LIST "
-            f"and SLURM_LOCALID",
-        )
-    mine = masks[local_id % len(masks)]
-    if mine != cpus:
-        return _divided(
-            n,
-            local_size,
-            f"SLURM's {kind} for local task {local_id} ({cpu_list(mine)}) is not this "
-            f"process's affinity ({cpu_list(cpus)}): the variables describe another "
-            f"process",
-        )
-    sharing = sum(1 for r in range(local_size) if masks[r % len(masks)] & mine)
-    if sharing <= 1:
-        return _own(n, f"srun bound each task ({kind} {cpu_list(mine)})")
-    return _divided(
-        n,
-        sharing,
-        f"srun bound local tasks to overlapping CPUs ({kind} {cpu_list(mine)})",
-        who="its",
-    )
-
-
-def _bind_list(environ: Mapping, kind: str) -> tuple[list, int]:
-    """SLURM_CPU_BIND_LIST's sets (CPUs, or NUMA nodes for the *_ldom kinds) and this task's SLURM_LOCALID;
-    ([], -1) when either is missing or unreadable."""
     try:
         sets = [
             _cpu_set(kind, entry)
             for entry in environ.get("SLURM_CPU_BIND_LIST", "").split(",")
             if entry.strip()
         ]
-        return sets, int(environ["SLURM_LOCALID"])
+        local_id = int(environ["SLURM_LOCALID"])
     except (KeyError, ValueError):
-        return [], -1
-
-
-def _numa(environ: Mapping, kind: str, n: int, local_size: int) -> ThreadChoice:
-    """--cpu-bind=map_ldom:/mask_ldom: (a site's GPU-local NUMA domains): a task shares its domains with the
-    local tasks given overlapping ones. The entries name NUMA nodes, not CPUs: nothing to hold the affinity to."""
-    domains, local_id = _bind_list(environ, kind)
-    if not domains:
-        return _divided(
-            n,
-            local_size,
-            f"SLURM_CPU_BIND_TYPE={kind}: without a readable SLURM_CPU_BIND_LIST and SLURM_LOCALID",
+        sets = []
+    if not sets:
+        return (
+            f"SLURM_CPU_BIND_TYPE={bind_type} without a readable SLURM_CPU_BIND_LIST "
+            f"and SLURM_LOCALID"
         )
-    mine = domains[local_id % len(domains)]
-    sharing = sum(1 for r in range(local_size) if domains[r % len(domains)] & mine)
-    where = f"{kind} NUMA node(s) {cpu_list(mine)}"
+    mine = sets[local_id % len(sets)]
+    numa = kind.endswith("_ldom")  # NUMA nodes, not CPUs: nothing to hold the affinity to
+    if not numa and mine != cpus:
+        return (
+            f"SLURM's {kind} for local task {local_id} ({cpu_list(mine)}) is not this "
+            f"process's affinity ({cpu_list(cpus)}): the variables describe another process"
+        )
+    where = f"{kind} {'NUMA node(s) ' if numa else ''}{cpu_list(mine)}"
+    sharing = sum(1 for r in range(local_size) if sets[r % len(sets)] & mine)
     if sharing <= 1:
         return _own(n, f"srun bound each task ({where})")
-    return _divided(
-        n, sharing, f"srun bound local tasks to the same NUMA nodes ({where})", who="its"
-    )
+    shared = "the same NUMA nodes" if numa else "overlapping CPUs"
+    return _divided(n, sharing, f"srun bound local tasks to {shared} ({where})", who="its")
 
 
 def _cpu_set(kind: str, entry: str) -> frozenset:
@@ -380,14 +272,10 @@ def _cpu_set(kind: str, entry: str) -> frozenset:
 
 def cpu_list(cpus) -> str:
     """A CPU set as lscpu and taskset write it: '0-3,8' for {0, 1, 2, 3, 8}."""
-    out, run = [], []
+    runs = []  # [first, last] of each run of consecutive CPUs
     for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out) or "none"
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "none"

@@ -1,22 +1,11 @@
-"""Optimizers and learning-rate schedules with the semantics of the PyTorch references, chosen by name.
+"""Optimizers and learning-rate schedules with the semantics of the PyTorch references, by name.
 
-Keras' Adam(weight_decay=...) decays weights decoupled from the gradient, like
-AdamW; PyTorch's Adam adds weight_decay * w to the gradient (an L2 term).
-`AdamL2` restores that, so a recipe tuned on the reference means the same here.
-LAMB follows NVIDIA apex FusedLAMB, the reference's: bias-corrected Adam moments
-with gradient averaging, decoupled weight decay, a per-tensor trust ratio
-||w|| / ||update|| (applied when weight decay is on, as apex does), and the
-global gradient norm clipped to `max_grad_norm` before anything else.
-
-A config names its optimizer; OPTIMIZERS maps that name to the class (TF Model Garden's
-OPTIMIZERS_CLS), and `build_optimizer` passes it the config's hyperparameters. A config
-accepts the optimizers that take every hyperparameter it sets (`names_taking`). A new
-optimizer is its class here, its entry in OPTIMIZERS and its test.
-
-The learning-rate schedules (below) follow the same pattern: SCHEDULES maps a task's schedule name to its class and `build_schedule` builds it.
+`AdamL2` is PyTorch's Adam (weight decay added to the gradient), `LAMB` apex's FusedLAMB. A config
+names its optimizer and schedule; OPTIMIZERS and SCHEDULES map the names to the classes (TF Model
+Garden's OPTIMIZERS_CLS). A schedule's `at_step` (Python, for logs and tests) and `__call__`
+(TensorFlow, inside the step) compute the same numbers.
 """
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -24,16 +13,6 @@ import tensorflow as tf
 import tf_keras
 
 from common.errors import ConfigError
-
-# Learning-rate schedules of the MLCommons references, as pure functions of the step and as Keras schedules.
-#
-# Each schedule has a Python form (`at_step`), used for tests and logging, and a
-# TensorFlow form (`__call__`), used by the optimizer inside the compiled step.
-# Both compute the same numbers; a test checks it, and another checks both
-# against a step-by-step simulation of the reference's schedulers.
-#
-# A task names its schedule; SCHEDULES maps the name to the class and `build_schedule` builds
-# it. A new schedule is its class here, its entry in SCHEDULES and its test.
 
 
 def scale_lr(base_lr: float, global_batch_size: int, base_batch_size: int, scaling: str) -> float:
@@ -50,11 +29,9 @@ def scale_lr(base_lr: float, global_batch_size: int, base_batch_size: int, scali
 class EpochWarmupStepDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     """CosmoFlow's schedule (reference utils/optimizers.py::_lr_schedule), per 0-based epoch e.
 
-    Warmup: for e < warmup_epochs, init_lr + e * (peak_lr - init_lr) / warmup_epochs.
-    Then peak_lr times the factor of the last decay boundary b with b < e: a
-    boundary of 32 first acts in 0-based epoch 33 (the 34th epoch), exactly as
-    the reference's Keras LearningRateScheduler. Factors are absolute, not
-    cumulative: boundaries [32, 64] with factors [0.25, 0.125] mean peak/4, then peak/8.
+    For e < warmup_epochs: init_lr + e * (peak_lr - init_lr) / warmup_epochs; then peak_lr times
+    the (absolute, not cumulative) factor of the last boundary b < e, as the reference's Keras
+    LearningRateScheduler: a boundary of 32 first acts in epoch 33.
     """
 
     def __init__(
@@ -98,38 +75,19 @@ class EpochWarmupStepDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
         warm = self.init_lr + epoch * (self.peak_lr - self.init_lr) / self.warmup_epochs
         return tf.where(epoch < self.warmup_epochs, warm, decayed)
 
-    def get_config(self):
-        return dict(
-            peak_lr=self.peak_lr,
-            init_lr=self.init_lr,
-            warmup_epochs=self.warmup_epochs,
-            boundaries=[b for b, _ in self.decay],
-            factors=[f for _, f in self.decay],
-            steps_per_epoch=self.steps_per_epoch,
-        )
-
 
 class StepWarmupSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
-    """DeepCAM's step schedules, exactly as the reference drives them.
+    """DeepCAM's step schedules as the reference (utils/optimizer_helpers.py) drives them.
 
-    The reference (utils/optimizer_helpers.py) builds its PyTorch scheduler
-    with last_epoch = start_step = 0, so the constructor's initial step moves
-    it to 1 and optimizer step j (0-based) runs at scheduler position k = j + 1:
-    the first update already uses start_lr / warmup_steps. The one exception
-    is cosine annealing without warmup, built with torch's default
-    last_epoch=-1: there step j runs at k = j.
-
-    At position k:
-      warmup (k <= warmup_steps):  start_lr * k / warmup_steps (warmup_factor 1), or
-                                   start_lr * ((warmup_factor - 1) * k / warmup_steps + 1);
-      'multistep':  peak * decay_rate ** (number of milestones m reached), where
-                    m is reached at k >= m, shifted to k >= m + warmup_steps + 1 with warmup;
-      'cosine_annealing':  eta_min + (peak - eta_min) * (1 + cos(pi * t / t_max)) / 2,
-                    t = k - warmup_steps (periodic in 2 t_max, as torch);
+    Optimizer step j runs at scheduler position k = j + 1 (k = j for cosine annealing without
+    warmup, built with torch's last_epoch=-1). At position k:
+      warmup (k <= warmup_steps): start_lr * k / warmup_steps (warmup_factor 1), else
+        start_lr * ((warmup_factor - 1) * k / warmup_steps + 1);
+      'multistep': peak * decay_rate ** (milestones m with k >= m, or k >= m + warmup_steps + 1
+        after a warmup);
+      'cosine_annealing': eta_min + (peak - eta_min) * (1 + cos(pi * t / t_max)) / 2,
+        t = k - warmup_steps;
     with peak = start_lr * warmup_factor after a warmup, else start_lr.
-    (With warmup_factor != 1 the reference's warmup schedulers raise, reading an
-    undefined `self.multiplier`; every RCP uses 1. Here the factor gives the
-    ramp the reference intended.)
     """
 
     def __init__(
@@ -155,9 +113,7 @@ class StepWarmupSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
         self.t_max = int(t_max)
         self.eta_min = float(eta_min)
         self.peak_lr = self.start_lr * (self.warmup_factor if self.warmup_steps else 1.0)
-        # Where the scheduler stands at optimizer step 0 (see the class doc).
         self.offset = 0 if (kind == "cosine_annealing" and not self.warmup_steps) else 1
-        # Milestones count from the end of warmup, one step later (the reference shifts them).
         self.milestone_shift = self.warmup_steps + 1 if self.warmup_steps else 0
 
     def _warmup(self, k):
@@ -196,31 +152,12 @@ class StepWarmupSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
             return after
         return tf.where(k <= self.warmup_steps, self._warmup(k), after)
 
-    def get_config(self):
-        return dict(
-            kind=self.kind,
-            start_lr=self.start_lr,
-            warmup_steps=self.warmup_steps,
-            warmup_factor=self.warmup_factor,
-            milestones=self.milestones,
-            decay_rate=self.decay_rate,
-            t_max=self.t_max,
-            eta_min=self.eta_min,
-        )
 
-
-SCHEDULES = {
-    "epoch_warmup_step_decay": EpochWarmupStepDecay,  # CosmoFlow's
-    "step_warmup": StepWarmupSchedule,  # DeepCAM's multistep and cosine annealing
-}
+SCHEDULES = {"epoch_warmup_step_decay": EpochWarmupStepDecay, "step_warmup": StepWarmupSchedule}
 
 
 def build_schedule(name: str, **kwargs) -> tf_keras.optimizers.schedules.LearningRateSchedule:
-    """The schedule of SCHEDULES called `name`, built with these arguments.
-
-    Raises:
-      ConfigError: no schedule has that name (the message lists those that do).
-    """
+    """The schedule of SCHEDULES called `name`, built with these arguments; ConfigError if none."""
     if name not in SCHEDULES:
         raise ConfigError(f"unknown LR schedule {name!r}; known: {', '.join(SCHEDULES)}")
     return SCHEDULES[name](**kwargs)
@@ -238,16 +175,11 @@ class AdamL2(tf_keras.optimizers.Adam):
             gradient = gradient + tf.cast(self.l2, variable.dtype) * variable
         super().update_step(gradient, variable)
 
-    def get_config(self):
-        return super().get_config() | {"l2": self.l2}
-
 
 class LAMB(tf_keras.optimizers.Optimizer):
-    """Layer-wise adaptive moments (You et al. 2019), apex FusedLAMB flavour.
-
-    The update is written per variable, as Keras' optimizers are; where Keras would compile it (a
-    GPU), TrainStep compiles every variable's update, the clip and the finiteness check as one XLA
-    function, whose kernels XLA's GPU backend can fuse across variables (common/run/steps.py).
+    """LAMB (You et al. 2019) as apex FusedLAMB: bias-corrected Adam moments, decoupled weight
+    decay, a per-tensor trust ratio ||w|| / ||update|| (when weight decay is on), and the global
+    gradient norm clipped to `max_grad_norm` first.
 
     Args:
       learning_rate: float or schedule.
@@ -267,8 +199,7 @@ class LAMB(tf_keras.optimizers.Optimizer):
         name="LAMB",
         **kwargs,
     ):
-        # weight_decay=None: Keras' own decoupled decay (its default here is 0) would multiply every
-        # variable by 0 each step, as the step starts (it waits for no gradient).
+        # weight_decay=None: Keras' own decay, even at 0, would scale every variable as steps start.
         super().__init__(
             name=name, global_clipnorm=max_grad_norm or None, weight_decay=None, **kwargs
         )
@@ -281,7 +212,7 @@ class LAMB(tf_keras.optimizers.Optimizer):
 
     def build(self, var_list):
         super().build(var_list)
-        if hasattr(self, "_built") and self._built:
+        if getattr(self, "_built", False):
             return
         self._built = True
         self._m = [self.add_variable_from_reference(v, "m") for v in var_list]
@@ -294,10 +225,8 @@ class LAMB(tf_keras.optimizers.Optimizer):
         b1, b2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
         index = self._index_dict[self._var_key(variable)]
         m, v = self._m[index], self._v[index]
-        # Every term the size of the variable comes from the gradient or after it: a graph runs an op
-        # once its inputs are ready, and one of the slots or weights alone (b1 * m, decay * w) would
-        # run as the step starts and be held through forward and backward (1.2 GiB more at the peak
-        # of DeepCAM's step at 768 x 1152 fp32 on a 2-core AVX2 EPYC: docs/figures.md).
+        # Every variable-sized term waits for the gradient, so none is held through the forward
+        # and backward passes (docs/figures.md).
         m.assign_add((gradient - m) * (1.0 - b1))  # b1 m + (1 - b1) g
         v.assign_add((tf.square(gradient) - v) * (1.0 - b2))  # b2 v + (1 - b2) g^2
         m_hat = m / (1.0 - tf.pow(b1, step))
@@ -313,75 +242,21 @@ class LAMB(tf_keras.optimizers.Optimizer):
             ratio = tf.constant(1.0, dtype)
         variable.assign_sub(lr * ratio * update)
 
-    def get_config(self):
-        config = super().get_config()
-        config.pop("global_clipnorm", None)
-        return config | {
-            "learning_rate": self._serialize_hyperparameter(self._learning_rate),
-            "beta_1": self.beta_1,
-            "beta_2": self.beta_2,
-            "epsilon": self.epsilon,
-            "weight_decay_rate": self.weight_decay_rate,
-            "max_grad_norm": self.max_grad_norm,
-        }
 
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerEntry:
-    """An optimizer class and the hyperparameters it takes.
-
-    Hyperparameters go by Keras' names (learning_rate, momentum, beta_1, beta_2, epsilon,
-    weight_decay) and max_grad_norm, whatever the class calls them.
-
-    Attributes:
-      cls: the optimizer class.
-      takes: the hyperparameters it uses; others given to `build` are not passed to it.
-      renamed: (hyperparameter, the class's keyword for it) pairs, where the two differ.
-    """
-
-    cls: type
-    takes: tuple[str, ...]
-    renamed: tuple[tuple[str, str], ...] = ()
-
-    def build(self, **hyperparameters) -> tf_keras.optimizers.Optimizer:
-        keywords = dict(self.renamed)
-        return self.cls(
-            **{
-                keywords.get(key, key): value
-                for key, value in hyperparameters.items()
-                if key in self.takes
-            }
-        )
-
-
-_ADAM = ("learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay")
-# Named as the configs and the MLPerf log's opt_name spell them.
+_ADAM = {k: k for k in ("learning_rate", "beta_1", "beta_2", "epsilon")}
+# Name (as the configs and the MLPerf log's opt_name spell it) -> (class, {hyperparameter: the
+# class's keyword for it}); a hyperparameter an optimizer does not take is not passed to it.
 OPTIMIZERS = {
-    "SGD": OptimizerEntry(tf_keras.optimizers.SGD, takes=("learning_rate", "momentum")),
-    # PyTorch's Adam: weight decay as an L2 term of the gradient.
-    "Adam": OptimizerEntry(AdamL2, takes=_ADAM, renamed=(("weight_decay", "l2"),)),
-    "AdamW": OptimizerEntry(tf_keras.optimizers.AdamW, takes=_ADAM),
-    "LAMB": OptimizerEntry(
-        LAMB, takes=(*_ADAM, "max_grad_norm"), renamed=(("weight_decay", "weight_decay_rate"),)
-    ),
+    "SGD": (tf_keras.optimizers.SGD, {"learning_rate": "learning_rate", "momentum": "momentum"}),
+    "Adam": (AdamL2, _ADAM | {"weight_decay": "l2"}),
+    "AdamW": (tf_keras.optimizers.AdamW, _ADAM | {"weight_decay": "weight_decay"}),
+    "LAMB": (LAMB, _ADAM | {"weight_decay": "weight_decay_rate", "max_grad_norm": "max_grad_norm"}),
 }
 
 
-def names_taking(*hyperparameters: str) -> tuple[str, ...]:
-    """The optimizers of OPTIMIZERS that take every one of these hyperparameters."""
-    return tuple(
-        name for name, entry in OPTIMIZERS.items() if set(hyperparameters) <= set(entry.takes)
-    )
-
-
 def check_name(name: str, hyperparameters) -> None:
-    """A config's check of its optimizer.name: an optimizer of OPTIMIZERS taking every one of
-    `hyperparameters` (those the config sets for every run).
-
-    Raises:
-      ConfigError: it names another (the message lists those that would do).
-    """
-    usable = names_taking(*hyperparameters)
+    """Raises ConfigError unless `name` is an optimizer taking every one of `hyperparameters`."""
+    usable = [n for n, (_, takes) in OPTIMIZERS.items() if set(hyperparameters) <= set(takes)]
     if name not in usable:
         raise ConfigError(
             f"config key 'optimizer.name'={name!r}: choose one of {', '.join(usable)} (the "
@@ -390,11 +265,9 @@ def check_name(name: str, hyperparameters) -> None:
 
 
 def build_optimizer(name: str, **hyperparameters) -> tf_keras.optimizers.Optimizer:
-    """The optimizer of OPTIMIZERS called `name`, built with the hyperparameters it takes.
-
-    Raises:
-      ConfigError: no optimizer has that name (the message lists those that do).
-    """
+    """The optimizer of OPTIMIZERS called `name`, given the hyperparameters it takes; ConfigError
+    if none has that name."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
-    return OPTIMIZERS[name].build(**hyperparameters)
+    cls, keywords = OPTIMIZERS[name]
+    return cls(**{keywords[k]: v for k, v in hyperparameters.items() if k in keywords})

@@ -12,33 +12,23 @@ from common.inputs import pipeline
 
 
 def configure(runtime, dist) -> dict:
-    """Applies a RuntimeConfig; returns what was set. Must run before any other TensorFlow op.
-
-    The launcher calls it right after Horovod's init (which pinned the device:
-    `dist.device`) and before the first collective, since TensorFlow's thread pools
-    are made by its first op and cannot be resized after (the threads note says so).
-    Intra-op threads default to the rank's own CPUs (its affinity), divided among the node's
-    ranks only where they share them (common.cpu): a task the launcher bound keeps
-    its cores, and two unbound ranks on one node do not each spawn a pool as large as the machine.
-    Then every rank checks that no two of a host use one GPU (a collective: after the pools).
+    """Applies a RuntimeConfig and returns what was set: after Horovod's init pinned the device and
+    before any other TensorFlow op (the first op fixes the thread pools; docs/gpu.md). Intra-op
+    threads default to common.cpu.intra_op_threads. Then checks one rank per GPU (a collective).
     """
     device = dist.device
     threads = cpu.intra_op_threads(os.environ, cpu.affinity(), dist.local_size)
     intra, inter, kept = _size_thread_pools(
         runtime.intra_op_threads or threads.threads, runtime.inter_op_threads
     )
-    rule = (
-        f"runtime.intra_op_threads={runtime.intra_op_threads} (the default would be {threads.threads}: "
-        f"{threads.rule})"
-        if runtime.intra_op_threads
-        else threads.rule
-    )
+    rule = threads.rule
+    if runtime.intra_op_threads:
+        asked = runtime.intra_op_threads
+        rule = f"runtime.intra_op_threads={asked} (the default would be {threads.threads}: {rule})"
     threads_note = "; ".join(filter(None, [kept, f"intra-op threads {intra}: {rule}"]))
     dist.check_one_rank_per_gpu()
     precision, why = choose_precision(runtime, device)
-    # Random layers (dropout) draw from a tf.random.Generator, whose state a
-    # checkpoint can hold (common.checkpoints), not from stateful ops whose
-    # state lives in the kernels and restarts with the process.
+    # Dropout draws from a tf.random.Generator, whose state a checkpoint holds (common.checkpoints).
     tf_keras.backend.experimental.enable_tf_random_generator()
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -64,17 +54,16 @@ def configure(runtime, dist) -> dict:
 
 
 def software_stack() -> str:
-    """The TensorFlow, Keras and Python a run computes with, for its console and summary.json:
-    'TensorFlow 2.21.0, Keras 2.21.0 (tf_keras), Python 3.12.1'."""
-    return f"TensorFlow {tf.__version__}, Keras {tf_keras.__version__} (tf_keras), Python {platform.python_version()}"
+    """'TensorFlow 2.21.0, Keras 2.21.0 (tf_keras), Python 3.12.1', for the console and summary."""
+    keras, python = tf_keras.__version__, platform.python_version()
+    return f"TensorFlow {tf.__version__}, Keras {keras} (tf_keras), Python {python}"
 
 
 def container_image() -> dict:
     """The container image a run computes in, for summary.json ({} outside one): the commit it was
-    built from (docker/Dockerfile*'s GIT_COMMIT build argument, MLPERF_HPC_COMMIT inside), and
-    an Apptainer image's path and SHA-256 (slurm/env.sh passes the one `make sif` wrote beside it;
-    else that file where it is visible) or a Docker image's ID where its runner passes it
-    (`docker run -e MLPERF_HPC_IMAGE_ID=...`: an image cannot hold its own ID)."""
+    built from (MLPERF_HPC_COMMIT), and an Apptainer image's path and SHA-256
+    (MLPERF_HPC_IMAGE_SHA256, else the `<image>.sha256` file `make sif` wrote) or a Docker image's
+    MLPERF_HPC_IMAGE_ID."""
     sif = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
     if sif:
         sha256 = os.environ.get("MLPERF_HPC_IMAGE_SHA256", "")
@@ -89,12 +78,8 @@ def container_image() -> dict:
 
 
 def _size_thread_pools(intra: int, inter: int) -> tuple[int, int, str]:
-    """Sizes TensorFlow's thread pools; returns the sizes they have and a note ('' when as asked).
-
-    In a process where TensorFlow already runs (a notebook, a test that trains in-process)
-    the pools are made and cannot change: they stay as they are, their sizes are returned
-    (0: TensorFlow's default) and the note says so.
-    """
+    """Sizes TensorFlow's thread pools; returns the sizes they have (0: TensorFlow's default) and a
+    note, '' when as asked (where TensorFlow already ran an op, the pools stay as they are)."""
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)
@@ -112,18 +97,9 @@ def _size_thread_pools(intra: int, inter: int) -> tuple[int, int, str]:
 
 
 def choose_precision(runtime, device: str, native_bf16=None) -> tuple[str, str]:
-    """The Keras dtype policy a run should use, and why, in one line ('' when it is as asked).
-
-    `--amp` alone (amp_dtype 'auto') means float16 with loss scaling on GPUs and
-    bfloat16 on CPUs that compute it in hardware (AVX512_BF16, AMX). On other
-    CPUs bf16 is emulated and trained CosmoFlow 7-14x slower than float32 on an
-    AVX2 EPYC, so the run stays float32 and says so; an explicit amp_dtype
-    forces the dtype anyway.
-
-    Args:
-      runtime: the RuntimeConfig (amp, amp_dtype).
-      device: 'gpu' or 'cpu'.
-      native_bf16: whether the CPU has hardware bf16 (default: this CPU's answer).
+    """The Keras dtype policy of a run of `runtime` (amp, amp_dtype) on `device` ('gpu' or 'cpu'),
+    and why in one line ('' when as asked). `--amp` alone: float16 on GPUs, bfloat16 on CPUs with
+    native bf16 (`native_bf16`, default this CPU's), else float32 (docs/figures.md#cpus).
     """
     if not runtime.amp:
         return "float32", ""
@@ -143,11 +119,7 @@ def choose_precision(runtime, device: str, native_bf16=None) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def dtype_policy(policy: str):
-    """Builds the layers made under it with the Keras dtype policy `policy`, then restores the old one.
-
-    The policy is chosen once (`configure` -> its "precision") and passed to the
-    model builders; nothing outside this block sees it.
-    """
+    """Builds the layers made under it with the Keras dtype policy `policy`, then restores the old."""
     previous = tf_keras.mixed_precision.global_policy()
     tf_keras.mixed_precision.set_global_policy(policy)
     try:
@@ -157,19 +129,13 @@ def dtype_policy(policy: str):
 
 
 def wrap_optimizer(optimizer, policy):
-    """Adds dynamic loss scaling when `policy` (a name or Policy) computes in float16 (bf16 needs none)."""
-    if (
-        tf_keras.mixed_precision.Policy(
-            policy if isinstance(policy, str) else policy.name
-        ).compute_dtype
-        == "float16"
-    ):
+    """Adds dynamic loss scaling when `policy` (a name or Policy) computes in float16."""
+    name = policy if isinstance(policy, str) else policy.name
+    if tf_keras.mixed_precision.Policy(name).compute_dtype == "float16":
         return tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer
 
 
 def accelerators_per_node(device: str, dist) -> int:
     """0 on CPU-only nodes, as the MLPerf HPC rules ask; else the GPUs used on this node."""
-    if device != "gpu":
-        return 0
-    return dist.local_size
+    return dist.local_size if device == "gpu" else 0

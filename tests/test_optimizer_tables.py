@@ -16,7 +16,7 @@ from common.optimizers import (
     StepWarmupSchedule,
     build_optimizer,
     build_schedule,
-    names_taking,
+    check_name,
 )
 from cosmoflow.config import CosmoFlowConfig
 from cosmoflow.task import CosmoFlowTask
@@ -42,21 +42,18 @@ WEIGHT_DECAY = {
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_each_name_builds_its_class_with_the_hyperparameters_it_takes(name):
-    entry = OPTIMIZERS[name]
+    cls, keywords = OPTIMIZERS[name]
     optimizer = build_optimizer(name, **EVERY_HYPERPARAMETER)
-    assert type(optimizer) is entry.cls
-    keywords = dict(entry.renamed)
-    for hyperparameter in entry.takes:  # each arrived, under the class's own name
-        value = getattr(optimizer, keywords.get(hyperparameter, hyperparameter))
+    assert type(optimizer) is cls
+    for hyperparameter, keyword in keywords.items():  # each arrived, under the class's own name
+        value = getattr(optimizer, keyword)
         assert float(value) == pytest.approx(EVERY_HYPERPARAMETER[hyperparameter]), hyperparameter
 
 
 def test_the_shipped_optimizers_are_the_reference_classes_with_their_decay():
-    assert (
-        OPTIMIZERS["SGD"].cls is tf_keras.optimizers.SGD and "momentum" in OPTIMIZERS["SGD"].takes
-    )
+    assert OPTIMIZERS["SGD"][0] is tf_keras.optimizers.SGD and "momentum" in OPTIMIZERS["SGD"][1]
     for name, (cls, keyword) in WEIGHT_DECAY.items():
-        assert OPTIMIZERS[name].cls is cls
+        assert OPTIMIZERS[name][0] is cls
         assert getattr(build_optimizer(name, **EVERY_HYPERPARAMETER), keyword) == pytest.approx(
             0.01
         ), name
@@ -69,10 +66,11 @@ def test_an_unknown_optimizer_is_refused_naming_the_known_ones():
         build_optimizer("Adafactor", learning_rate=0.1)
 
 
-def test_names_taking_lists_the_optimizers_that_take_every_hyperparameter_named():
-    assert names_taking("learning_rate", "momentum") == ("SGD",)
-    assert names_taking("beta_1", "weight_decay") == ("Adam", "AdamW", "LAMB")
-    assert names_taking("max_grad_norm") == ("LAMB",)
+def test_check_name_accepts_the_optimizers_that_take_every_hyperparameter_named():
+    check_name("SGD", ("learning_rate", "momentum"))
+    check_name("LAMB", ("beta_1", "weight_decay", "max_grad_norm"))
+    with pytest.raises(ConfigError, match="choose one of LAMB "):
+        check_name("AdamW", ("max_grad_norm",))
 
 
 def _config(cls, **overrides):

@@ -1,7 +1,6 @@
-"""What every task's input pipeline shares: which files a rank reads, what an epoch is and where a
-run stands in the data order, whether a cache fits in memory,
-the pipeline's last stage (batches copied to the device), and dropping the input files from the
-page cache before a timed run.
+"""What every task's input pipeline shares: which files a rank reads, the epochs and where a run
+stands in them, whether a cache fits in memory, the last stage (batches prefetched to the device)
+and dropping the input files from the page cache.
 """
 
 import dataclasses
@@ -29,8 +28,8 @@ def list_files(directory, suffixes) -> list[str]:
 def check_divisible(
     n_samples: int, size: int, batch_size: int, key: str, accumulation: int = 1
 ) -> None:
-    """Every rank must run the same number of whole optimizer steps, or collectives deadlock;
-    and an epoch must be one exact pass (CosmoFlow's reference divides n_train evenly)."""
+    """InputError unless n_samples is a multiple of size x batch_size x accumulation: every rank
+    runs the same whole optimizer steps (or collectives deadlock), an epoch one exact pass."""
     per_step = size * batch_size * accumulation
     if n_samples <= 0 or n_samples % per_step:
         factors = f"ranks x local batch{' x accumulation' if accumulation > 1 else ''}"
@@ -44,12 +43,8 @@ def check_divisible(
 def select_and_shard(
     files, n_samples: int, rank: int, size: int, seed: int, key: str, even: bool = True
 ) -> list[str]:
-    """The `rank`-th of `size` disjoint shards of a seeded selection of `n_samples` files.
-
-    With `even`, every shard has n_samples // size files (the caller checks divisibility);
-    otherwise the first n_samples % size ranks get one file more (for a single evaluation
-    pass, where ranks need not run in lockstep).
-    """
+    """The `rank`-th of `size` disjoint shards of a seeded selection of `n_samples` files: each
+    n_samples // size files with `even`, else the first n_samples % size ranks get one more."""
     if n_samples > len(files):
         raise InputError(
             f"{key}={n_samples} but only {len(files)} files were found "
@@ -65,20 +60,8 @@ def select_and_shard(
     return selected[start : start + per_rank + (1 if rank < extra else 0)]
 
 
-# What one epoch is, and where in the data order a run stands.
-#
-# An epoch is one pass over each rank's shard in whole optimizer steps. As the
-# references' samplers (drop_last), the last partial local batch of a pass is
-# dropped, and so are the batches short of a whole gradient-accumulation group;
-# the next epoch is a new, reshuffled pass. Every rank has a shard of the same
-# size (above), so every rank runs the same number of steps.
-#
-# The order of epoch e is a function of (seed, e) alone, not of how many
-# iterators came before, so a run resumed at (epoch, batch) reads exactly the
-# batches an uninterrupted run would have read next (`Position`).
-
-# Epoch e shuffles with seed seed * _SEED_STRIDE + e: distinct seeds for every
-# (rank seed, epoch) pair that a run can reach.
+# Epoch e of a cached shard shuffles with seed * _SEED_STRIDE + e: distinct for every reachable
+# (rank seed, epoch).
 _SEED_STRIDE = 1_000_003
 
 
@@ -91,16 +74,9 @@ class Position:
 
 
 def batches_per_epoch(shard_size: int, local_batch_size: int, accumulation: int = 1) -> int:
-    """Local batches one epoch uses: full batches of the shard, in whole accumulation groups."""
+    """Local batches one epoch uses: full batches of the shard, in whole accumulation groups (the
+    rest is dropped, as the references' drop_last samplers)."""
     return shard_size // local_batch_size // accumulation * accumulation
-
-
-def permutation(n: int, seed: int, epoch) -> tf.Tensor:
-    """Epoch `epoch`'s order of n samples: a stateless function of (seed, epoch)."""
-    keys = tf.random.stateless_uniform(
-        [n], seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
-    )
-    return tf.argsort(keys)
 
 
 def training_dataset(
@@ -118,23 +94,20 @@ def training_dataset(
 ) -> tf.data.Dataset:
     """Endless training batches of one rank's shard, epoch after epoch, from `start`.
 
-    Every epoch reads the whole shard in a new random order (a full shuffle,
-    as the references' samplers), which depends on (seed, epoch) only.
+    Every epoch reads the whole shard in a new order that depends on (seed, epoch) only, so a run
+    resumed at `start` reads what an uninterrupted run would have.
 
     Args:
       files: the shard's paths, one sample per file.
-      read: tf.data.Dataset of paths -> Dataset of samples (the benchmark's reader).
-      read_batches: instead of `read`, Dataset of path batches [batch_size] -> Dataset
-        of sample batches: a reader that fills a whole batch at once (no cache, no transform).
-      batch_size: local batch; each epoch gives `n_batches` full batches.
+      read: Dataset of paths -> Dataset of samples; or `read_batches`: Dataset of path batches
+        -> Dataset of sample batches (then no cache and no transform).
+      batch_size, n_batches: each epoch gives `n_batches` full batches of `batch_size`.
       seed: this rank's seed.
-      cache: read the shard once in file order and keep the samples in memory;
-        each epoch then shuffles the cached samples.
-      start: the first batch to give; the batches before it are skipped where
-        skipping is cheap (file names, cached samples), before any reading or transform.
+      cache: keep the samples in memory after a first pass in file order; epochs shuffle them.
+      start: the first batch to give; those before it are skipped as file names or cached
+        samples, before any read or transform.
       transform: a per-sample function applied after the cache (e.g. log1p).
-      deterministic: read in order even when several files are in flight (needed
-        for an exact resume); False takes whichever file is read first.
+      deterministic: read in order with several files in flight (needed for an exact resume).
     """
     if (read is None) == (read_batches is None) or (
         read_batches is not None and (cache or transform)
@@ -149,17 +122,16 @@ def training_dataset(
     def one_epoch(epoch):
         skip = tf.where(epoch == start.epoch, tf.constant(start.batch, tf.int64), 0)
         if cached is not None:
-            # tf.data's shuffle with a seed that is a tensor: the graph seed of this
-            # function is fixed here because the framework's seed logic cannot
-            # compare a tensor seed with a graph seed of 0 (a run's --seed 0).
+            # A fixed graph seed: tf.data cannot compare a tensor seed with a graph seed of 0.
             tf.random.set_seed(_SEED_STRIDE)
             epoch_seed = tf.constant(seed, tf.int64) * _SEED_STRIDE + epoch
-            # A full buffer: every sample is in memory already, and the cache is
-            # complete once the first epoch's buffer is filled.
             ds = cached.shuffle(max(1, n_files), seed=epoch_seed, reshuffle_each_iteration=False)
             ds = ds.skip(skip * batch_size)
         else:
-            order = tf.gather(files, permutation(n_files, seed, epoch))
+            keys = tf.random.stateless_uniform(
+                [n_files], seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
+            )
+            order = tf.gather(files, tf.argsort(keys))
             paths = tf.data.Dataset.from_tensor_slices(order).skip(skip * batch_size)
             if read_batches is not None:
                 return read_batches(
@@ -174,8 +146,6 @@ def training_dataset(
     return ds.with_options(options)
 
 
-# Whether a cache fits in this node's memory.
-
 CACHE_MEMORY_FRACTION = 0.5  # leave the rest to the framework, the model and the page cache
 
 
@@ -184,87 +154,45 @@ def fits_in_memory(nbytes: int, local_size: int) -> bool:
     return nbytes * max(1, local_size) <= CACHE_MEMORY_FRACTION * psutil.virtual_memory().available
 
 
-# The input pipeline's last stage: batches copied to the device ahead of the step that takes them.
-#
-# Without it, every train step starts by copying its batch from host memory to the GPU
-# (a CosmoFlow local batch of 4 is 64 MiB of int16, a DeepCAM batch of 2 is 115 MB), while
-# the GPU waits. `tf.data.experimental.prefetch_to_device` (in TF 2.x: copy_to_device, then
-# a prefetch buffer on the device) makes the copy in tf.data's own thread instead, while the
-# step before runs. What travels is what the pipeline yields, the compact batches (int16
-# counts; float32 fields and uint8 labels): casts and normalization run inside the compiled
-# step (Task.preprocess_batch), on the device.
-#
-# It must be the last transformation: the host pipeline behind it keeps its own options,
-# optimizations and autotuning (its iterator is made on the host, where TensorFlow finalizes
-# it), and the device side holds only the copy and its buffer. In eager mode the prefetch
-# and the iterator of `iter(dataset)` are colocated with the copy, so `next()` from a Python
-# loop returns tensors already on the device, which the tf.function steps take as they are.
-
-# Batches held on the device beyond the one a step is using: the copy of the next batch
-# overlaps the current step (a copy takes milliseconds, a step hundreds); each more batch
-# costs device memory and gains nothing once one is always ready.
+# The last stage copies batches to the device in tf.data's thread while the step before runs
+# (docs/gpu.md#the-input-pipeline-on-a-gpu); one batch in its buffer overlaps copy and step.
 DEVICE_BUFFER = 1
-
-OFF = "off"
 
 
 def target_device(setting: str, device: str) -> str:
-    """Where the last stage prefetches batches to: '/gpu:0', '/cpu:0', or 'off' (they stay in host memory).
+    """Where the last stage prefetches batches to: '/gpu:0' (a rank's pinned GPU), '/cpu:0' ('on'
+    on a CPU: the same stage, testable there) or 'off'.
 
     Args:
       setting: runtime.prefetch_to_device: 'auto' (on for a GPU, off for a CPU), 'on' or 'off'.
-      device: the device kind this rank computes on ('gpu' or 'cpu', Distribution.device).
-        A rank's GPU is '/gpu:0', the only one visible to it once pinned (common.parallel.distribution).
-        'on' on a CPU prefetches to '/cpu:0': no copy, the same stage, so it can be tested there.
+      device: 'gpu' or 'cpu' (Distribution.device).
     """
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"prefetch_to_device must be auto, on or off, not {setting!r}")
     if setting == "off" or (setting == "auto" and device != "gpu"):
-        return OFF
+        return "off"
     return "/gpu:0" if device == "gpu" else "/cpu:0"
 
 
 def host_options(threads: int) -> tf.data.Options:
-    """Options for the whole host pipeline, given last before the stage: tf.data's thread pool.
-
-    Args:
-      threads: the rank's cores (common.cpu's rule: its CPUs, divided among the
-        node's ranks where they share them; the runtime's "input_threads").
-    """
+    """Options for the whole host pipeline: tf.data's maps run on a private pool of `threads` (the
+    rank's cores, the runtime's "input_threads"), not on one as large as the node's CPUs."""
     options = tf.data.Options()
-    # tf.data's maps and interleaves run on a private pool of the rank's cores: not on a pool
-    # TensorFlow sizes itself, which ran at most as many calls at once as the process has CPUs
-    # whatever runtime.inter_op_threads (TF 2.21; tests/test_device_prefetch.py), i.e. the whole
-    # node's on a rank no launcher bound.
     options.threading.private_threadpool_size = threads
     return options
 
 
 def prefetch_to(dataset: tf.data.Dataset, target: str) -> tf.data.Dataset:
     """`dataset` with its batches prefetched to `target` (a target_device answer; 'off': as it is).
-
-    Nothing may be applied after it (prefetch_to_device must be the last transformation).
-    """
-    if target == OFF:
+    Nothing may be applied after it."""
+    if target == "off":
         return dataset
     return dataset.apply(tf.data.experimental.prefetch_to_device(target, buffer_size=DEVICE_BUFFER))
 
 
-# Dropping input files from the OS page cache, so that a timed run reads them cold.
-#
-# MLPerf logs `cache_clear`: whether caches were cleared before the run. Dropping
-# the whole page cache needs root (/proc/sys/vm/drop_caches); what a rank can do
-# is tell the kernel it will not need the pages of the files it is about to
-# read (posix_fadvise DONTNEED), after flushing any it wrote itself (staging).
-
-
 def drop_from_page_cache(paths) -> tuple[int, int]:
-    """Evicts each file's cached pages; returns (files done, files that could not be).
-
-    Dirty pages (a file just staged) cannot be dropped, so each file is synced
-    first. A file system without page cache (some parallel file systems) ignores
-    the advice, which is harmless.
-    """
+    """Evicts each file's cached pages (synced first, posix_fadvise DONTNEED: no root needed), so a
+    timed run reads them cold (MLPerf's cache_clear); returns (files done, files not)."""
     done = failed = 0
     for path in paths:
         try:

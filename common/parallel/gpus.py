@@ -1,20 +1,7 @@
-"""The GPUs this process sees, by UUID through NVML, and the rule that no two ranks of a host use one.
-
-Each rank uses the GPU of its local rank among those it sees (all of the node's GPUs, so that NCCL
-keeps peer-to-peer between them), or the only one it sees when the launcher hid the others
-(`srun --gpus-per-task`, `--gpu-bind`). Two ranks on one GPU train at a fraction of the speed
-and may run out of its memory; by index alone it cannot be seen (two tasks each shown "GPU 0" may
-hold two GPUs or one), so every rank tells the others the UUID of its GPU
-(Distribution.check_one_rank_per_gpu) and `sharing_error` decides.
-
-NVML (libnvidia-ml.so.1) comes with the NVIDIA driver, and Apptainer's --nv maps it into a
-container; TensorFlow need not see the GPUs for the check to work (a CPU-only wheel on a GPU node
-still sees NVML). NVML lists every GPU of the node in PCI bus order and ignores
-CUDA_VISIBLE_DEVICES, which `visible` applies as CUDA does: indices count in CUDA's order, which
-is NVML's when CUDA_DEVICE_ORDER=PCI_BUS_ID (slurm/env.sh sets it); UUIDs ('GPU-...', or a
-unique prefix) name GPUs in any order; the list ends at the first entry naming no GPU.
-
-Imports neither TensorFlow nor Horovod.
+"""The GPUs this process sees, by UUID through NVML, and the rule that no two ranks of a host share
+one (docs/scaling.md#gpus-and-cpu-binding). NVML comes with the driver, lists the node's GPUs in
+PCI bus order and ignores CUDA_VISIBLE_DEVICES, which `visible` applies as CUDA does. Imports
+neither TensorFlow nor Horovod.
 """
 
 import collections
@@ -29,13 +16,8 @@ _SUCCESS = 0  # NVML_SUCCESS
 
 @dataclasses.dataclass(frozen=True)
 class RankGpu:
-    """The GPU one rank uses, as every rank tells the others (Distribution.check_one_rank_per_gpu).
-
-    Attributes:
-      rank, host, local_rank: who.
-      uuid: the UUID of the GPU it uses; None when it sees none or NVML is absent.
-      visible: GPUs it sees (NVML's, as CUDA_VISIBLE_DEVICES leaves them; TensorFlow's without NVML).
-    """
+    """The GPU one rank uses (uuid: None without NVML or a GPU) and how many it sees (`visible`:
+    NVML's as CUDA_VISIBLE_DEVICES leaves them, TensorFlow's without NVML)."""
 
     rank: int
     host: str
@@ -74,12 +56,9 @@ def nvml_uuids(library: str = LIBRARY) -> tuple[str, ...] | None:
 
 
 def visible(uuids: tuple[str, ...], cuda_visible_devices: str | None) -> tuple[str, ...]:
-    """The GPUs of `uuids` (NVML's order) that CUDA_VISIBLE_DEVICES leaves, in CUDA's order.
-
-    Unset: all of them. Each entry is an index or a UUID (or its unique prefix); the list ends at the
-    first entry that names no GPU or one already listed, as CUDA reads it ('' or '-1': none). A MIG
-    instance ('MIG-...') is kept as it is written: NVML lists it under its parent GPU, not here.
-    """
+    """The GPUs of `uuids` (NVML's order) that CUDA_VISIBLE_DEVICES leaves, in CUDA's order: all
+    when unset; entries are indices, UUIDs or unique prefixes (a 'MIG-...' kept as written), and
+    the list ends at the first naming no GPU or one already listed, as CUDA reads it."""
     if cuda_visible_devices is None:
         return tuple(uuids)
     chosen = []
@@ -104,43 +83,34 @@ def visible_uuids(environ=None, library: str = LIBRARY) -> tuple[str, ...] | Non
 
 
 def index_for(local_rank: int, count: int) -> int:
-    """The index of the GPU a rank uses among the `count` it sees: its local rank's, or the only one.
-
-    With fewer GPUs than local ranks the index wraps onto another rank's GPU; `sharing_error` then
-    refuses the job (by UUID, or by count where NVML is absent).
-    """
+    """The index of the GPU a rank uses among the `count` it sees: its local rank's, or the only one
+    (wrapping onto another rank's, which `sharing_error` then refuses)."""
     return local_rank % count
 
 
 def sharing_error(ranks) -> str | None:
-    """One line naming the ranks, host and GPU when two ranks of a host would use one GPU; else None.
-
-    Args:
-      ranks: every rank's RankGpu (from an allgather: the same list, so the same answer, on every rank).
-    """
+    """One line naming the ranks, host and GPU when two ranks of a host would use one GPU, else
+    None; `ranks` is every rank's RankGpu (an allgather: the same answer on every rank)."""
     users = collections.defaultdict(list)
     for r in ranks:
         if r.uuid is not None:
             users[(r.host, r.uuid)].append(r.rank)
     shared = [(where, sorted(who)) for where, who in users.items() if len(who) > 1]
     advice = (
-        "launch at most one rank per GPU of a node (--ntasks-per-node no more than its GPUs); each rank "
-        "takes its local rank's GPU among those it sees (docs/scaling.md#gpus-and-cpu-binding)"
+        "launch at most one rank per GPU of a node (--ntasks-per-node no more than its GPUs); each "
+        "rank takes its local rank's GPU among those it sees (docs/scaling.md#gpus-and-cpu-binding)"
     )
     if shared:
         (host, uuid), who = min(shared, key=lambda s: s[1])
         more = f" ({len(shared) - 1} more GPU(s) shared likewise)" if len(shared) > 1 else ""
         return f"ranks {_and(who)} on {host} would share GPU {uuid}{more}: {advice}"
     # Without NVML (no UUIDs), a rank whose local rank wraps past several GPUs is certain to share.
-    wrapped = sorted(
-        (r for r in ranks if r.uuid is None and r.visible > 1 and r.local_rank >= r.visible),
-        key=lambda r: r.rank,
-    )
-    if wrapped:
-        r = wrapped[0]
+    wrapped = (r for r in ranks if r.uuid is None and r.visible > 1 and r.local_rank >= r.visible)
+    r = min(wrapped, key=lambda r: r.rank, default=None)
+    if r is not None:
         return (
-            f"rank {r.rank} on {r.host} is local rank {r.local_rank} but sees {r.visible} GPUs, so it would "
-            f"share local rank {r.local_rank % r.visible}'s: {advice}"
+            f"rank {r.rank} on {r.host} is local rank {r.local_rank} but sees {r.visible} GPUs, so "
+            f"it would share local rank {r.local_rank % r.visible}'s: {advice}"
         )
     return None
 
