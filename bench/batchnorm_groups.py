@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from bench import machine_load  # noqa: E402
 from bench.horovod_cycle import lscpu  # noqa: E402
 from common import cpu, launchers  # noqa: E402
-from common.files import write_text_atomic  # noqa: E402
+from common.errors import write_text_atomic  # noqa: E402
 
 CONFIG = REPO / "tests" / "configs" / "deepcam_tiny.yaml"
 RATE = re.compile(r"\[benchmark\].*?: ([0-9.]+) samples/s per rank")

@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from common import cpu
-    from common.files import write_text_atomic
+    from common.errors import write_text_atomic
 
     machine = cpu.describe()
     device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from common import benchmarks, cpu  # noqa: E402
-from common.files import write_text_atomic  # noqa: E402
+from common.errors import write_text_atomic  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 

@@ -547,7 +547,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from common import cpu
-    from common.files import write_text_atomic
+    from common.errors import write_text_atomic
 
     machine = cpu.describe() | {
         "cores": cpu.cores(),

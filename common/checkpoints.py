@@ -55,8 +55,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from common.errors import InputError
-from common.files import replace_folder, write_text_atomic
+from common.errors import InputError, write_text_atomic
 from common.inputs import pipeline
 from common.parallel.distribution import batchnorm_statistics
 
@@ -252,7 +251,7 @@ class Checkpointer:
             finally:
                 os.close(fd)
         write_text_atomic(tmp / STATE_FILE, json.dumps(state, indent=1))
-        replace_folder(tmp, folder)
+        _replace_folder(tmp, folder)
         for old in self.all()[: -self.keep] if self.keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         self.last_save = {
@@ -527,7 +526,7 @@ def save_model_weights(model, folder) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tf.train.Checkpoint(model=model).write(str(tmp / "ckpt"))
-    replace_folder(tmp, folder)
+    _replace_folder(tmp, folder)
     return folder
 
 
@@ -553,6 +552,13 @@ def restore_model_weights(model, folder) -> None:
     except (AssertionError, ValueError) as e:  # a missing variable; a shape that differs
         first = str(e).splitlines()[0][:200]
         raise InputError(f"{folder}: checkpoint does not match the model ({first})") from None
+
+
+def _replace_folder(tmp: Path, folder: Path) -> None:
+    """Publishes a complete folder under its final name, replacing one already there."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
 
 
 def find_run_config(folder):

@@ -1,17 +1,11 @@
-"""Typed configuration: YAML files mapped onto frozen dataclasses.
+"""Typed configuration: YAML files and dotted-key overrides mapped onto frozen dataclasses.
 
-A config is a tree of frozen dataclasses. `load_config` reads a YAML file,
-applies dotted-key overrides (from the command line), converts every value to
-the type its field declares and rejects unknown keys, so a typo in a config
-or a flag fails at start-up instead of being silently ignored. `parse_overrides` reads a
-train.py command line (the config file, the task's flags, --set) and `load_run_config` gives the
-run's config from it.
-
-The sections every benchmark shares (training loop, runtime, staging, MLPerf) are `BaseConfig`'s, below; each benchmark's config subclasses it.
+`load_config` converts every value to its field's declared type and rejects unknown keys, so a
+typo fails at start-up; `parse_overrides` reads a train.py command line. `BaseConfig` holds the
+sections every benchmark shares; each benchmark's config subclasses it.
 """
 
 import argparse
-import collections.abc
 import dataclasses
 import types
 import typing
@@ -21,129 +15,60 @@ from typing import Any, Literal
 
 import yaml
 
-from common.errors import ConfigError
-from common.files import write_text_atomic
-
-# Typed configuration: YAML files mapped onto frozen dataclasses.
-#
-# A config is a tree of frozen dataclasses. `load_config` reads a YAML file,
-# applies dotted-key overrides (from the command line), converts every value to
-# the type its field declares and rejects unknown keys, so a typo in a config
-# or a flag fails at start-up instead of being silently ignored. `parse_overrides` reads a
-# train.py command line (the config file, the task's flags, --set) and `load_run_config` gives the
-# run's config from it.
+from common.errors import ConfigError, write_text_atomic
+from common.task import Flag
 
 
 def load_config(cls, path=None, overrides: Mapping[str, Any] | None = None):
-    """Builds a `cls` config from a YAML file and dotted-key overrides.
-
-    Args:
-      cls: the root config dataclass.
-      path: YAML file; None starts from the dataclass defaults.
-      overrides: {"data.batch_size": 4, ...}; values may be strings (as
-        typed on a command line) and are converted to the field's type.
-
-    Returns:
-      A frozen, validated instance of `cls`.
+    """A validated, frozen `cls` from a YAML file (None: the defaults) and dotted-key overrides
+    ({"data.batch_size": "4"}; strings as typed on a command line are converted).
 
     Raises:
-      ConfigError: unreadable file, unknown key, missing key or bad value.
+      ConfigError: unreadable file, unknown key, bad value, or a failed validation.
     """
-    raw = {}
-    source = "defaults"
-    if path is not None:
-        source = str(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {path} is not UTF-8 text: {_one_line(e)}") from None
-        except OSError as e:  # a directory, no permission
-            raise ConfigError(
-                f"cannot read config file {path}: {e.strerror or _one_line(e)}"
-            ) from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {_one_line(e)}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    for dotted, value in (overrides or {}).items():
-        _set_dotted(raw, dotted, value, cls)
-    cfg = _build(cls, raw, prefix="", source=source)
-    validate = getattr(cfg, "validate", None)
-    if validate is not None:
-        validate()
+    cfg = _load(cls, path, overrides)
+    cfg.validate()
     return cfg
 
 
 def load_model_config(cls, path, overrides: Mapping[str, Any] | None = None):
-    """As load_config, for tools that only build a model (import, predict): data.data_dir may be unset.
-
-    Validation requires data.data_dir, which training needs and a model alone
-    does not: a config that fails without it is validated with a stand-in,
-    removed again (a config failing for another reason fails again).
-    """
-    overrides = dict(overrides or {})
-    try:
-        return load_config(cls, path, overrides)
-    except ConfigError:
-        cfg = load_config(cls, path, {**overrides, "data.data_dir": "unset"})
-        return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, data_dir=None))
+    """As load_config, for tools that only build a model (import, predict): data.data_dir may be
+    unset (the config is validated with a stand-in)."""
+    cfg = _load(cls, path, overrides)
+    data = dataclasses.replace(cfg.data, data_dir=cfg.data.data_dir or "unset")
+    dataclasses.replace(cfg, data=data).validate()
+    return cfg
 
 
 def peek(cls, path, overrides: Mapping[str, Any], dotted: str):
-    """The value key `dotted` will have once load_config(cls, path, overrides) runs, read before it can run.
-
-    For what must be decided before the config can be loaded (choosing a closed config needs
-    the rank count Horovod's init gives): the launcher sets Horovod's environment before that
-    init. Nothing is validated: None when the file or the value cannot be read (load_config will say
-    why), and path None gives the dataclass default unless `overrides` sets the key.
-    """
-    tp = field_type(cls, dotted)
-    parts = dotted.split(".")
-    if dotted in overrides:
-        value = overrides[dotted]
-    else:
-        try:
-            value = _build(cls, {}, prefix="", source="defaults")
-            for part in parts:
-                value = getattr(value, part)
-        except ConfigError:  # a key without a default: only a file or an override can give it
-            value = None
-        if path is not None:
-            try:
-                with open(path, encoding="utf-8") as f:
-                    node = yaml.safe_load(f)
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
-                return None
-            for part in parts:
-                node = (
-                    node.get(part, dataclasses.MISSING)
-                    if isinstance(node, Mapping)
-                    else dataclasses.MISSING
-                )
-            if node is not dataclasses.MISSING:
-                value = node
+    """The value of key `dotted` in load_config(cls, path, overrides), read before that can run
+    (before Horovod's init); not validated. None when the config cannot be built (load_config will
+    say why)."""
     try:
-        return None if value is None else _convert(value, tp, dotted, "peek")
+        value = _load(cls, path, overrides)
     except ConfigError:
         return None
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def replace(cfg, overrides: Mapping[str, Any]):
+    """A validated copy of `cfg` with dotted-key overrides applied."""
+    raw = to_dict(cfg)
+    for dotted, value in overrides.items():
+        _set_dotted(raw, dotted, value, type(cfg))
+    new = _build(type(cfg), raw, "", "overrides")
+    new.validate()
+    return new
 
 
 def to_dict(cfg) -> dict:
-    """The config as plain YAML-friendly Python values."""
-
-    def plain(v):
-        if dataclasses.is_dataclass(v):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        if isinstance(v, Mapping):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-
-    return plain(cfg)
+    """The config as plain YAML-friendly Python values (tuples as lists)."""
+    return dataclasses.asdict(
+        cfg,
+        dict_factory=lambda items: {k: list(v) if isinstance(v, tuple) else v for k, v in items},
+    )
 
 
 def yaml_text(cfg) -> str:
@@ -156,183 +81,133 @@ def dump_config(cfg, path) -> None:
     write_text_atomic(path, yaml_text(cfg))
 
 
-def replace(cfg, overrides: Mapping[str, Any]):
-    """A copy of `cfg` with dotted-key overrides applied and validated."""
-    raw = to_dict(cfg)
-    for dotted, value in overrides.items():
-        _set_dotted(raw, dotted, value, type(cfg))
-    new = _build(type(cfg), raw, prefix="", source="overrides")
-    if hasattr(new, "validate"):
-        new.validate()
-    return new
+def _load(cls, path, overrides):
+    raw = {} if path is None else _read_yaml(path)
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value, cls)
+    return _build(cls, raw, "", str(path or "defaults"))
 
 
-def field_type(cls, dotted: str):
-    """The declared type of a dotted key, or ConfigError if there is no such key."""
-    node = cls
-    for part in dotted.split("."):
-        hints = _hints(node) if dataclasses.is_dataclass(node) else {}
-        if part not in hints:
-            raise ConfigError(f"unknown config key '{dotted}'")
-        node = hints[part]
-    return node
+def _read_yaml(path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {e}") from None
+    except OSError as e:  # a directory, no permission
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return raw
 
 
 def _set_dotted(raw: dict, dotted: str, value, cls) -> None:
-    field_type(cls, dotted)  # rejects unknown keys early, naming the flag's key
-    node = raw
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
-
-
-def _hints(cls) -> dict:
-    return typing.get_type_hints(cls)
+    """Sets raw[a][b][c] = value for dotted 'a.b.c', a key of `cls` (else ConfigError naming it)."""
+    tp = cls
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(tp) or part not in (hints := typing.get_type_hints(tp)):
+            raise ConfigError(f"unknown config key '{dotted}'")
+        tp = hints[part]
+    *parents, last = dotted.split(".")
+    for part in parents:
+        if not isinstance(raw.get(part), dict):
+            raw[part] = {}
+        raw = raw[part]
+    raw[last] = value
 
 
 def _build(cls, raw, prefix: str, source: str):
+    """A `cls` from the mapping `raw`; fields it does not set keep their class defaults."""
     if not isinstance(raw, Mapping):
-        raise ConfigError(
-            f"config key '{prefix.rstrip('.') or '<root>'}' in {source} "
-            f"must be a mapping, got {raw!r}"
-        )
-    hints = _hints(cls)
+        where = prefix.rstrip(".") or "<root>"
+        raise ConfigError(f"config key '{where}' in {source} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' in {source}")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        if f.name in raw:
-            kwargs[f.name] = _convert(raw[f.name], hints[f.name], key, source)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            if dataclasses.is_dataclass(hints[f.name]):
-                kwargs[f.name] = _build(hints[f.name], {}, key + ".", source)
-            else:
-                raise ConfigError(f"missing config key '{key}' in {source}")
-    return cls(**kwargs)
+    return cls(**{k: _convert(v, hints[k], prefix + k, source) for k, v in raw.items()})
+
+
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
 def _convert(value, tp, key: str, source: str):
-    """Converts `value` to type `tp`, accepting command-line strings."""
+    """`value` as type `tp`, one of the configs' field types: a dataclass, X | None, Literal, bool,
+    int, float, str, tuple[X, ...]. Strings (a command line) are parsed; ConfigError otherwise."""
 
     def bad(why=""):
-        return ConfigError(
-            f"config key '{key}' in {source}: cannot use {value!r} as {_type_name(tp)}{why}"
-        )
+        name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+        return ConfigError(f"config key '{key}' in {source}: cannot use {value!r} as {name}{why}")
 
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value if value is not None else {}, key + ".", source)
-    if origin in (typing.Union, types.UnionType):
+        return _build(tp, {} if value is None else value, key + ".", source)
+    if origin in (typing.Union, types.UnionType):  # X | None
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            if type(None) in args:
-                return None
-        for arg in [a for a in args if a is not type(None)]:
-            try:
-                return _convert(value, arg, key, source)
-            except ConfigError:
-                continue
-        raise bad()
-    if origin is typing.Literal:
+            return None
+        return _convert(value, args[0], key, source)
+    if origin is Literal:
         if value in args:
             return value
         raise bad(f" (choose one of {', '.join(map(repr, args))})")
+    if isinstance(value, bool) and tp is not bool:
+        raise bad()
     if tp is bool:
+        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in (
-            "true",
-            "yes",
-            "1",
-            "on",
-            "false",
-            "no",
-            "0",
-            "off",
-        ):
-            return value.lower() in ("true", "yes", "1", "on")
-        raise bad()
-    if tp is int:
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                try:
-                    as_float = float(value)
-                except ValueError:
-                    raise bad() from None
-                if as_float.is_integer():
-                    return int(as_float)
-        raise bad()
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise bad() from None
-        raise bad()
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise bad()
-    if origin in (tuple, list, collections.abc.Sequence):
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v.strip()] if value.strip() else []
-        if not isinstance(value, (list, tuple)):
-            raise bad()
-        item = args[0] if args else Any
-        return tuple(
-            _convert(v, item, f"{key}[{i}]", source) if item is not Any else v
-            for i, v in enumerate(value)
-        )
-    if origin in (dict, collections.abc.Mapping):
-        if isinstance(value, str):
-            pairs = [p for p in value.split(",") if p.strip()]
-            try:
-                value = dict(p.split(":", 1) for p in pairs)
-            except ValueError:
-                raise bad(" (write key:value,key:value)") from None
-        if not isinstance(value, Mapping):
-            raise bad()
-        kt, vt = args if args else (Any, Any)
-        out = {}
-        for k, v in value.items():
-            out[_convert(k, kt, f"{key}.{k}", source) if kt is not Any else k] = (
-                _convert(v, vt, f"{key}.{k}", source) if vt is not Any else v
-            )
-        # A read-only view keeps the frozen config frozen all the way down.
-        return types.MappingProxyType(out)
-    if tp is Any:
+    elif tp is int and isinstance(value, int):
         return value
-    raise bad(" (unsupported field type)")
-
-
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split())
+    elif tp in (int, float) and isinstance(value, (str, int, float)):
+        try:
+            number = float(value)
+        except ValueError:
+            raise bad() from None
+        if tp is float:
+            return number
+        if number.is_integer():  # "1e3", 8.0
+            return int(number)
+    elif tp is str and isinstance(value, (str, int, float)):
+        return str(value)
+    elif origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)):
+            return tuple(_convert(v, args[0], f"{key}[{i}]", source) for i, v in enumerate(value))
+    raise bad()
 
 
 # ------------------------------------------------------------ the command line
+_RUN_FLAGS = (
+    Flag(
+        ("--tensorboard",),
+        "runtime.tensorboard",
+        "write TensorBoard event files to <run dir>/tensorboard (rank 0)",
+        is_switch=True,
+    ),
+    Flag(
+        ("--benchmark",),
+        "train.benchmark_steps",
+        "benchmark mode: time VALUE training steps through the real loop (staging, input "
+        "pipeline, Horovod) after train.benchmark_warmup_steps, print samples/s; no MLPerf log",
+    ),
+    Flag(
+        ("--tiny",),
+        "runtime.tiny",
+        "shrink the config into a smoke run of a few small steps (runtime.tiny)",
+        is_switch=True,
+    ),
+)
+
+
 def build_parser(task) -> argparse.ArgumentParser:
+    """train.py's parser: CONFIG, the task's flags, the flags of every run and --set KEY=VALUE."""
     parser = argparse.ArgumentParser(
         prog=f"{task.name}/train.py", description=f"Train {task.name} (MLPerf HPC)."
     )
@@ -342,44 +217,9 @@ def build_parser(task) -> argparse.ArgumentParser:
         default=None,
         help="YAML config file (see configs/); default: the closed config of the job's global batch",
     )
-    for flag in task.flags:
-        if flag.is_switch:
-            parser.add_argument(
-                *flag.names,
-                dest=flag.key,
-                action="store_const",
-                const=True,
-                default=None,
-                help=flag.help,
-            )
-        else:
-            parser.add_argument(
-                *flag.names, dest=flag.key, default=None, metavar="VALUE", help=flag.help
-            )
-    parser.add_argument(
-        "--tensorboard",
-        dest="runtime.tensorboard",
-        action="store_const",
-        const=True,
-        default=None,
-        help="write TensorBoard event files to <run dir>/tensorboard (rank 0)",
-    )
-    parser.add_argument(
-        "--benchmark",
-        dest="train.benchmark_steps",
-        default=None,
-        metavar="STEPS",
-        help="benchmark mode: time STEPS training steps through the real loop (staging, input "
-        "pipeline, Horovod) after train.benchmark_warmup_steps, print samples/s; no MLPerf log",
-    )
-    parser.add_argument(
-        "--tiny",
-        dest="runtime.tiny",
-        action="store_const",
-        const=True,
-        default=None,
-        help="shrink the config into a smoke run of a few small steps (runtime.tiny)",
-    )
+    for flag in (*task.flags, *_RUN_FLAGS):
+        kind = dict(action="store_const", const=True) if flag.is_switch else dict(metavar="VALUE")
+        parser.add_argument(*flag.names, dest=flag.key, default=None, help=flag.help, **kind)
     parser.add_argument(
         "--set",
         dest="_set",
@@ -392,6 +232,7 @@ def build_parser(task) -> argparse.ArgumentParser:
 
 
 def parse_overrides(task, argv) -> tuple[str, dict]:
+    """The config file (or None) and the dotted-key overrides of a train.py command line."""
     args = build_parser(task).parse_args(argv)
     overrides = {}
     for item in args._set:
@@ -399,23 +240,19 @@ def parse_overrides(task, argv) -> tuple[str, dict]:
             raise ConfigError(f"--set expects KEY=VALUE, got '{item}'")
         key, value = item.split("=", 1)
         overrides[key.strip()] = value
-    for flag in task.flags:
+    for flag in (*task.flags, *_RUN_FLAGS):
         value = getattr(args, flag.key)
         if value is not None:
             overrides.update(flag.parse(value) if flag.parse else {flag.key: value})
-    for key in ("runtime.tensorboard", "train.benchmark_steps", "runtime.tiny"):
-        if getattr(args, key) is not None:
-            overrides[key] = getattr(args, key)
     return args.config, overrides
 
 
 def load_run_config(task, config_path, overrides: dict, ranks: int) -> tuple[object, str]:
     """The run's validated config, and a note for the [init] line ('' when nothing to say).
 
-    Without a config file, the closed config of the benchmark's registry entry
-    whose global batch equals ranks x local batch x accumulation is used (the
-    reference is started with flags only). runtime.tiny then shrinks the
-    config (Task.tiny_overrides); what the command line sets still wins.
+    Without a config file, the closed config whose global batch this job gives is used (the
+    reference is started with flags only). runtime.tiny then shrinks the config
+    (Task.tiny_overrides); what the command line sets still wins.
     """
     note = ""
     if config_path is None:
@@ -459,132 +296,82 @@ def closed_config_for(task, overrides: dict, ranks: int) -> str:
     )
 
 
-# Config sections every benchmark shares: training loop, runtime, staging, MLPerf.
-
-
+# ------------------------------------------------------------ the sections every benchmark shares
 @dataclasses.dataclass(frozen=True)
 class TrainLoopConfig:
     n_epochs: int = 100
     seed: int = 0
     checkpoint_every: int = 0  # epochs between checkpoints; 0 = none
-    # Optimizer steps between checkpoints (0 = none), mid-epoch included; a save
-    # copies the state and writes it in the background while training goes on.
-    checkpoint_steps: int = 0
+    checkpoint_steps: int = 0  # optimizer steps between checkpoints, mid-epoch included; 0 = none
     keep_checkpoints: int = 2
     resume: bool = False  # continue from the newest checkpoint in output_dir
     resume_from: str | None = None  # or from this checkpoint folder (checkpoints/step-NNNNNNNNNN)
-    # Steps between the collective check for a stop request (SIGUSR1, SIGTERM on any
-    # rank); the end of each epoch checks too. 1 reacts soonest; each check is a
-    # small allreduce of the losses and input flags of steps already done (two behind).
+    # Steps between the collective checks for a stop request (SIGUSR1, SIGTERM); each epoch's end too.
     stop_check_steps: int = 10
     eval_every: int = 1  # epochs between evaluations
-    # Steps between training figures (loss, LR, samples/s) for TensorBoard and the
-    # progress line; the loss is of steps already done (two behind), so nothing waits (0: none).
-    log_every_steps: int = 50
-    # Benchmark mode (NVIDIA DLE's --benchmark): train this many steps through the
-    # real loop (staging, input pipeline, Horovod), print samples/s, no MLPerf log (0: off).
+    log_every_steps: int = 50  # steps between training figures (TensorBoard, progress); 0 = none
+    # Benchmark mode: train this many steps through the real loop, print samples/s (0: off).
     benchmark_steps: int = 0
     benchmark_warmup_steps: int = 5  # steps of benchmark mode left out of the figures
-    # Before run_start, optimizer steps on synthetic batches through the real train and eval steps,
-    # the state put back after (common.run.warmup): the first timed step pays no compile or
-    # autotune. Not in evaluation mode (0: none).
+    # Steps on synthetic batches before run_start, the state put back after (common.run.warmup).
     warmup_steps: int = 2
-    # Evaluate the (restored or imported, see --checkpoint) model once on the
-    # validation set and stop: no training, no MLPerf log.
+    # Evaluate the (restored or imported) model once and stop: no training, no MLPerf log.
     evaluate_only: bool = False
     stop_at_target: bool = True
-    # Local batches whose gradients are summed before each optimizer step.
-    gradient_accumulation_frequency: int = 1
-    # The global batch the config's hyperparameters are for (its RCP entry).
-    # Closed division: a run launched at another global batch stops at init.
+    gradient_accumulation_frequency: int = 1  # local batches summed per optimizer step
+    # The global batch of the config's RCP entry; closed division: another one stops at init.
     global_batch_size: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    # Mixed precision: fp16 with loss scaling (or bf16) on GPUs; bf16 on CPUs that compute it
-    # natively (AVX512_BF16, AMX); elsewhere 'auto' stays float32 and says so (runtime.choose_precision).
+    # Mixed precision; 'auto': fp16 on GPUs, bf16 on CPUs computing it natively, else float32.
     amp: bool = False
     amp_dtype: Literal["auto", "bfloat16", "float16"] = "auto"
     xla: bool = False  # jit_compile the train step
-    intra_op_threads: int = (
-        0  # 0 = the rank's own CPUs, divided among ranks sharing them (parallel.binding)
-    )
+    intra_op_threads: int = 0  # 0: the rank's own CPUs (common.parallel.binding)
     inter_op_threads: int = 2
     gradient_compression: Literal["none", "fp16"] = "none"
-    # How gradients are averaged over the ranks: 'overlap', an allreduce per gradient, each started
-    # as soon as backward produces it (Horovod fuses those that meet in one cycle), so communication
-    # runs beside the rest of backward; 'grouped', one grouped allreduce once backward is done.
+    # 'overlap': an allreduce per gradient as backward produces it; 'grouped': one after backward.
     gradient_allreduce: Literal["overlap", "grouped"] = "overlap"
-    # The input pipeline's last stage copies each batch to the device while the step before runs
-    # (common.inputs.pipeline): 'auto' on a GPU, not on a CPU (nothing to copy); 'on' on a
-    # CPU prefetches to /cpu:0 (the same stage, for tests); 'off': each step takes its batch from host memory.
+    # Copy each batch to the device one step ahead: 'auto' on a GPU only (docs/running.md).
     prefetch_to_device: Literal["auto", "on", "off"] = "auto"
-    # On a GPU, warm-up ends the run (exit 2) naming each op TensorFlow left on the CPU but what
-    # belongs on the host (common.run.device_placement); these op types may stay there (Erf,MaxPool3DGrad).
+    # Op types that may stay on the CPU of a GPU run (common.run.device_placement).
     allow_cpu_ops: tuple[str, ...] = ()
     record_shards: bool = False  # write each rank's file list to shards/ (tests, audits)
-    # Op determinism and in-order reading: a run resumed from a checkpoint ends
-    # with the weights of an uninterrupted one, bit for bit (slower input pipeline).
+    # Op determinism and in-order reading: a resumed run ends bit for bit as an uninterrupted one.
     deterministic: bool = False
-    # SIGTERM (scancel, a launcher ending the job): the log is closed as aborted at
-    # once, then the ranks get this long to agree on a stop and write a checkpoint
-    # before the process exits with 143 anyway (it may be blocked in a collective
-    # with a dead rank). SIGUSR1 (SLURM's --signal) has no deadline.
+    # After SIGTERM, seconds the ranks get to agree on a stop and checkpoint before exit 143.
     sigterm_grace_s: float = 20.0
-    # Before run_start, drop this rank's input files from the OS page cache
-    # (posix_fadvise DONTNEED), so that the timed run reads them cold; logged as cache_clear.
-    cache_clear: bool = True
+    cache_clear: bool = True  # drop the input files from the page cache before run_start
     check_log: bool = True  # run the MLPerf compliance checker on rank 0 at the end
-    # Shrink the config into a smoke run of a few small steps (big_vision's runlocal):
-    # each benchmark's Task.shrink says how; data paths, precision and the loop stay.
-    tiny: bool = False
-    # Write TensorBoard event files to <run dir>/tensorboard on rank 0 (train loss,
-    # LR, samples/s every train.log_every_steps steps; the validation metric per epoch).
-    tensorboard: bool = False
-    # A measurement, not for timed runs: wait for each step of the first epoch this process runs and
-    # time it, for the [timing] line (the first step against the median). On a GPU each wait empties
-    # the queue the steps are launched into.
+    tiny: bool = False  # shrink the config into a smoke run (Task.tiny_overrides)
+    tensorboard: bool = False  # TensorBoard event files in <run dir>/tensorboard (rank 0)
+    # Time each step of the first epoch for the [timing] line (a measurement: not for timed runs).
     step_timing: bool = False
-    # After run_stop, measure FLOPs, input rate, memory, allreduce time for
-    # `python -m offline.characterize RUN_DIR` (outside the timed region).
+    # After run_stop, measure FLOPs, input rate, memory, allreduce time (offline.characterize).
     characterize: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class StagingConfig:
-    # Node-local directory; None = read data_dir in place. '{node}' and '{host}'
-    # are replaced by the node's index and hostname.
+    # Node-local directory; None = read data_dir in place. '{node}', '{host}' are replaced.
     stage_dir: str | None = None
-    # Stage each file in the benchmark's fast layout (Task.staged_layout: CosmoFlow
-    # inflates GZIP TFRecords, DeepCAM writes HDF5 samples as raw arrays); false copies as is.
-    convert: bool = True
+    convert: bool = True  # stage in the benchmark's fast layout (Task.staged_layout), else copy
     # Keep decoded samples in memory after the first epoch: 'auto' when they fit.
     cache: Literal["auto", "true", "false"] = "auto"
-    # A staged file is reused while its source keeps the size and mtime recorded in
-    # its manifest entry; verify also compares a SHA-256 of the source bytes, which
-    # catches content rewritten under the same size and mtime but reads every
-    # source on every run.
+    # Also compare a SHA-256 of each source with the staged copy's (reads every source each run).
     verify: bool = False
     threads: int = 4  # files each rank stages at once; 1 = one after another
 
 
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
-    # Ranks that split every sample along depth (z) between them (spatial
-    # parallelism, common.parallel.spatial): groups of this many consecutive ranks, on one
-    # node; the job's ranks / spatial_ranks groups do data parallelism. 1: none.
+    # Consecutive ranks of one node that split every sample between them (common.parallel.spatial).
     spatial_ranks: int = 1
-    # With spatial_ranks > 1: each split convolution computes the planes that read no neighbour
-    # while its halo exchange is in flight (CosmoFlow's common.parallel.spatial.SpatialConv3D;
-    # DeepCAM's row split exchanges first), the same function either way; false exchanges first,
-    # then convolves the slab in one op (no copy of the output). The overlap is shown on a CPU; on
-    # a GPU, Horovod 0.28.1's alltoall first waits for the work already queued on the GPU, the
-    # interior convolution included, so it is expected to gain nothing there (docs/gpu.md).
+    # Split convolutions compute the interior while the halo exchange is in flight (docs/scaling.md).
     halo_overlap: bool = True
-    # With spatial_ranks > 1: the optimizer's slots (LAMB and Adam: two copies of the weights) kept
-    # once per group, each variable's by one rank that updates it and hands it to the others
-    # (common.parallel.sharded_optimizer). Memory for an allgather of the weights a step.
+    # Optimizer slots kept once per spatial group (common.parallel.sharded_optimizer).
     shard_optimizer: bool = False
 
 
@@ -598,25 +385,18 @@ class MLPerfConfig:
     # Weak scaling: this model instance's index and how many train concurrently (logged).
     instance_id: int | None = None
     number_of_instances: int | None = None
-    # Weak scaling: a directory every instance sees, where they meet before run_start
-    # (common.run.instance_start), and how long rank 0 waits there for the others.
+    # Weak scaling: where the instances meet before run_start (common.run.instance_start).
     start_barrier_dir: str | None = None
     start_barrier_timeout_s: float = 1800.0
 
 
 def check_global_batch(cfg, global_batch_size: int, local_batch_size: int, ranks: int) -> None:
-    """A closed-division config reproduces one RCP entry: its global batch and no other.
-
-    Raised at init, so a mislaunched job costs seconds instead of a multi-day run
-    that fails the RCP check.
-    """
-    from common.errors import ConfigError
-
+    """ConfigError at init when a closed-division config runs at a global batch other than its
+    train.global_batch_size (its RCP entry). `ranks` counts data-parallel groups."""
     declared = cfg.train.global_batch_size
     if cfg.mlperf.division != "closed" or declared is None or declared == global_batch_size:
         return
     accumulation = cfg.train.gradient_accumulation_frequency
-    # `ranks` counts data-parallel groups: with spatial parallelism, K ranks each.
     k = cfg.parallel.spatial_ranks
     groups = (
         f"{ranks} ranks"
@@ -632,63 +412,10 @@ def check_global_batch(cfg, global_batch_size: int, local_batch_size: int, ranks
     )
 
 
-def check_shared_sections(cfg) -> None:
-    """The checks of the sections every benchmark shares (train loop, runtime); ConfigError naming the key."""
-    from common.errors import ConfigError
-
-    t, r = cfg.train, cfg.runtime
-    for key, value, least in (
-        ("train.checkpoint_every", t.checkpoint_every, 0),
-        ("train.checkpoint_steps", t.checkpoint_steps, 0),
-        ("train.keep_checkpoints", t.keep_checkpoints, 0),
-        ("train.eval_every", t.eval_every, 1),
-        ("train.stop_check_steps", t.stop_check_steps, 1),
-        ("train.log_every_steps", t.log_every_steps, 0),
-        ("train.benchmark_steps", t.benchmark_steps, 0),
-        ("train.benchmark_warmup_steps", t.benchmark_warmup_steps, 0),
-        ("train.warmup_steps", t.warmup_steps, 0),
-        ("runtime.sigterm_grace_s", r.sigterm_grace_s, 0),
-        ("parallel.spatial_ranks", cfg.parallel.spatial_ranks, 1),
-    ):
-        if value < least:
-            raise ConfigError(f"config key '{key}' must be >= {least}, got {value}")
-    if r.xla and cfg.parallel.spatial_ranks > 1:
-        # The halo exchange and the gather sit inside the forward pass, and Horovod's alltoall and
-        # allgather have no XLA kernel on any device: the compiled step would fail at its first run,
-        # after run_start. Refused here, before anything runs.
-        raise ConfigError(
-            "config keys 'runtime.xla' and 'parallel.spatial_ranks' > 1 cannot go together "
-            "(the halo exchange's alltoall and allgather have no XLA kernel)"
-        )
-    if cfg.parallel.shard_optimizer and cfg.parallel.spatial_ranks == 1:
-        raise ConfigError(
-            "config key 'parallel.shard_optimizer' shards the optimizer over a spatial group: "
-            "set parallel.spatial_ranks > 1 too"
-        )
-    m = cfg.mlperf
-    if m.start_barrier_dir and not (
-        m.number_of_instances
-        and m.instance_id is not None
-        and 0 <= m.instance_id < m.number_of_instances
-    ):
-        raise ConfigError(
-            f"config key 'mlperf.start_barrier_dir' needs mlperf.instance_id in "
-            f"[0, mlperf.number_of_instances), got {m.instance_id} and {m.number_of_instances}"
-        )
-    if r.characterize and cfg.parallel.spatial_ranks > 1:
-        raise ConfigError(
-            f"config key 'parallel.spatial_ranks'={cfg.parallel.spatial_ranks}: runtime.characterize "
-            f"measures the unsplit model; run it with 1"
-        )
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BaseConfig:
-    """The root of every benchmark's config: where the run goes and the shared sections.
-
-    A benchmark's config subclasses it, adds its own sections (data, model,
-    optimizer) and target, and may change the defaults of the shared ones.
-    """
+    """The root of every benchmark's config: where the run goes and the shared sections. A
+    benchmark's config adds its own sections and target, and may change the shared defaults."""
 
     output_dir: str = "runs"
     run_tag: str = ""  # the run's folder inside output_dir (the reference's --run_tag)
@@ -704,4 +431,44 @@ class BaseConfig:
         return str(Path(self.output_dir) / self.run_tag)
 
     def validate(self) -> None:
-        check_shared_sections(self)
+        """ConfigError naming the key for the shared sections; subclasses check their own."""
+        t, r, p, m = self.train, self.runtime, self.parallel, self.mlperf
+        for key, value, least in (
+            ("train.checkpoint_every", t.checkpoint_every, 0),
+            ("train.checkpoint_steps", t.checkpoint_steps, 0),
+            ("train.keep_checkpoints", t.keep_checkpoints, 0),
+            ("train.eval_every", t.eval_every, 1),
+            ("train.stop_check_steps", t.stop_check_steps, 1),
+            ("train.log_every_steps", t.log_every_steps, 0),
+            ("train.benchmark_steps", t.benchmark_steps, 0),
+            ("train.benchmark_warmup_steps", t.benchmark_warmup_steps, 0),
+            ("train.warmup_steps", t.warmup_steps, 0),
+            ("runtime.sigterm_grace_s", r.sigterm_grace_s, 0),
+            ("parallel.spatial_ranks", p.spatial_ranks, 1),
+        ):
+            if value < least:
+                raise ConfigError(f"config key '{key}' must be >= {least}, got {value}")
+        if r.xla and p.spatial_ranks > 1:  # refused before anything runs, not at the first step
+            raise ConfigError(
+                "config keys 'runtime.xla' and 'parallel.spatial_ranks' > 1 cannot go together "
+                "(the halo exchange's alltoall and allgather have no XLA kernel)"
+            )
+        if p.shard_optimizer and p.spatial_ranks == 1:
+            raise ConfigError(
+                "config key 'parallel.shard_optimizer' shards the optimizer over a spatial group: "
+                "set parallel.spatial_ranks > 1 too"
+            )
+        if m.start_barrier_dir and not (
+            m.number_of_instances
+            and m.instance_id is not None
+            and 0 <= m.instance_id < m.number_of_instances
+        ):
+            raise ConfigError(
+                f"config key 'mlperf.start_barrier_dir' needs mlperf.instance_id in "
+                f"[0, mlperf.number_of_instances), got {m.instance_id} and {m.number_of_instances}"
+            )
+        if r.characterize and p.spatial_ranks > 1:
+            raise ConfigError(
+                f"config key 'parallel.spatial_ranks'={p.spatial_ranks}: runtime.characterize "
+                f"measures the unsplit model; run it with 1"
+            )

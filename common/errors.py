@@ -1,15 +1,16 @@
-"""User-facing errors, the table of exit codes, and the `main` wrapper of the command-line tools.
+"""What every command-line tool shares: user-facing errors, exit codes, the `main` wrapper, and
+atomic file writes.
 
-An `InputError` is a problem with what the user gave us (a file, a directory, a
-config key, a sample count). The launcher and every tool print it as one line
-naming the culprit and exit non-zero, without a traceback: the traceback would
-point at our code, while the fault is in the input.
+An `InputError` is a fault in what the user gave (a file, a config key, a sample count): it is
+printed as one `error:` line naming the culprit, without a traceback, and the exit is non-zero.
 """
 
 import enum
 import functools
+import os
 import signal
 import sys
+from pathlib import Path
 
 
 class ExitCode(enum.IntEnum):
@@ -20,12 +21,8 @@ class ExitCode(enum.IntEnum):
     CRASH = 1  # an unexpected exception (traceback above); a tool's own failure verdict
     INPUT_ERROR = 2  # an InputError, or a sample holding NaN or Inf: one `error:` line names it
     NOT_CONVERGED = 3  # every epoch ran without reaching the target
-    NON_FINITE_LOSS = (
-        4  # the loss became NaN or Inf with every input finite (diverged); checkpoint kept
-    )
-    # sysexits.h EX_TEMPFAIL: stopped on SIGUSR1/SIGTERM after writing a checkpoint; run again with
-    # --resume (the sbatch scripts requeue the job on this code)
-    PREEMPTED = 75
+    NON_FINITE_LOSS = 4  # the loss became NaN or Inf with every input finite; checkpoint kept
+    PREEMPTED = 75  # EX_TEMPFAIL: stopped on SIGUSR1/SIGTERM after a checkpoint; run with --resume
     INTERRUPTED = 128 + int(signal.SIGINT)  # Ctrl-C
     TERMINATED = 128 + int(signal.SIGTERM)  # SIGTERM and no checkpoint in time
 
@@ -60,3 +57,21 @@ def tool_main(*also: type):
         return wrapped
 
     return decorate
+
+
+def write_text_atomic(path, text: str) -> None:
+    """Writes `text` to `path` so that a reader, even after a power loss, sees the old file or the
+    new one: a temporary name (with the pid) in the same directory, fsync, rename, fsync of the
+    directory."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

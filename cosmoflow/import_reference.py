@@ -32,8 +32,7 @@ import numpy as np
 
 from common.checkpoints import CONFIG_NAME, save_model_weights
 from common.config import dump_config
-from common.errors import InputError, tool_main
-from common.files import write_text_atomic
+from common.errors import InputError, tool_main, write_text_atomic
 from cosmoflow import model as model_lib
 from cosmoflow.predict import load_model_config
 

@@ -22,8 +22,7 @@ import tf_keras
 
 from common import config as config_lib
 from common.checkpoints import find_run_config, restore_model_weights
-from common.errors import InputError, tool_main
-from common.files import write_text_atomic
+from common.errors import InputError, tool_main, write_text_atomic
 from cosmoflow import data
 from cosmoflow import model as model_lib
 from cosmoflow.config import CosmoFlowConfig

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import tool_main
-from common.files import write_text_atomic
+from common.errors import tool_main, write_text_atomic
 from offline.plots import plot_curves_time_and_epoch, plot_roofline
 
 

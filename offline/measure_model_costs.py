@@ -36,7 +36,7 @@ from pathlib import Path
 import common  # noqa: F401  (oneDNN on before TensorFlow is imported)
 from common import benchmarks, cpu
 from common.config import load_config
-from common.files import write_text_atomic
+from common.errors import write_text_atomic
 
 OUT_DIR = Path(__file__).resolve().parent / "model_costs"
 TRAIN_FLOPS_FACTOR = 3

@@ -1,12 +1,13 @@
-"""common.errors: the one table of exit codes, and the tools' main wrapper."""
+"""common.errors: the one table of exit codes, the tools' main wrapper, atomic writes."""
 
+import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from common.errors import ExitCode, InputError, tool_main
+from common.errors import ExitCode, InputError, tool_main, write_text_atomic
 from tests.helpers import REPO
 
 
@@ -62,3 +63,15 @@ def test_a_tool_exits_2_with_one_error_line():
     assert len(lines) == 1 and lines[0].startswith("error: ") and "/no/such/folder" in lines[0], (
         proc.stderr
     )
+
+
+def test_atomic_write_replaces_syncs_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    target = tmp_path / "summary.json"
+    target.write_text("old")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    write_text_atomic(target, "new ✓")
+    assert target.read_text(encoding="utf-8") == "new ✓"
+    assert len(synced) == 2  # the data, then the directory entry
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

@@ -21,7 +21,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from common.files import write_text_atomic
+from common.errors import write_text_atomic
 
 READY, GONE = "ready", "gone"
 POLL_S = 0.05

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.files import write_text_atomic
+from common.errors import write_text_atomic
 from common.reporting.mlperf_logger import LOG_NAME
 from common.run.termination import Failure
 

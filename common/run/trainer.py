@@ -28,8 +28,7 @@ import tf_keras
 from common import runtime as runtime_lib
 from common.checkpoints import CheckpointSaver, ResumePoint, resume_point
 from common.config import dump_config, load_run_config, parse_overrides, peek, yaml_text
-from common.errors import ExitCode, InputError
-from common.files import write_text_atomic
+from common.errors import ExitCode, InputError, write_text_atomic
 from common.inputs.pipeline import (
     batches_per_epoch,
     drop_from_page_cache,
