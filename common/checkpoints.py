@@ -1,45 +1,12 @@
-"""Checkpoints: complete or absent, written while training goes on; when a run saves; model-only folders.
+"""Training checkpoints (complete or absent, written while training goes on) and model-only folders.
 
-A checkpoint is a folder `checkpoints/step-NNNNNNNNNN/` (the optimizer steps
-done) holding
-  ckpt.*            model, optimizer (step count included) and the random
-                    generators' states (tf.train.Checkpoint, written by rank 0);
-  state.json        where the run stood: epoch, steps done in it, ranks;
-  rank-NNNNN.npz    mid-epoch only: each rank's own state (`RankState`), which differs
-                    between ranks until the end of the epoch;
-  optimizer-shard-N.*  with the optimizer sharded over a spatial group of K ranks
-                    (common.parallel.sharded_optimizer), the optimizer of the group's rank
-                    N = 1 .. K-1, written by the first group's; ckpt.* holds rank 0's, index 0.
-Everything is written to `step-N.tmp/` and renamed once complete, so a job
-killed mid-write leaves only a .tmp folder, which `latest` ignores and the
-next run removes. Rank 0's save copies the variables to host memory and
-returns; a background thread writes them and renames the folder
-(TensorFlow's async checkpointing), so a save costs the step a copy, not a write.
-
-Until an epoch ends, two things differ between the ranks: each rank's batch-norm
-running statistics (from its own shard; averaged over the ranks at the epoch's
-end, common.parallel.sync_batchnorm) and its losses of the epoch so far (averaged
-into the epoch's train_loss at its end). A checkpoint written mid-epoch keeps
-both of every rank in `rank-NNNNN.npz`, so that the resumed epoch ends as the
-uninterrupted one would have: the arrays
-  losses    float32[steps done in the epoch]   this rank's step losses;
-  bn_<i>    the i-th batch-norm statistic of the model, in the order of
-            common.parallel.distribution.batchnorm_statistics (moving mean and
-            variance of each layer, layer by layer).
-A checkpoint written at an epoch's end needs neither: the model's statistics are
-then the same on every rank, and rank 0's tf.train.Checkpoint holds them.
-
-A run saves (`CheckpointSaver`)
-  - every `train.checkpoint_steps` optimizer steps, mid-epoch included;
-  - after every `train.checkpoint_every`-th epoch;
-  - when the ranks agreed to stop (SIGUSR1/SIGTERM, common.run.termination), waiting for the write;
-  - at the end of a run that saves at all (the final state, unless just saved).
-Each rank's own state is written by every rank before rank 0 publishes the folder.
-
-Model-only folders (`save_model_weights`, `restore_model_weights`): a model's variables without
-optimizer or position, written by the import tools (a reference-trained model) and read by
-predict, evaluation and fine-tuning, under the same object path as a training checkpoint
-("model"), so a training checkpoint folder is read by the same function.
+A checkpoint is a folder `checkpoints/step-NNNNNNNNNN/` (optimizer steps done) holding
+  ckpt.*               model, optimizer and random generators (tf.train.Checkpoint, rank 0);
+  state.json           where the run stood: epoch, steps done in it, ranks;
+  rank-NNNNN.npz       mid-epoch only: each rank's `RankState` (its losses of the epoch and
+                       batch-norm statistics, which differ between ranks until the epoch's end);
+  optimizer-shard-N.*  with parallel.shard_optimizer, the optimizer of spatial-group rank N >= 1.
+It is written to `step-N.tmp/` and renamed once complete (docs/checkpoints.md).
 """
 
 import concurrent.futures
@@ -70,12 +37,8 @@ def rank_file(rank: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RankState:
-    """One rank's part of a mid-epoch checkpoint.
-
-    Attributes:
-      losses: this rank's step losses of the epoch so far (float32).
-      batchnorm: the values of the model's batch-norm statistics, in batchnorm_statistics' order.
-    """
+    """One rank's part of a mid-epoch checkpoint: its step losses of the epoch so far (float32) and
+    the model's batch-norm statistics, in batchnorm_statistics' order (arrays `losses`, `bn_<i>`)."""
 
     losses: np.ndarray
     batchnorm: tuple
@@ -109,16 +72,13 @@ class RankState:
                 arrays = {k: f[k] for k in f.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated or not an .npz
             raise InputError(f"{path}: unreadable ({str(e).splitlines()[0][:200]})") from None
-        if _LOSSES not in arrays:
-            raise InputError(f"{path}: no '{_LOSSES}' array")
-        count = sum(1 for k in arrays if k.startswith("bn_"))
-        missing = [_BATCHNORM.format(i) for i in range(count) if _BATCHNORM.format(i) not in arrays]
-        if missing:
-            raise InputError(f"{path}: no '{missing[0]}' array")
-        return cls(
-            losses=arrays[_LOSSES],
-            batchnorm=tuple(arrays[_BATCHNORM.format(i)] for i in range(count)),
-        )
+        try:
+            return cls(
+                losses=arrays[_LOSSES],
+                batchnorm=tuple(arrays[_BATCHNORM.format(i)] for i in range(len(arrays) - 1)),
+            )
+        except KeyError as e:
+            raise InputError(f"{path}: no {e} array") from None
 
     def restore_batchnorm(self, model, source="") -> None:
         """Sets `model`'s batch-norm statistics to this rank's; InputError when they are not the model's."""
@@ -170,7 +130,6 @@ class Checkpointer:
         self._pending = None
         self.last_save = {}  # figures of the newest completed save: seconds blocked, written, bytes
 
-    # ------------------------------------------------------------ names
     def folder(self, global_step: int) -> Path:
         return self.directory / f"step-{global_step:010d}"
 
@@ -193,17 +152,9 @@ class Checkpointer:
             for p in self.directory.glob("step-*.tmp"):
                 shutil.rmtree(p, ignore_errors=True)
 
-    # ------------------------------------------------------------ saving
     def prepare(self) -> None:
-        """Does the one-off work of the first saves now (call at init, outside the timed run).
-
-        TensorFlow's async checkpointing creates the host copies at the first save
-        and traces the function that refreshes them at the second: measured with
-        bench/checkpoint_cost.py on a 2-core EPYC, 0.8 s and 4.9 s for DeepCAM's
-        model, then 1.6 s more at the first run of that function: a stall of
-        every rank at its next allreduce. The helper is private API (of the pinned
-        TensorFlow); without it the first saves just cost more.
-        """
+        """Does the one-off work of the first async saves now, at init (seconds for DeepCAM,
+        docs/checkpoints.md). Private API of the pinned TensorFlow; without it saves cost more."""
         helper = getattr(self._ckpt, "_async_checkpointer", None)
         if helper is None:
             return
@@ -212,7 +163,7 @@ class Checkpointer:
             helper._ensure_initialized()
         copy = getattr(helper, "_copy_to_cpu", None)
         if copy is not None:
-            copy()  # traced and run once: its first run also optimizes the graph (1.6 s more)
+            copy()  # traced and run once (its first run also optimizes the graph)
 
     def save(self, global_step: int, state: dict) -> float:
         """Rank 0: starts writing the checkpoint after `global_step` steps; returns the
@@ -267,7 +218,6 @@ class Checkpointer:
             pending, self._pending = self._pending, None
             pending.result()
 
-    # ------------------------------------------------------------ restoring
     def restore(self, path, shard_index: int = 0) -> dict:
         """Loads a checkpoint folder into the model, optimizer and generators; returns its state.json.
         shard_index: this rank's place in its spatial group when the optimizer is sharded over it."""
@@ -285,12 +235,8 @@ class Checkpointer:
 
 
 def random_generators(model) -> list:
-    """The tf.random.Generator of every random layer of `model` (dropout), in layer order.
-
-    Keras keeps them out of `model.variables` and out of checkpoints; a resumed
-    run needs their state to draw the masks an uninterrupted run would have drawn.
-    They exist when common.runtime.configure enabled Keras's generator-backed RNG.
-    """
+    """The tf.random.Generator of every random layer of `model` (dropout), in layer order: Keras
+    keeps them out of `model.variables`, and a resumed run needs their state."""
     found = []
     for layer in model.submodules:
         generator = getattr(getattr(layer, "_random_generator", None), "_generator", None)
@@ -305,27 +251,16 @@ def read_state(folder) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class ResumePoint:
-    """Where a run starts: from scratch (the default), a training checkpoint or model-only weights.
+    """Where a run starts: from scratch (the default), a training checkpoint or model-only weights."""
 
-    Attributes:
-      position: the next local batch this rank reads.
-      global_step: optimizer steps done, over the whole run (resumes included).
-      start_epoch: the epoch the checkpoint was written in (0 from scratch or from weights).
-      rank_state: this rank's part of a mid-epoch checkpoint (its batch-norm statistics and
-        losses so far), None otherwise.
-      resumed_from: {"checkpoint", "epoch", "step", "global_step"} of a training checkpoint ("step":
-        optimizer steps of that epoch already done), {"checkpoint", "epoch": 0, "weights_only": True}
-        of model-only weights; None from scratch. The run's RunInfo (the MLPerf log's resumed_from,
-        the console) and RunResult (summary.json) carry it as it is.
-      source: the folder as it was named (what rank 0's console says).
-    """
-
-    position: pipeline.Position = pipeline.Position()
-    global_step: int = 0
-    start_epoch: int = 0
-    rank_state: RankState | None = None
+    position: pipeline.Position = pipeline.Position()  # the next local batch this rank reads
+    global_step: int = 0  # optimizer steps done over the whole run
+    start_epoch: int = 0  # the epoch the checkpoint was written in
+    rank_state: RankState | None = None  # this rank's part of a mid-epoch checkpoint
+    # {"checkpoint", "epoch", "step", "global_step"}, or {"checkpoint", "epoch": 0,
+    # "weights_only": True} from model-only weights; as the MLPerf log and summary.json say it.
     resumed_from: dict | None = None
-    source: str | None = None
+    source: str | None = None  # the folder as it was named
 
 
 def resume_point(
@@ -349,24 +284,23 @@ def resume_point(
     if not (Path(source) / "ckpt.index").is_file():
         raise InputError(f"{source}: not a checkpoint folder (no ckpt.index)")
     resolved = str(Path(source).resolve())
-    if not holds_training_state(source):
-        # A model without optimizer state or epoch (an imported reference model):
-        # fine-tuning or evaluating it is a new run, from epoch 0.
+    names = [name for name, _ in tf.train.list_variables(str(Path(source) / "ckpt"))]
+    if not any(n.startswith("optimizer/") for n in names):  # model-only: a new run, from epoch 0
         restore_model_weights(model, source)
         return ResumePoint(
             resumed_from={"checkpoint": resolved, "epoch": 0, "weights_only": True},
             source=str(source),
         )
-    shards = optimizer_shard.size if optimizer_shard is not None else 1
+    shards, index = (
+        (1, 0) if optimizer_shard is None else (optimizer_shard.size, optimizer_shard.index)
+    )
     written = read_state(source).get("optimizer_shards", 1)
     if written != shards:
         raise InputError(
             f"{source}: its optimizer is sharded over {written} rank(s), this run's over {shards}; "
             f"resume with parallel.shard_optimizer and parallel.spatial_ranks as it was written"
         )
-    state = checkpointer.restore(
-        source, optimizer_shard.index if optimizer_shard is not None else 0
-    )
+    state = checkpointer.restore(source, index)
     epoch, done, per_epoch = state["epoch"], state["steps_done"], state["steps_per_epoch"]
     if per_epoch != steps_per_epoch:
         raise InputError(
@@ -400,7 +334,9 @@ def resume_point(
 
 
 class CheckpointSaver:
-    """Every rank's side of the run's checkpoints.
+    """Every rank's side of the run's checkpoints: it saves every train.checkpoint_steps steps
+    (mid-epoch included), after every train.checkpoint_every-th epoch, on an agreed stop, and at
+    the end of a run that saves at all.
 
     Args:
       directory: the run's checkpoints/ folder.
@@ -443,9 +379,7 @@ class CheckpointSaver:
 
     def prepare(self) -> None:
         """Rank 0, at init: removes what a killed save left, and does the first saves' one-off work."""
-        if (
-            self.dist.is_root
-        ):  # before any rank writes a part of a new checkpoint (collectives follow)
+        if self.dist.is_root:  # before any rank writes a part of a new checkpoint
             self.checkpointer.remove_partial()
             if self.enabled:
                 self.checkpointer.prepare()
@@ -530,18 +464,9 @@ def save_model_weights(model, folder) -> Path:
     return folder
 
 
-def holds_training_state(folder) -> bool:
-    """Whether a checkpoint folder has an optimizer and epoch (training) or only a model (import)."""
-    names = {name for name, _ in tf.train.list_variables(str(Path(folder) / "ckpt"))}
-    return any(n.startswith("optimizer/") for n in names)
-
-
 def restore_model_weights(model, folder) -> None:
-    """Loads the model's variables from a training or model-only checkpoint folder.
-
-    Every variable of `model` must be in the checkpoint with its shape; extra
-    objects (optimizer, epoch) are ignored. Raises InputError naming the folder.
-    """
+    """Loads the model's variables from a training or model-only checkpoint folder (others are
+    ignored); InputError naming the folder when one of the model's is missing or of another shape."""
     folder = Path(folder)
     if not (folder / "ckpt.index").is_file():
         raise InputError(f"{folder}: not a checkpoint folder (no ckpt.index)")

@@ -55,10 +55,7 @@ def peek(cls, path, overrides: Mapping[str, Any], dotted: str):
 
 def replace(cfg, overrides: Mapping[str, Any]):
     """A validated copy of `cfg` with dotted-key overrides applied."""
-    raw = to_dict(cfg)
-    for dotted, value in overrides.items():
-        _set_dotted(raw, dotted, value, type(cfg))
-    new = _build(type(cfg), raw, "", "overrides")
+    new = _load(type(cfg), None, overrides, to_dict(cfg))
     new.validate()
     return new
 
@@ -81,11 +78,12 @@ def dump_config(cfg, path) -> None:
     write_text_atomic(path, yaml_text(cfg))
 
 
-def _load(cls, path, overrides):
-    raw = {} if path is None else _read_yaml(path)
+def _load(cls, path, overrides, raw=None):
+    """A `cls` from the YAML file `path` (else `raw`, else the defaults) and the overrides."""
+    raw = _read_yaml(path) if path is not None else raw or {}
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value, cls)
-    return _build(cls, raw, "", str(path or "defaults"))
+    return _build(cls, raw, "", str(path or "overrides"))
 
 
 def _read_yaml(path) -> dict:
@@ -184,25 +182,10 @@ def _convert(value, tp, key: str, source: str):
 
 
 # ------------------------------------------------------------ the command line
-_RUN_FLAGS = (
-    Flag(
-        ("--tensorboard",),
-        "runtime.tensorboard",
-        "write TensorBoard event files to <run dir>/tensorboard (rank 0)",
-        is_switch=True,
-    ),
-    Flag(
-        ("--benchmark",),
-        "train.benchmark_steps",
-        "benchmark mode: time VALUE training steps through the real loop (staging, input "
-        "pipeline, Horovod) after train.benchmark_warmup_steps, print samples/s; no MLPerf log",
-    ),
-    Flag(
-        ("--tiny",),
-        "runtime.tiny",
-        "shrink the config into a smoke run of a few small steps (runtime.tiny)",
-        is_switch=True,
-    ),
+_RUN_FLAGS = (  # the flags of every benchmark's train.py
+    Flag(("--tensorboard",), "runtime.tensorboard", "write TensorBoard events", is_switch=True),
+    Flag(("--benchmark",), "train.benchmark_steps", "benchmark mode: time VALUE steps"),
+    Flag(("--tiny",), "runtime.tiny", "shrink the config into a smoke run", is_switch=True),
 )
 
 
@@ -434,6 +417,8 @@ class BaseConfig:
         """ConfigError naming the key for the shared sections; subclasses check their own."""
         t, r, p, m = self.train, self.runtime, self.parallel, self.mlperf
         for key, value, least in (
+            ("train.n_epochs", t.n_epochs, 1),
+            ("train.gradient_accumulation_frequency", t.gradient_accumulation_frequency, 1),
             ("train.checkpoint_every", t.checkpoint_every, 0),
             ("train.checkpoint_steps", t.checkpoint_steps, 0),
             ("train.keep_checkpoints", t.keep_checkpoints, 0),

@@ -6,8 +6,7 @@ from typing import Literal
 from common.config import BaseConfig, TrainLoopConfig
 from common.errors import ConfigError
 
-# What the optimizer section sets for every run (cosmoflow/task.py passes them): optimizer.name
-# may be any optimizer of common/optimizers.py taking them all.
+# What cosmoflow/task.py passes every optimizer: optimizer.name may be any that takes them.
 OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "momentum")
 
 
@@ -33,20 +32,14 @@ class ModelConfig:
     fc1_size: int = 128
     fc2_size: int = 64
     dropout: float = 0.5  # logged as `dropout` (an RCP hyperparameter)
-    # Filters of the deeper conv layers capped at this (None: conv_size * 2^i throughout,
-    # the reference); the 256^3 and 512^3 variants take 6 and 7 layers capped at 256.
+    # Filters of the deeper layers capped at this (None: conv_size * 2^i, the reference).
     max_channels: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """SGD with the reference's epoch schedule, in the words of the MLPerf log and the RCP table.
-
-    Each value is what the log reports when the run's global batch is
-    train.global_batch_size. At another global batch (open division) the LR
-    after warmup scales by `scaling` while the warmup still starts from the
-    unscaled LR, as the reference does, and the log reports the scaled values.
-    """
+    """SGD with the reference's epoch schedule, named as in the MLPerf log. At a global batch other
+    than train.global_batch_size, the LR after warmup scales by `scaling` (the reference's rule)."""
 
     name: str = "SGD"  # any optimizer taking OPTIMIZER_HYPERPARAMETERS
     momentum: float = 0.9
@@ -54,8 +47,7 @@ class OptimizerConfig:
     scaling: Literal["linear", "sqrt", "none"] = "linear"
     warmup_epochs: int = 4  # opt_learning_rate_warmup_epochs
     warmup_factor: float = 1.0  # opt_learning_rate_warmup_factor: warmup starts at base / factor
-    # opt_learning_rate_decay_boundary_epochs / _factor: the LR is base x factor
-    # from the 0-based epoch after each boundary on (the reference's `boundary < epoch`).
+    # The LR is base x factor from the 0-based epoch after each boundary on (`boundary < epoch`).
     decay_boundary_epochs: tuple[int, ...] = (32, 64)
     decay_factors: tuple[float, ...] = (0.25, 0.125)
     weight_decay: float = 0.0  # opt_weight_decay: L2 on the two hidden Dense layers
@@ -90,9 +82,7 @@ class CosmoFlowConfig(BaseConfig):
         if not 0.0 <= m.dropout < 1.0:
             raise ConfigError(f"config key 'model.dropout' must be in [0, 1), got {m.dropout}")
         o = self.optimizer
-        from common import (
-            optimizers,  # here, not at the top: the optimizer table imports TensorFlow
-        )
+        from common import optimizers  # here, not at the top: it imports TensorFlow
 
         optimizers.check_name(o.name, OPTIMIZER_HYPERPARAMETERS)
         if len(o.decay_boundary_epochs) != len(o.decay_factors):
@@ -114,7 +104,6 @@ class CosmoFlowConfig(BaseConfig):
             ("data.batch_size", d.batch_size),
             ("data.n_train", d.n_train),
             ("data.n_valid", d.n_valid),
-            ("train.n_epochs", self.train.n_epochs),
         ):
             if value <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {value}")

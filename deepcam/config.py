@@ -8,16 +8,14 @@ from common.errors import ConfigError
 
 N_CHANNELS = 16  # fields per sample in the public data set
 N_CLASSES = 3  # background, tropical cyclone, atmospheric river
-# What the optimizer section sets for every run (deepcam/task.py passes them): optimizer.name may
-# be any optimizer of common/optimizers.py taking them all. max_grad_norm is LAMB's alone.
+# What deepcam/task.py passes every optimizer: optimizer.name may be any that takes them.
 OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay")
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     data_dir: str | None = None  # holds train/, validation/ and stats.h5
-    # Samples used; 0 = every file. Training uses a multiple of the ranks (the
-    # reference's sampler drops the remainder); validation reads every file once.
+    # Samples used; 0 = every file (training drops the remainder over the ranks, as the reference).
     n_train: int = 0
     n_valid: int = 0
     local_batch_size: int = 2
@@ -33,8 +31,7 @@ class ModelConfig:
     output_stride: Literal[16] = 16
     # Ranks whose batch-norm statistics are averaged together (reference flag).
     batchnorm_group_size: int = 1
-    # Scales every channel count (1.0: the reference, 56,454,720 parameters
-    # at 16 inputs); smaller for CPU runs. The architecture stays the same.
+    # Scales every channel count (1.0: the reference, 56,454,720 parameters); smaller for CPUs.
     width: float = 1.0
     middle_blocks: int = 16  # Xception middle-flow blocks (16 in the reference)
 
@@ -73,9 +70,7 @@ class DeepCAMConfig(BaseConfig):
     def validate(self) -> None:
         super().validate()
         d, m, o = self.data, self.model, self.optimizer
-        from common import (
-            optimizers,  # here, not at the top: the optimizer table imports TensorFlow
-        )
+        from common import optimizers  # here, not at the top: it imports TensorFlow
 
         optimizers.check_name(o.name, OPTIMIZER_HYPERPARAMETERS)
         if not d.data_dir:
@@ -98,8 +93,6 @@ class DeepCAMConfig(BaseConfig):
             ("data.local_batch_size", d.local_batch_size),
             ("data.readers", d.readers),
             ("model.batchnorm_group_size", m.batchnorm_group_size),
-            ("train.n_epochs", self.train.n_epochs),
-            ("train.gradient_accumulation_frequency", self.train.gradient_accumulation_frequency),
             ("optimizer.lr_schedule.t_max", o.lr_schedule.t_max),
         ):
             if value <= 0:
@@ -112,11 +105,7 @@ class DeepCAMConfig(BaseConfig):
             raise ConfigError(
                 f"config key 'optimizer.betas' must be two values in [0, 1), got {list(o.betas)}"
             )
-        if self.runtime.xla and m.batchnorm_group_size > 1:
-            # Group batch norm allreduces inside the layer, so inside the compiled forward and backward.
-            # Horovod 0.28's XLA ops (horovod/tensorflow/xla_mpi_ops.cc) are its allreduce alone, for
-            # CUDA only and only with HOROVOD_ENABLE_XLA_OPS=1 when Horovod loads: refused everywhere
-            # here, before run_start, rather than failing in the first step.
+        if self.runtime.xla and m.batchnorm_group_size > 1:  # refused before the first step fails
             raise ConfigError(
                 "config keys 'runtime.xla' and 'model.batchnorm_group_size' > 1 cannot go "
                 "together: group batch norm's allreduce runs inside the XLA-compiled forward "
@@ -135,8 +124,8 @@ class DeepCAMConfig(BaseConfig):
 
 
 def check_height_split(cfg: DeepCAMConfig) -> None:
-    """parallel.spatial_ranks K must cut the height into slabs every stride of the network halves
-    evenly (deepcam.model): H / K a multiple of the output stride."""
+    """ConfigError unless parallel.spatial_ranks K cuts the height into slabs each stride of the
+    network halves evenly (H / K a multiple of the output stride)."""
     k, d, stride = cfg.parallel.spatial_ranks, cfg.data, cfg.model.output_stride
     if k == 1:
         return
