@@ -10,6 +10,7 @@ It is written to `step-N.tmp/` and renamed once complete (docs/checkpoints.md).
 """
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -103,14 +104,8 @@ SHARD_FILE = "optimizer-shard-{}"
 
 
 class Checkpointer:
-    """Saves and restores the training state of one run.
-
-    Args:
-      directory: the run's checkpoints/ folder.
-      model, optimizer: what every checkpoint holds.
-      keep: how many of the newest checkpoints stay (0: all).
-      generators: tf.random.Generator objects whose state must resume too (dropout).
-    """
+    """Saves and restores the training state of one run in `directory` (its checkpoints/), keeping
+    the newest `keep` checkpoints (0: all); `generators` (dropout) are saved with the model."""
 
     def __init__(self, directory, model, optimizer, keep: int = 2, generators=()):
         self.directory = Path(directory)
@@ -155,23 +150,14 @@ class Checkpointer:
     def prepare(self) -> None:
         """Does the one-off work of the first async saves now, at init (seconds for DeepCAM,
         docs/checkpoints.md). Private API of the pinned TensorFlow; without it saves cost more."""
-        helper = getattr(self._ckpt, "_async_checkpointer", None)
-        if helper is None:
-            return
-        helper = helper()
-        if not getattr(helper, "_initialized", True):
+        with contextlib.suppress(AttributeError):  # another TensorFlow
+            helper = self._ckpt._async_checkpointer()
             helper._ensure_initialized()
-        copy = getattr(helper, "_copy_to_cpu", None)
-        if copy is not None:
-            copy()  # traced and run once (its first run also optimizes the graph)
+            helper._copy_to_cpu()  # traced and run once (its first run also optimizes the graph)
 
     def save(self, global_step: int, state: dict) -> float:
-        """Rank 0: starts writing the checkpoint after `global_step` steps; returns the
-        seconds the caller was blocked (waiting for the previous save, copying).
-
-        Call only once every rank has written its rank state (a barrier between):
-        the folder is published as soon as the write completes.
-        """
+        """Rank 0, once every rank's part is written: starts writing the checkpoint after
+        `global_step` steps, published when complete; returns the seconds the caller was blocked."""
         start = time.perf_counter()
         self.wait()
         folder, tmp = self.folder(global_step), self.staging_folder(global_step)
@@ -187,8 +173,7 @@ class Checkpointer:
         return blocked
 
     def write_optimizer_shard(self, global_step: int, index: int) -> None:
-        """A rank of the first spatial group other than rank 0: its sharded optimizer into the staging
-        folder, before the barrier after which rank 0 publishes it."""
+        """Ranks 1..K-1 of the first spatial group: their optimizer shard into the staging folder."""
         tmp = self.staging_folder(global_step)
         tmp.mkdir(parents=True, exist_ok=True)
         self._optimizer_only.write(str(tmp / SHARD_FILE.format(index)))
@@ -219,8 +204,7 @@ class Checkpointer:
             pending.result()
 
     def restore(self, path, shard_index: int = 0) -> dict:
-        """Loads a checkpoint folder into the model, optimizer and generators; returns its state.json.
-        shard_index: this rank's place in its spatial group when the optimizer is sharded over it."""
+        """Loads a checkpoint folder (with optimizer shard `shard_index`) and returns its state.json."""
         path = Path(path)
         if shard_index == 0:
             self._ckpt.read(str(path / "ckpt")).assert_existing_objects_matched()
@@ -334,19 +318,9 @@ def resume_point(
 
 
 class CheckpointSaver:
-    """Every rank's side of the run's checkpoints: it saves every train.checkpoint_steps steps
+    """Every rank's side of the run's checkpoints, saved every train.checkpoint_steps steps
     (mid-epoch included), after every train.checkpoint_every-th epoch, on an agreed stop, and at
-    the end of a run that saves at all.
-
-    Args:
-      directory: the run's checkpoints/ folder.
-      model, optimizer: what a checkpoint holds.
-      dist: the Distribution (a mid-epoch save is a collective).
-      train: the config's train section (checkpoint_every, checkpoint_steps, keep_checkpoints).
-      steps_per_epoch: optimizer steps of one epoch (saved, and checked on a resume).
-      benchmark: the benchmark's name (saved in state.json).
-      optimizer_shard: the ShardedUpdate of an optimizer sharded over the spatial group, else None.
-    """
+    the end of a run that saves at all. `optimizer_shard`: the ShardedUpdate of a sharded optimizer."""
 
     def __init__(
         self,
@@ -395,11 +369,8 @@ class CheckpointSaver:
     def save(
         self, epoch: int, steps_done: int, global_step: int, epoch_losses=(), wait: bool = False
     ) -> None:
-        """Every rank: checkpoints the state after `steps_done` steps of `epoch` (a collective mid-epoch).
-
-        epoch_losses: this rank's losses of the epoch so far (kept by a mid-epoch checkpoint).
-        wait: rank 0 returns once the checkpoint is on disk (a stop, a failure).
-        """
+        """Every rank: checkpoints the state after `steps_done` steps of `epoch` (a collective
+        mid-epoch, keeping `epoch_losses`); with `wait`, rank 0 returns once it is on disk."""
         if self.saved_at == global_step:
             if wait and self.dist.is_root:
                 self.checkpointer.wait()

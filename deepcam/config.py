@@ -107,11 +107,8 @@ class DeepCAMConfig(BaseConfig):
             )
         if self.runtime.xla and m.batchnorm_group_size > 1:  # refused before the first step fails
             raise ConfigError(
-                "config keys 'runtime.xla' and 'model.batchnorm_group_size' > 1 cannot go "
-                "together: group batch norm's allreduce runs inside the XLA-compiled forward "
-                "and backward passes, and Horovod compiles no collective on a CPU (on a GPU "
-                "its allreduce alone, with HOROVOD_ENABLE_XLA_OPS, which this project does not "
-                "use); drop --xla or keep batchnorm_group_size 1"
+                "config keys 'runtime.xla' and 'model.batchnorm_group_size' > 1 cannot go together "
+                "(Horovod compiles no group batch norm allreduce); drop --xla or use groups of 1"
             )
         if o.lr_warmup_factor < 1.0:
             raise ConfigError(
