@@ -373,6 +373,13 @@ class MLPerfConfig:
     start_barrier_timeout_s: float = 1800.0
 
 
+def check_at_least(*checks: tuple[str, float, float]) -> None:
+    """ConfigError naming the first (key, value, least) whose value is below least."""
+    for key, value, least in checks:
+        if value < least:
+            raise ConfigError(f"config key '{key}' must be >= {least}, got {value}")
+
+
 def check_global_batch(cfg, global_batch_size: int, local_batch_size: int, ranks: int) -> None:
     """ConfigError at init when a closed-division config runs at a global batch other than its
     train.global_batch_size (its RCP entry). `ranks` counts data-parallel groups."""
@@ -416,7 +423,7 @@ class BaseConfig:
     def validate(self) -> None:
         """ConfigError naming the key for the shared sections; subclasses check their own."""
         t, r, p, m = self.train, self.runtime, self.parallel, self.mlperf
-        for key, value, least in (
+        check_at_least(
             ("train.n_epochs", t.n_epochs, 1),
             ("train.gradient_accumulation_frequency", t.gradient_accumulation_frequency, 1),
             ("train.checkpoint_every", t.checkpoint_every, 0),
@@ -430,9 +437,7 @@ class BaseConfig:
             ("train.warmup_steps", t.warmup_steps, 0),
             ("runtime.sigterm_grace_s", r.sigterm_grace_s, 0),
             ("parallel.spatial_ranks", p.spatial_ranks, 1),
-        ):
-            if value < least:
-                raise ConfigError(f"config key '{key}' must be >= {least}, got {value}")
+        )
         if r.xla and p.spatial_ranks > 1:  # refused before anything runs, not at the first step
             raise ConfigError(
                 "config keys 'runtime.xla' and 'parallel.spatial_ranks' > 1 cannot go together "

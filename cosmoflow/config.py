@@ -3,7 +3,7 @@
 import dataclasses
 from typing import Literal
 
-from common.config import BaseConfig, TrainLoopConfig
+from common.config import BaseConfig, TrainLoopConfig, check_at_least
 from common.errors import ConfigError
 
 # What cosmoflow/task.py passes every optimizer: optimizer.name may be any that takes them.
@@ -100,13 +100,11 @@ class CosmoFlowConfig(BaseConfig):
                 "config keys 'optimizer.base_learning_rate' and 'optimizer.warmup_factor' "
                 "must be positive"
             )
-        for key, value in (
-            ("data.batch_size", d.batch_size),
-            ("data.n_train", d.n_train),
-            ("data.n_valid", d.n_valid),
-        ):
-            if value <= 0:
-                raise ConfigError(f"config key '{key}' must be positive, got {value}")
+        check_at_least(
+            ("data.batch_size", d.batch_size, 1),
+            ("data.n_train", d.n_train, 1),
+            ("data.n_valid", d.n_valid, 1),
+        )
 
 
 def check_spatial_split(cfg: CosmoFlowConfig) -> None:

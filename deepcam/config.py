@@ -3,7 +3,7 @@
 import dataclasses
 from typing import Literal
 
-from common.config import BaseConfig, TrainLoopConfig
+from common.config import BaseConfig, TrainLoopConfig, check_at_least
 from common.errors import ConfigError
 
 N_CHANNELS = 16  # fields per sample in the public data set
@@ -89,18 +89,16 @@ class DeepCAMConfig(BaseConfig):
         check_height_split(self)
         if not 0 < m.width <= 4:
             raise ConfigError(f"config key 'model.width' must be in (0, 4], got {m.width}")
-        for key, value in (
-            ("data.local_batch_size", d.local_batch_size),
-            ("data.readers", d.readers),
-            ("model.batchnorm_group_size", m.batchnorm_group_size),
-            ("optimizer.lr_schedule.t_max", o.lr_schedule.t_max),
-        ):
-            if value <= 0:
-                raise ConfigError(f"config key '{key}' must be positive, got {value}")
-        if d.n_train < 0 or d.n_valid < 0:
-            raise ConfigError(
-                "config keys 'data.n_train'/'data.n_valid' must be >= 0 (0: all files)"
-            )
+        check_at_least(
+            ("data.n_train", d.n_train, 0),
+            ("data.n_valid", d.n_valid, 0),
+            ("data.local_batch_size", d.local_batch_size, 1),
+            ("data.readers", d.readers, 1),
+            ("model.batchnorm_group_size", m.batchnorm_group_size, 1),
+            ("optimizer.lr_schedule.t_max", o.lr_schedule.t_max, 1),
+            ("optimizer.lr_warmup_factor", o.lr_warmup_factor, 1.0),
+            ("train.seed", self.train.seed, 1),  # an MLPerf rule
+        )
         if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
             raise ConfigError(
                 f"config key 'optimizer.betas' must be two values in [0, 1), got {list(o.betas)}"
@@ -109,14 +107,6 @@ class DeepCAMConfig(BaseConfig):
             raise ConfigError(
                 "config keys 'runtime.xla' and 'model.batchnorm_group_size' > 1 cannot go together "
                 "(Horovod compiles no group batch norm allreduce); drop --xla or use groups of 1"
-            )
-        if o.lr_warmup_factor < 1.0:
-            raise ConfigError(
-                f"config key 'optimizer.lr_warmup_factor' must be >= 1, got {o.lr_warmup_factor}"
-            )
-        if self.train.seed <= 0:
-            raise ConfigError(
-                f"config key 'train.seed' must be positive (MLPerf rule), got {self.train.seed}"
             )
 
 
