@@ -187,7 +187,8 @@ class Checkpointer:
             finally:
                 os.close(fd)
         write_text_atomic(tmp / STATE_FILE, json.dumps(state, indent=1))
-        _replace_folder(tmp, folder)
+        shutil.rmtree(folder, ignore_errors=True)  # the same step written again
+        os.replace(tmp, folder)
         for old in self.all()[: -self.keep] if self.keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         self.last_save = {
@@ -431,7 +432,8 @@ def save_model_weights(model, folder) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tf.train.Checkpoint(model=model).write(str(tmp / "ckpt"))
-    _replace_folder(tmp, folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
     return folder
 
 
@@ -448,13 +450,6 @@ def restore_model_weights(model, folder) -> None:
     except (AssertionError, ValueError) as e:  # a missing variable; a shape that differs
         first = str(e).splitlines()[0][:200]
         raise InputError(f"{folder}: checkpoint does not match the model ({first})") from None
-
-
-def _replace_folder(tmp: Path, folder: Path) -> None:
-    """Publishes a complete folder under its final name, replacing one already there."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
 
 
 def find_run_config(folder):
