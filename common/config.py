@@ -118,8 +118,9 @@ def _set_dotted(raw: dict, dotted: str, value, cls) -> None:
     raw[last] = value
 
 
-def _build(cls, raw, prefix: str, source: str):
-    """A `cls` from the mapping `raw`; fields it does not set keep their class defaults."""
+def _build(cls, raw, prefix: str, source: str, base=None):
+    """A `cls` from the mapping `raw`; fields it does not set keep their values in `base` (the
+    enclosing config's default for this section), else their class defaults."""
     if not isinstance(raw, Mapping):
         where = prefix.rstrip(".") or "<root>"
         raise ConfigError(f"config key '{where}' in {source} must be a mapping, got {raw!r}")
@@ -128,13 +129,15 @@ def _build(cls, raw, prefix: str, source: str):
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' in {source}")
-    return cls(**{k: _convert(v, hints[k], prefix + k, source) for k, v in raw.items()})
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    values = {k: _convert(v, hints[k], prefix + k, source, defaults[k]) for k, v in raw.items()}
+    return dataclasses.replace(base, **values) if base is not None else cls(**values)
 
 
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
-def _convert(value, tp, key: str, source: str):
+def _convert(value, tp, key: str, source: str, default=None):
     """`value` as type `tp`, one of the configs' field types: a dataclass, X | None, Literal, bool,
     int, float, str, tuple[X, ...]. Strings (a command line) are parsed; ConfigError otherwise."""
 
@@ -144,7 +147,8 @@ def _convert(value, tp, key: str, source: str):
 
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, {} if value is None else value, key + ".", source)
+        base = default if isinstance(default, tp) else None
+        return _build(tp, {} if value is None else value, key + ".", source, base)
     if origin in (typing.Union, types.UnionType):  # X | None
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             return None

@@ -5,23 +5,11 @@
           climate/labels_0 [768, 1152], 0 background, 1 cyclone, 2 river (float or int)
   stats:  climate/minval, climate/maxval (also mean, sqmean, count), per channel
 
-Inputs are normalized as (x - min) / (max - min) per channel, as the
-reference; the input pipeline hands over the fields as stored (float32) and the
-labels as uint8, and `normalize` runs inside the compiled train and eval steps
-(DeepCAMTask.preprocess_batch), on the accelerator when there is one: a
-768x1152x16 sample is 57 MB, and every pass over it on the host costs the
-node's CPU cores and memory bandwidth.
-
-Each file is read straight into its place in a batch buffer that is reused once
-the step has consumed it (BatchBuffers, below), inside tf.data (several files in
-flight per rank), so reading overlaps training. Reads use readinto, which releases
-the GIL and takes no other lock, so a rank's readers run on every core: staged files
-(staging.convert), each sample written once in a raw layout (layout.RAW_SUFFIX), and
-unstaged HDF5 files whose datasets lie contiguous in the file (the synthetic ones, and
-any h5py writes by default), from the offset h5py gives. h5py serializes every call
-behind one lock of its own (it releases the GIL inside H5Dread, yet a second reader
-waits for that lock), so it reads only other HDF5 layouts (chunked, compressed),
-whose readers take turns.
+The pipeline hands over the fields as stored and the labels as uint8; the reference's
+(x - min) / (max - min) runs inside the compiled steps (DeepCAMTask.preprocess_batch). Each file is
+read inside tf.data straight into a reused, aligned batch buffer (BatchBuffers), with readinto,
+which releases the GIL: staged raw files and contiguous HDF5 datasets from their offset; other HDF5
+layouts (chunked, compressed) through h5py, whose global lock makes its readers take turns.
 """
 
 import os
@@ -508,23 +496,10 @@ def _first_line(e) -> str:
     return text[:200]
 
 
-# A reader inside `tf.numpy_function` that returns a fresh array costs a page fault
-# per 4 KiB page of it (a 768x1152x16 DeepCAM batch of 2 is 115 MB: 28,000 faults),
-# and TensorFlow then copies it unless it is aligned. Two properties of
-# tf.numpy_function make reuse safe and copy-free:
-#
-# - it hands an ndarray to TensorFlow without a copy when the data is aligned to
-#   64 bytes (TensorFlow's allocator alignment); numpy's own large allocations are
-#   16-byte aligned, so they are copied;
-# - the tensor keeps a reference to that ndarray until the tensor is freed (after
-#   the train step that consumed the batch).
-#
-# So an array whose only references are the pool's own is free to refill (its
-# memory's owner is checked too: a view of the array, which references the owner,
-# not the array, keeps it busy as well). The pool holds at most `max_buffers`
-# batches; beyond that (a consumer holding many batches) and for a short batch it
-# allocates unpooled ones, so a batch is never overwritten while in use.
-
+# Batch buffers reused instead of allocated per batch (a fresh 115 MB batch costs 28,000 page
+# faults). tf.numpy_function hands a 64-byte aligned ndarray to TensorFlow without a copy, and the
+# tensor holds a reference to it until freed: an array only the pool references is free to refill.
+# Beyond `max_buffers` batches, and for a short batch, the pool allocates unpooled ones.
 ALIGNMENT = 64  # tensorflow::Allocator::kAllocatorAlignment
 
 
@@ -538,15 +513,8 @@ def aligned_empty(shape, dtype, alignment: int = ALIGNMENT) -> np.ndarray:
 
 
 class BatchBuffers:
-    """A pool of batch arrays (one per field), reused once TensorFlow has released them.
-
-    Args:
-      fields: (per-sample shape, dtype) of each array a batch holds, e.g. the fields and the labels.
-      batch_size: samples per batch; `take(n)` with a smaller n (a partial last
-        validation batch) gives unpooled arrays.
-      max_buffers: batches pooled at most; size it as what can be alive at once
-        (reads in flight + the dataset's buffers + the batch being consumed).
-    """
+    """A pool of batch arrays, one per field ((per-sample shape, dtype) in `fields`), reused once
+    TensorFlow has released them; at most `max_buffers` batches of `batch_size` pooled."""
 
     def __init__(self, fields, batch_size: int, max_buffers: int):
         self._fields = [(tuple(int(s) for s in shape), np.dtype(dtype)) for shape, dtype in fields]

@@ -27,14 +27,8 @@ The same function, not only the same shapes:
   methods are never called).
 `width` scales every channel count for small CPU runs.
 
-Split along height across the ranks of a spatial group (`mesh`, common.parallel.distribution.
-SpatialMesh), the model's input is a slab of H / K rows, and every layer computes the rows of its
-own slab (common.parallel.spatial_rows): each convolution that reads beyond its rows (3x3,
-depthwise, dilated, strided, the transposed ones) gets them from its neighbours first and runs
-'valid' where the unsplit one pads; where a dilated ASPP branch reads further than a slab holds,
-the group's slabs are gathered once and each rank cuts its window from the whole map; the image
-pooling is a mean over the group; batch norm's statistics are summed over the group (its
-`bn_group` holds the spatial group's ranks). The variables and their names are the unsplit model's.
+Split along height over a spatial group (`mesh`), each layer computes its slab's rows
+(common.parallel.spatial_rows, docs/scaling.md), with the unsplit model's variables and names.
 """
 
 import math
@@ -59,12 +53,8 @@ EXIT_FLOW_DILATION = 2  # exit flow separable convolutions at output stride 16
 
 
 class KaimingNormal(tf_keras.initializers.Initializer):
-    """torch.nn.init.kaiming_normal_ with its defaults: N(0, 2 / fan_in), not truncated.
-
-    The fan-in is given by the caller, because PyTorch counts it per group: a
-    depthwise 3x3 convolution has fan-in 9, where Keras' he_normal counts
-    9 x channels (and draws from a truncated normal).
-    """
+    """torch.nn.init.kaiming_normal_: N(0, 2 / fan_in), not truncated, with PyTorch's fan-in (a
+    depthwise 3x3 convolution's is 9, where Keras' he_normal counts 9 x channels)."""
 
     def __init__(self, fan_in: int):
         self.fan_in = int(fan_in)
@@ -79,12 +69,8 @@ class KaimingNormal(tf_keras.initializers.Initializer):
 
 
 class TorchDefaultUniform(tf_keras.initializers.Initializer):
-    """PyTorch's default for a convolution's weight and bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-
-    (kaiming_uniform_(a=sqrt 5) on the weight gives this bound.) A transposed
-    convolution's fan-in is out_channels x kh x kw: PyTorch reads it from
-    dimension 1 of the [in, out, kh, kw] weight.
-    """
+    """PyTorch's default for a convolution's weight and bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in));
+    a transposed convolution's fan-in is out_channels x kh x kw."""
 
     def __init__(self, fan_in: int):
         self.fan_in = int(fan_in)
@@ -109,19 +95,10 @@ class TrainableAffine(layers.Layer):
 
 
 class DilatedConv2D(layers.Conv2D):
-    """Conv2D whose dilated convolution is one Conv2D op with a `dilations` attribute.
-
-    Keras' Conv2D calls tf.nn.convolution, which turns a dilated convolution
-    into SpaceToBatchND, a convolution over rate^2 small images, and
-    BatchToSpaceND. On the ASPP's stride-16 feature map (12x18 at 192x288,
-    48x72 at 768x1152) those images are a few pixels wide with 2048 input
-    channels, where oneDNN's kernels run 4 to 17 times slower, forward and
-    backward, than one dilated convolution over the whole map (rates 6 to 18
-    at 12x18, 2-core AVX2 EPYC; bench/deepcam_vs_reference.py --profile
-    onednn shows them as `mb324_ic2048oc256_ih3oh1`). Both compute the same.
-    TensorFlow's own CPU kernels have no dilated backward pass, so the direct
-    op is taken only where oneDNN runs the convolutions (`direct`), or on a GPU.
-    """
+    """Conv2D whose dilated convolution is one Conv2D op with `dilations`, not Keras'
+    SpaceToBatchND detour, which ran 4-17x slower under oneDNN on the ASPP's small maps
+    (bench/deepcam_vs_reference.py). Taken only where oneDNN runs the convolutions (`direct`) or
+    on a GPU: TensorFlow's own CPU kernels have no dilated backward pass."""
 
     def __init__(self, *args, direct: bool = True, **kwargs):
         super().__init__(*args, **kwargs)

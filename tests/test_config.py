@@ -145,3 +145,16 @@ def test_shipped_configs_exist(name):
     assert REPO / bench.synthetic_config in SHIPPED
     closed = benchmarks.closed_configs(name)
     assert closed and set(closed) <= set(SHIPPED)
+
+
+def test_a_section_given_in_part_keeps_the_benchmark_s_defaults_for_the_rest(tmp_path):
+    # CosmoFlow's own train defaults (128 epochs, global batch 64) differ from TrainLoopConfig's.
+    path = tmp_path / "seed.yaml"
+    path.write_text("data:\n  data_dir: d\ntrain:\n  seed: 7\n")
+    whole = load_config(CosmoFlowConfig, None, {"data.data_dir": "d"})
+    for cfg in (load_config(CosmoFlowConfig, path), replace(whole, {"train.seed": "7"})):
+        assert cfg.train.seed == 7
+        assert (cfg.train.n_epochs, cfg.train.global_batch_size) == (
+            whole.train.n_epochs,
+            whole.train.global_batch_size,
+        ) != (100, None)
