@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import InputError, tool_main
-from common.reporting.console import Progress, progress_stream
+from common.reporting.console import Progress
 
 
 def split_universe(full: np.ndarray, sub: int):
@@ -101,7 +101,7 @@ def prepare(
     workers = workers or min(len(os.sched_getaffinity(0)), len(jobs))
     with (
         multiprocessing.get_context("spawn").Pool(workers) as pool,
-        Progress("prepare", len(jobs), unit="universes", stream=progress_stream(progress)) as bar,
+        Progress("prepare", len(jobs), unit="universes", out=progress) as bar,
     ):
         for done, (path, n, error) in enumerate(pool.imap_unordered(_prepare_one, jobs), start=1):
             if error:

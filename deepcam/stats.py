@@ -19,7 +19,7 @@ import numpy as np
 
 from common.errors import InputError, tool_main
 from common.inputs.pipeline import list_files
-from common.reporting.console import Progress, progress_stream
+from common.reporting.console import Progress
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES
 
 
@@ -76,7 +76,7 @@ def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
     total = None
     with (
         multiprocessing.get_context("spawn").Pool(workers) as pool,
-        Progress("stats", len(files), unit="files", stream=progress_stream(print_fn)) as bar,
+        Progress("stats", len(files), unit="files", out=print_fn) as bar,
     ):
         for done, part in enumerate(
             pool.imap_unordered(_partial, [[path] for path in files], chunksize), 1

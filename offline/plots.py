@@ -1,11 +1,18 @@
 """PNG figures of the offline reports: curves against time and epoch, and a roofline."""
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common.reporting.plots import save_figure  # noqa: E402
+
+def save_figure(fig, path) -> None:
+    """Writes the figure to `path` as PNG through a temporary name (never half a file), closes it."""
+    fig.savefig(f"{path}.tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(f"{path}.tmp.png", path)
 
 
 def plot_curves_time_and_epoch(history, metric_name: str, target: float, title: str, path) -> None:

@@ -76,9 +76,7 @@ def _emit(events):
     events.on_run_start()
     events.on_epoch_start(1, 0)
     events.on_step(StepInfo(1, 8, 8, 8))
-    events.on_epoch_stop(
-        1, EpochTrain(global_step=8, loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0)
-    )
+    events.on_epoch_stop(1, EpochTrain(global_step=8, loss=0.5, lr=0.01, samples_per_s=10.0))
     events.on_eval_start(1)
     events.on_eval_stop(1, 8, 0.3, 0.7)
     events.on_run_stop(
@@ -166,9 +164,7 @@ def test_the_log_writes_the_step_the_events_carry_and_counts_none_of_its_own(tmp
     events = Events([logger])
     events.on_init_stop(_info())
     events.on_epoch_start(3, 13)
-    events.on_epoch_stop(
-        3, EpochTrain(global_step=24, loss=0.5, seconds=1.0, lr=0.01, samples_per_s=10.0)
-    )
+    events.on_epoch_stop(3, EpochTrain(global_step=24, loss=0.5, lr=0.01, samples_per_s=10.0))
     events.on_eval_stop(3, 24, 0.3, 0.7)
     events.close()
     records = [

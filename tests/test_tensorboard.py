@@ -74,7 +74,6 @@ def run_two_epochs(listener, resume_at: int = 0):
             EpochTrain(
                 global_step=global_step,
                 loss=0.5 / epoch,
-                seconds=1.0,
                 lr=0.001,
                 samples_per_s=90.0 + epoch,
             ),

@@ -13,7 +13,7 @@ import multiprocessing
 import os
 from pathlib import Path
 
-from common.reporting.console import Progress, progress_stream
+from common.reporting.console import Progress
 
 MARKER = ".synthetic.json"
 
@@ -52,7 +52,7 @@ def write_files(
     # forked copy of the parent's TensorFlow runtime (which can deadlock).
     with (
         multiprocessing.get_context("spawn").Pool(workers) as pool,
-        Progress("synthetic", len(jobs), unit="samples", stream=progress_stream(progress)) as bar,
+        Progress("synthetic", len(jobs), unit="samples", out=progress) as bar,
     ):
         for done, nbytes in enumerate(
             pool.imap_unordered(write_one, jobs, chunksize=chunksize), start=1

@@ -1,13 +1,8 @@
-"""Rank 0's console: everything a person reads while a run goes, from `[init]` to `[done]`.
+"""Rank 0's console: every line a person reads while a run goes, from `[init]` to `[done]`.
 
-One listener (`Console`) owns the stream, so the order of its lines is decided in
-one place: the `[init]` lines at init_stop, the staging bar and its `[staging]`
-line, each epoch's step bar (`StepProgress`, which it drives) ended before that
-epoch's `[epoch N]` line, the `[run]` line at run_stop, and the `[done]` report
-that common.run.trainer.main hands it once the log is checked. Ranks other than 0 have no
-listener: they print nothing but their `error:` lines.
-
-The counts every tool draws (`Progress`: files staged, universes prepared, samples written) are drawn the same way, below.
+`Console` is the one listener that prints, so the order of the lines is decided here; ranks
+other than 0 print only their `error:` lines. `Progress` draws a count (the epoch's steps, files
+staged, and the counts of the data tools).
 """
 
 import sys
@@ -15,19 +10,8 @@ import time
 
 from common.reporting.events import Listener
 
-# A count going up towards a total, drawn on a stream: files staged, universes prepared, samples written.
-#
-# Two ways to show it, chosen by the stream:
-#   - a terminal (`stream.isatty()`): one bar redrawn in place with '\r', at most
-#     10 times a second, ended with a newline;
-#   - anything else (a SLURM output file, a pipe, a test's list): one plain line
-#     every `every_s` seconds, flushed, so that `tail -f` shows the work is alive
-#     without filling the file.
-# `Progress` draws any count; `StepProgress` (below) draws a run's optimizer steps the same way.
-
-# A terminal redraw costs a write and a flush: 10 a second looks continuous.
-REDRAW_S = 0.1
-BAR_WIDTH = 24
+REDRAW_S = 0.1  # seconds between redraws of a terminal line: 10 a second looks continuous
+LINE_S = 30.0  # seconds between lines elsewhere: `tail -f` shows the work is alive
 
 
 def format_duration(seconds: float) -> str:
@@ -40,92 +24,13 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _isatty(stream) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # no isatty, or a closed file
-        return False
-
-
-def bar(done: int, total: int) -> str:
-    filled = BAR_WIDTH if total <= 0 else min(BAR_WIDTH, BAR_WIDTH * done // total)
-    return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + "]"
-
-
-def eta_or_took(
-    final: bool, elapsed: float, remaining: float, rate: float, took: str | None = None
-) -> str:
-    """'took ...' once done, else 'ETA ...' of `remaining` units at `rate` per second ('ETA --' without one)."""
-    if final:
-        return f"took {took or format_duration(elapsed)}"
-    if rate > 0:
-        return f"ETA {format_duration(remaining / rate)}"
-    return "ETA --"
-
-
-def percent(done: int, total: int) -> int:
-    return 100 if total <= 0 else int(100 * done / total)
-
-
-class StatusLine:
-    """One changing status line on a stream: redrawn in place on a terminal, else a line now and then."""
-
-    def __init__(self, stream, every_s: float):
-        self.stream = stream
-        self.tty = _isatty(stream)
-        self.interval = REDRAW_S if self.tty else every_s
-        self.last = None  # clock time of the last draw (or of the start, off a terminal)
-        self.width = 0  # characters on the terminal line now
-        self.open = False  # a terminal line is drawn and not yet ended
-
-    def start(self, now: float) -> None:
-        # A terminal shows the bar at once; a file gets its first line after every_s,
-        # not a useless "0 done" line at every start.
-        self.last = None if self.tty else now
-
-    def due(self, now: float) -> bool:
-        return self.last is None or now - self.last >= self.interval
-
-    def draw(self, text: str, now: float) -> None:
-        self.last = now
-        if self.tty:
-            # Pad over the tail of a longer previous text (no terminal escape codes needed).
-            self.stream.write("\r" + text + " " * max(0, self.width - len(text)))
-            self.width = len(text)
-            self.open = True
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def end(self, text: str | None = None) -> None:
-        """Ends the line: a terminal bar gets its last state (text) and a newline; a file gets text."""
-        if self.tty:
-            if text is not None:
-                self.draw(text, self.last or 0.0)
-            if self.open:
-                self.stream.write("\n")
-                self.stream.flush()
-            self.open = False
-            self.width = 0
-        elif text is not None:
-            self.draw(text, self.last or 0.0)
-
-
 class Progress:
-    """A count going up towards a total (files staged, samples written), drawn as the module says.
+    """A count going up to `total`: `[label] 3/10 files (30%), 1.2 files/s, ETA 5s, extra`.
 
-    On a terminal: `[prepare] [#######.................] 3/10 universes   30%  1.2 universes/s  ETA 5s`;
-    elsewhere, every `every_s` seconds: `[prepare] 3/10 universes (30%), 1.2 universes/s, ETA 5s`.
-    `close()` draws the last state with the time taken instead of the ETA, on both.
-    Rates are over the time since the `Progress` was made.
-
-    Args:
-      label: the tag between brackets that starts each line ("staging", "prepare").
-      total: the count at which the work is done.
-      unit: what is counted, plural ("files", "samples").
-      stream: where to draw (default: sys.stdout at construction).
-      every_s: seconds between lines when the stream is not a terminal.
-      clock: a monotonic clock in seconds (tests pass a fake one).
+    On a terminal, one line redrawn in place every `REDRAW_S` at most; elsewhere a flushed line
+    every `LINE_S`. `close()` draws the last state with the time taken and ends the line. `out`: a
+    stream (None: stdout) or a function of one line; `first`: the count at construction, from
+    which the rate counts; `rate_in`: the rate's unit and how many make one counted unit.
     """
 
     def __init__(
@@ -133,141 +38,102 @@ class Progress:
         label: str,
         total: int,
         unit: str = "files",
-        stream=None,
-        every_s: float = 30.0,
+        out=None,
         clock=time.monotonic,
+        first: int = 0,
+        rate_in: tuple[str, float] | None = None,
     ):
         self.label, self.total, self.unit = label, int(total), unit
-        self.clock = clock
-        self.line = StatusLine(sys.stdout if stream is None else stream, every_s)
+        self.rate_unit, self.scale = rate_in or (unit, 1)
+        self.clock, self.first, self.done, self.extra = clock, first, first, ""
+        self.stream = sys.stdout if out is None else out
+        self.tty = not callable(self.stream) and self.stream.isatty()
+        self.interval = REDRAW_S if self.tty else LINE_S
         self.start = clock()
-        self.line.start(self.start)
-        self.done, self.extra = 0, ""
-        self.closed = False
+        self.last = None if self.tty else self.start  # a terminal shows the first update at once
+        self.width = 0  # characters of the terminal line drawn
 
     def update(self, done: int, extra: str = "") -> None:
         """Sets the count to `done` (not an increment); `extra` ("12.3 MiB") ends the line."""
         self.done, self.extra = int(done), extra
         now = self.clock()
-        if self.line.due(now):
-            self.line.draw(self.text(now), now)
+        if self.last is None or now - self.last >= self.interval:
+            self._draw(now)
 
-    def close(self) -> None:
-        """Draws the final state with the time taken (once; later calls do nothing)."""
-        if not self.closed:
-            self.closed = True
-            self.line.end(self.text(self.clock(), final=True))
+    def close(self, summary: bool = True) -> None:
+        """Ends the line; with `summary`, after drawing the last state with the time taken."""
+        if summary:
+            self._draw(self.clock(), final=True)
+        if self.width:
+            print(file=self.stream, flush=True)
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:  # the error says what happened: only end a terminal line, no summary
-            self.closed = True
-            self.line.end()
+        self.close(summary=exc_type is None)  # the error says what happened
+
+    def _draw(self, now: float, final: bool = False) -> None:
+        self.last = now
+        text = self.text(now, final)
+        if callable(self.stream):
+            self.stream(text)
+        elif self.tty:  # padded over the tail of a longer previous text
+            print("\r" + text.ljust(self.width), end="", file=self.stream, flush=True)
+            self.width = len(text)
+        else:
+            print(text, file=self.stream, flush=True)
 
     def text(self, now: float, final: bool = False) -> str:
         elapsed = now - self.start
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        when = eta_or_took(
-            final, elapsed, max(0, self.total - self.done), rate, took=f"{elapsed:.1f} s"
-        )
-        pct = percent(self.done, self.total)
-        if self.line.tty:
-            parts = [
-                f"[{self.label}] {bar(self.done, self.total)} {self.done}/{self.total} {self.unit}",
-                f"{pct:3d}%",
-                f"{rate:.1f} {self.unit}/s",
-                when,
-                self.extra,
-            ]
-            return "  ".join(p for p in parts if p)
-        parts = [
-            f"[{self.label}] {self.done}/{self.total} {self.unit} ({pct}%)",
-            f"{rate:.1f} {self.unit}/s",
-            when,
-            self.extra,
-        ]
-        return ", ".join(p for p in parts if p)
-
-
-class LineSink:
-    """A stream (not a terminal) that hands each complete line to a function.
-
-    Lets a tool whose `progress` argument is a function of one line (a test's
-    `list.append`, a logger) draw a `Progress`: it then gets plain lines.
-    """
-
-    def __init__(self, write_line):
-        self.write_line = write_line
-        self.pending = ""
-
-    def write(self, text: str) -> int:
-        *lines, self.pending = (self.pending + text).split("\n")
-        for line in lines:
-            self.write_line(line)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
-def progress_stream(progress=None):
-    """The stream a tool draws its `Progress` on: stdout for None, else a `LineSink` around the function."""
-    return sys.stdout if progress is None else LineSink(progress)
+        per_s = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
+        rate = f"{per_s * self.scale:.1f}" if per_s > 0 else "--"
+        eta = format_duration((self.total - self.done) / per_s) if per_s > 0 else "--"
+        when = f"took {format_duration(elapsed)}" if final else f"ETA {eta}"
+        pct = 100 if self.total <= 0 else int(100 * self.done / self.total)
+        head = f"[{self.label}] {self.done}/{self.total} {self.unit} ({pct}%)"
+        return ", ".join(p for p in (head, f"{rate} {self.rate_unit}/s", when, self.extra) if p)
 
 
 class Console(Listener):
-    """Rank 0's lines on `stream` (default: sys.stdout at construction).
+    """Rank 0's lines on `stream` (default: sys.stdout); `clock` times the progress lines."""
 
-    Args:
-      stream: where to print.
-      every_s: seconds between progress lines when the stream is not a terminal.
-    """
-
-    def __init__(self, stream=None, every_s: float = 30.0):
-        self.stream = sys.stdout if stream is None else stream
-        self.steps = StepProgress(stream=self.stream, every_s=every_s)
-        self.every_s = every_s
+    def __init__(self, stream=None, clock=time.monotonic):
+        self.stream, self.clock = sys.stdout if stream is None else stream, clock
+        self.tty = self.stream.isatty()
+        self.bar = None  # the Progress drawn now: staging, or the epoch's steps
         self.run_start = None
         self.info = None
-        self.train = (
-            None  # the last epoch's EpochTrain; None before the first (an evaluate-only run)
-        )
-        self.staging_bar = None
+        self.train = None  # the last epoch's EpochTrain; None before the first
 
     def print(self, text: str) -> None:
+        self._end_bar()
         print(text, file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         """An `[init]` line of the launcher's (which config, what runtime.tiny did)."""
         self.print(f"[init] {text}")
 
-    # ------------------------------------------------------------ events
+    def _end_bar(self, summary: bool = False) -> None:
+        if self.bar is not None:
+            self.bar.close(summary)
+            self.bar = None
+
     def on_runtime_configured(self, job, runtime):
         for line in runtime_lines(job, runtime):
             self.print(f"[init] {line}")
 
     def on_init_stop(self, info):
         self.info = info
-        self.steps.on_init_stop(info)
         for line in init_lines(info):
             self.print(f"[init] {line}")
 
     def on_staging_progress(self, done, total, nbytes):
-        if self.staging_bar is None:
-            self.staging_bar = Progress(
-                "staging", total, unit="files", stream=self.stream, every_s=self.every_s
-            )
-        self.staging_bar.update(done, f"rank 0: {nbytes / 1e6:.1f} MB")
+        if self.bar is None:
+            self.bar = Progress("staging", total, "files", self.stream, self.clock)
+        self.bar.update(done, f"rank 0: {nbytes / 1e6:.1f} MB")
         if done >= total:
-            self.staging_bar.close()
-            self.staging_bar = None
+            self._end_bar(summary=True)
 
     def on_staging_stop(self, stats):
         self.print(
@@ -291,14 +157,23 @@ class Console(Listener):
     def on_run_start(self):
         self.run_start = time.time()
 
-    def on_epoch_start(self, epoch, global_step):
-        self.steps.on_epoch_start(epoch, global_step)
-
     def on_step(self, step):
-        self.steps.on_step(step)
+        # The epoch's bar starts at the first step seen: the rate leaves out that step's own time
+        # (tracing, filling the input pipeline), and a resumed epoch starts at a later step.
+        if self.bar is None:
+            self.bar = Progress(
+                f"epoch {step.epoch:3d}",
+                step.steps_per_epoch,
+                "steps",
+                self.stream,
+                self.clock,
+                first=step.step,
+                rate_in=("samples", self.info.global_batch_size),
+            )
+        self.bar.update(step.step)
 
     def on_epoch_stop(self, epoch, train):
-        self.steps.on_epoch_stop(epoch, train)
+        self._end_bar(summary=self.tty)  # a file gets the epoch line only
         self.train = train
         if train.first_step_s is not None:
             self.print(
@@ -308,9 +183,6 @@ class Console(Listener):
                 f"without their wait for input; the first batch waited {train.first_input_wait_s:.3f} s "
                 f"(cold reads, buffers filling); rank 0"
             )
-
-    def on_eval_start(self, epoch):
-        self.steps.on_eval_start(epoch)
 
     def on_eval_stop(self, epoch, global_step, value, loss):
         t = self.train
@@ -325,7 +197,6 @@ class Console(Listener):
         )
 
     def on_run_stop(self, status, epoch, checkpoint, failure):
-        self.steps.on_run_stop(status, epoch, checkpoint, failure)  # a bar ended before the line
         minutes = (time.time() - self.run_start) / 60 if self.run_start else float("nan")
         saved = f"; checkpoint {checkpoint}" if checkpoint else ""
         why = f" ({failure.reason} at step {failure.step_num})" if failure else ""
@@ -338,20 +209,16 @@ class Console(Listener):
             "[characterize] measuring FLOPs, input pipeline, memory and allreduce (after run_stop)"
         )
 
-    # ------------------------------------------------------------ the report
+    def close(self):
+        self._end_bar()
+
     def report(self, report) -> None:
         """The `[benchmark]`/`[done]` lines of a finished run (common.run.report.Report)."""
-        for line in report_lines(report):
+        for line in report.lines:
             self.print(line)
 
 
-_NOTES = (
-    "cpu",
-    "stack",
-    "image",
-    "precision_note",
-    "threads_note",
-)  # runtime entries said on lines of their own
+_NOTES = ("cpu", "stack", "image", "precision_note", "threads_note")  # lines of their own
 
 
 def runtime_lines(job: str, rt: dict) -> list[str]:
@@ -403,148 +270,3 @@ def init_lines(info) -> list[str]:
             f"(its log says so)"
         )
     return lines
-
-
-def report_lines(report) -> list[str]:
-    """The `[benchmark]` and `[done]` lines of a common.run.report.Report."""
-    r, name = report.result, report.benchmark
-    where = f"[done] run directory: {report.run_dir}"
-    if r.status == "benchmarked":
-        b = r.throughput
-        return [
-            f"[benchmark] {name}: {b['steps']} steps after {b['warmup_steps']} warm-up, {b['ranks']} rank(s), "
-            f"global batch {b['global_batch_size']}, {b['precision']}: {b['samples_per_s_per_rank']:.2f} "
-            f"samples/s per rank, {b['samples_per_s']:.2f} samples/s in total; input pipeline alone "
-            f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank",
-            where,
-        ]
-    if r.status == "evaluated":
-        return [
-            f"[done] {name}: evaluated the model of epoch {r.epochs}: {report.metric_name} "
-            f"{r.metric:.4f} (target {report.target})",
-            where,
-        ]
-    if r.failure:
-        f = r.failure
-        return [
-            f"[done] {name}: aborted ({f.reason} at step {f.step_num}), exit code {f.exit_code}"
-            + (f"; checkpoint of the last finite state {f.checkpoint}" if f.checkpoint else ""),
-            where,
-        ]
-    lines = [
-        f"[done] {name}: {r.status}, {r.epochs} epoch(s), {report.metric_name} {r.metric:.4f}, "
-        f"time to train {r.time_to_train_s / 60:.3f} min",
-        where,
-    ]
-    if r.status == "preempted":
-        lines.append(
-            f"[done] stopped on request (SIGUSR1 or SIGTERM on a rank): checkpoint {r.checkpoint}; "
-            f"go on with --resume (exit code {report.exit_preempted}); the log says aborted"
-        )
-    elif report.log_check == "passed":
-        lines.append(
-            f"[done] MLPerf log {report.log} PASSED the compliance checker (hpc {report.ruleset})"
-        )
-    elif report.log_check == "failed":
-        lines.append(
-            f"[done] MLPerf log {report.log} FAILED the compliance checker (hpc {report.ruleset}):"
-        )
-        lines += ["    " + line for line in report.checker_output.splitlines()[-15:]]
-    return lines
-
-
-class StepProgress(Listener):
-    """The optimizer steps inside each epoch, on rank 0 (the caller decides), drawn as the module says.
-
-    On a terminal, one bar per epoch:
-      `[epoch   3] [#####...................] 1200/5000  24%  812.3 samples/s  ETA 4m41s`
-    ended at the epoch's end with its time taken and a newline. Elsewhere, every `every_s` seconds:
-      `[epoch   3] step 1200/5000 (24%), 812.3 samples/s, ETA 4m41s`
-    and nothing at the epoch's end (common.reporting.console.Console prints the epoch's line).
-
-    Samples/s is steps x RunInfo.global_batch_size over the wall time since the
-    first step seen in the epoch: that step's own time (tracing the step
-    function, filling the input pipeline) would make the first epoch's ETA too
-    long, and a resumed epoch starts at a later step. Steps/s is shown instead
-    when no RunInfo was seen.
-
-    Args:
-      stream: where to draw (default: sys.stdout at construction).
-      every_s: seconds between lines when the stream is not a terminal.
-      clock: a monotonic clock in seconds (tests pass a fake one).
-    """
-
-    def __init__(self, stream=None, every_s: float = 30.0, clock=time.monotonic):
-        self.stream = sys.stdout if stream is None else stream
-        self.every_s = every_s
-        self.clock = clock
-        self.batch = None  # global batch size, from RunInfo
-        self.line = None  # the epoch's status line
-        self.epoch = 0
-        self.epoch_start = None
-        self.first = None  # (step, clock) of the first step seen in the epoch
-        self.step = None  # the last StepInfo
-
-    def on_init_stop(self, info):
-        self.batch = info.global_batch_size
-
-    def on_epoch_start(self, epoch, global_step):
-        self._end()
-        self.epoch, self.first, self.step = epoch, None, None
-        self.epoch_start = self.clock()
-        self.line = StatusLine(self.stream, self.every_s)
-
-    def on_step(self, step):
-        now = self.clock()
-        if self.line is None:  # steps without an epoch start (not from the trainer): still draw
-            self.on_epoch_start(step.epoch, step.global_step - step.step)
-        self.step = step
-        if self.first is None:
-            self.first = (step.step, now)
-            self.line.start(now)
-        if self.line.due(now):
-            self.line.draw(self.text(now), now)
-
-    def on_epoch_stop(self, epoch, train):
-        self._end(final=True)
-
-    def on_eval_start(self, epoch):
-        self._end()
-
-    def on_run_stop(self, status, epoch, checkpoint, failure):
-        self._end()  # stopped mid-epoch: end the bar before the run's last line
-
-    def _end(self, final: bool = False) -> None:
-        if self.line is not None:
-            text = (
-                self.text(self.clock(), final=True)
-                if final and self.step is not None and self.line.tty
-                else None
-            )
-            self.line.end(text)
-            self.line = None
-
-    def rate(self, now: float) -> tuple[float, float]:
-        """(steps/s, samples/s; samples/s is 0 without a global batch size) since the first step seen."""
-        first_step, t0 = self.first
-        steps, seconds = self.step.step - first_step, now - t0
-        per_s = steps / seconds if steps > 0 and seconds > 0 else 0.0
-        return per_s, per_s * (self.batch or 0)
-
-    def text(self, now: float, final: bool = False) -> str:
-        s = self.step
-        steps_per_s, samples_per_s = self.rate(now)
-        if steps_per_s <= 0:
-            speed = "-- samples/s" if self.batch else "-- steps/s"
-        else:
-            speed = f"{samples_per_s:.1f} samples/s" if self.batch else f"{steps_per_s:.2f} steps/s"
-        when = eta_or_took(final, now - self.epoch_start, s.steps_per_epoch - s.step, steps_per_s)
-        pct = percent(s.step, s.steps_per_epoch)
-        if self.line.tty:
-            return (
-                f"[epoch {self.epoch:3d}] {bar(s.step, s.steps_per_epoch)} {s.step}/{s.steps_per_epoch} "
-                f"{pct:3d}%  {speed}  {when}"
-            )
-        return (
-            f"[epoch {self.epoch:3d}] step {s.step}/{s.steps_per_epoch} ({pct}%), {speed}, {when}"
-        )

@@ -1,22 +1,8 @@
-"""Trainer events and the listeners that act on them.
+"""Trainer events and the listeners that act on them (MLPerf log, rank 0's console, TensorBoard).
 
-The trainer says what happens (init started, epoch 3 stopped, eval gave 0.11);
-listeners decide what to do with it: the MLPerf logger writes mllog lines, rank
-0's console (common.reporting.console) prints, TensorBoard writes scalars. Builders (models,
-datasets, optimizers) emit nothing.
-
-Every event is declared once, as a method of `Listener`; `Events` (a `Listener`)
-hands each call to every listener, so "go to definition" on `events.on_step`
-finds the declaration, and a listener method spelled wrong is an error at
-construction instead of a method that never runs. The trainer's call of an
-`Events` method is always the same number of frames above a listener's method
-(one: the dispatch): the MLPerf logger names that call's file:line through a
-constant stack offset (common.reporting.mlperf_logger).
-
-The run's global step (optimizer steps done, resumes included) is counted once,
-by the trainer (common.run.trainer.Trainer.global_step), and travels in the events that
-stand at a step: `StepInfo` and `TrainLog`, `epoch_start`, `EpochTrain` and
-`eval_stop`. No listener counts steps of its own.
+Every event is declared once, as a method of `Listener`; `Events` hands each call to every
+listener, one frame between the trainer's call and the listener (the MLPerf log's file:line counts
+on it). The run's global step is counted by the trainer only and travels in the events.
 """
 
 import dataclasses
@@ -48,7 +34,7 @@ class RunInfo:
     steps_per_epoch: int = 0
     n_epochs: int = 0
     resumed_from: dict | None = None  # common.checkpoints.ResumePoint.resumed_from
-    # What rank 0's console says of init (common.reporting.console):
+    # What rank 0's console says of init:
     model_name: str = ""
     num_params: int = 0  # trainable
     spatial_ranks: int = 1  # ranks that split each sample
@@ -88,17 +74,12 @@ class EpochTrain:
 
     global_step: int  # steps done in the whole run at the epoch's end
     loss: float  # mean of the epoch's step losses over all ranks
-    seconds: (
-        float  # this rank's, for the steps of the epoch this process ran (a resume's: the rest)
-    )
     lr: float  # the LR of the epoch's first step
     samples_per_s: float  # all ranks, over the steps this process ran
-    # With runtime.step_timing, the first epoch this process runs only (None otherwise): its first step's time beside the median
-    # of its steps, each waited for, without their wait for input (the first step pays what warm-up
-    # did not); and the first step's wait for its batch (cold reads, a shuffle buffer filling).
+    # runtime.step_timing, the first epoch this process runs only (else None): step times, each
+    # waited for, without their wait for input; and the first step's wait for its batch.
     first_step_s: float | None = None
     median_step_s: float | None = None
-    # The epoch's own spread (its 90th percentile): a first step within it is one more ordinary step.
     p90_step_s: float | None = None
     first_input_wait_s: float | None = None
 
@@ -107,8 +88,7 @@ class Listener:
     """The events, declared once: a no-op base, override what you need. Epochs are numbered from 1."""
 
     def on_init_start(self): ...
-    # job: the ranks, nodes and controller (and the spatial mesh); runtime: common.runtime.configure's
-    # figures (device, threads, CPU, precision), known before anything is built.
+    # job: ranks, nodes, controller; runtime: common.runtime.configure's figures.
     def on_runtime_configured(self, job: str, runtime: dict): ...
     def on_init_stop(self, info: RunInfo): ...
     def on_staging_start(self): ...
@@ -116,7 +96,7 @@ class Listener:
     def on_staging_progress(self, done: int, total: int, nbytes: int): ...
     def on_staging_stop(self, stats: "StageStats"): ...
     def on_caches_cleared(self, cleared: bool, files: int): ...
-    # Weak scaling: how this instance met the others before run_start (common.run.instance_start).
+    # Weak scaling: how this instance met the others before run_start.
     def on_instances_met(self, meeting: "Meeting"): ...
     def on_run_start(self): ...
     # global_step: the steps done in the whole run before the epoch's first.
@@ -125,12 +105,11 @@ class Listener:
     def on_train_log(self, log: TrainLog): ...
     def on_epoch_stop(self, epoch: int, train: EpochTrain): ...
     def on_eval_start(self, epoch: int): ...
-    # global_step: the steps done when the model was evaluated; loss: the per-sample mean
-    # validation loss (eval_loss), None where not computed.
+    # loss: the per-sample mean validation loss, None where not computed.
     def on_eval_stop(
         self, epoch: int, global_step: int, value: float, loss: float | None = None
     ): ...
-    # failure: why a run that could not go on stopped (non-finite input or loss: common.run.termination), else None.
+    # failure: why a run that could not go on stopped, else None.
     def on_run_stop(
         self,
         status: str,
@@ -146,18 +125,8 @@ class Listener:
 _EVENT_NAMES = frozenset(name for name in vars(Listener) if name.startswith("on_"))
 
 
-def _check_listener(listener) -> None:
-    """A method named like an event that is not one (a typo) would never run: refuse it."""
-    for name in dir(type(listener)):
-        if name.startswith("on_") and name not in _EVENT_NAMES:
-            raise TypeError(
-                f"{type(listener).__name__}.{name}: no such event (events: {sorted(_EVENT_NAMES)})"
-            )
-
-
 def _dispatch(name: str):
-    """The `Events` method of event `name`: the arguments as `Listener` declares them (defaults
-    filled in) to every listener, in order. One frame between the trainer's call and a listener."""
+    """The `Events` method of event `name`: its arguments, defaults filled in, to every listener."""
     declared = getattr(Listener, name)
     signature = inspect.signature(declared)
 
@@ -172,13 +141,15 @@ def _dispatch(name: str):
 
 
 class Events(Listener):
-    """Hands each event to every listener, in order: its on_ methods are `_dispatch`'s, one per
-    event `Listener` declares (set below the class)."""
+    """Hands each event to every listener, in order (its on_ methods are set below the class)."""
 
     def __init__(self, listeners):
+        """Raises TypeError for a listener method named like an event that is none (a typo)."""
         self.listeners = list(listeners)
         for listener in self.listeners:
-            _check_listener(listener)
+            for name in set(dir(listener)) - _EVENT_NAMES:
+                if name.startswith("on_"):
+                    raise TypeError(f"{type(listener).__name__}.{name}: no such event")
 
     def close(self):
         for listener in self.listeners:

@@ -1,8 +1,7 @@
-"""Maps trainer events to MLPerf log lines (`mlperf_logging.mllog`).
+"""Maps trainer events to MLPerf log lines (`mlperf_logging.mllog`), on rank 0.
 
-Only rank 0 writes. The log grows in `<output-dir>/mlperf.log.partial` and is
-renamed to `mlperf.log` once the run has stopped, so `mlperf.log` is always a
-finished log. A log already there (a resumed run) is kept as mlperf.log.1, .2...
+The log grows in `mlperf.log.partial`, renamed `mlperf.log` once the run stops; a log already
+there (a resumed run) is kept as mlperf.log.1, .2...
 """
 
 import logging
@@ -18,17 +17,13 @@ from common.reporting.events import Listener, RunInfo
 RESUMED_KEY = "resumed_from"
 LOG_NAME = "mlperf.log"
 _REPO = Path(__file__).parents[2]  # common/reporting/mlperf_logger.py -> the repository
-# mllog names the frame `stack_offset` above its event/start/end: 1 is _write, 2 _event, _start or
-# _end, 3 the on_ method, 4 the dispatch of `Events` and 5 the trainer's call of `Events`.
+# The frame mllog names, above its own: _write, _event/_start/_end, the on_ method, the dispatch
+# of `Events`, then the trainer's call of `Events`.
 _STACK_OFFSET = 5
 
 
 class MLPerfLogger(Listener):
-    """Listener that writes the MLPerf log of one run.
-
-    mllog writes the lines; each line's file:line (relative to the repository) is the trainer's
-    call of the `Events` method, a constant `_STACK_OFFSET` frames above mllog's: every line is
-    written through `_event`, `_start` or `_end`, called from the listener method itself.
+    """Writes the MLPerf log of one run; each line names the trainer's call of `Events`.
 
     Args:
       output_dir: where mlperf.log goes.
@@ -39,15 +34,15 @@ class MLPerfLogger(Listener):
 
     def __init__(self, output_dir, submission: dict, metric_key: str, instance: dict | None = None):
         self.metric_key = metric_key
-        self._instance = dict(instance or {})  # weak scaling: instance_id, number_of_instances
+        self._instance = dict(instance or {})
         self.final = Path(output_dir) / LOG_NAME
         self.partial = Path(output_dir) / (LOG_NAME + ".partial")
         self.partial.unlink(missing_ok=True)
-        # A logger of its own (not registered with logging: no handler of another reaches it).
+        # Not registered with logging: no other handler reaches it.
         self._logger = logging.Logger(LOG_NAME, logging.INFO)
         self._handler = logging.FileHandler(self.partial, encoding="utf-8")  # flushed every line
         self._logger.addHandler(self._handler)
-        # root_dir: mllog trims it from the file names as a regular expression (escaped here).
+        # root_dir: trimmed from the file names, as a regular expression.
         self._mllog = mllog.MLLogger(
             self._logger,
             default_stack_offset=_STACK_OFFSET,
@@ -55,12 +50,10 @@ class MLPerfLogger(Listener):
         )
         self._submission = dict(submission)
         self._closed = False
-        # SIGTERM closes the log from another thread (common.run.termination) while
-        # the main thread may be writing a line: one at a time, none after close.
+        # SIGTERM closes the log from another thread: one line at a time, none after close.
         self._lock = threading.RLock()
 
     def _write(self, write, key, value, metadata: dict):
-        """One line through mllog's `write` (event, start or end)."""
         with self._lock:
             if not self._closed:
                 write(key, value, metadata)
@@ -110,22 +103,17 @@ class MLPerfLogger(Listener):
         )
 
     def on_caches_cleared(self, cleared, files):
-        # True only when this rank's input files were evicted from the page cache
-        # (common.inputs.pipeline); metadata says how many files that covered.
         self._event("cache_clear", bool(cleared), files=files, method="posix_fadvise(DONTNEED)")
 
     def on_run_start(self):
         self._start("run_start")
 
-    # step_num: the run's global step, which the references log with epochs and evaluations.
     def on_epoch_start(self, epoch, global_step):
         self._start("epoch_start", epoch_num=epoch, step_num=global_step)
 
     def on_epoch_stop(self, epoch, train):
         self._end("epoch_stop", epoch_num=epoch, step_num=train.global_step)
-        # train_loss: the mean of the epoch's step losses over all ranks, where DeepCAM's reference
-        # logs its last batch's (driver/trainer.py); learning_rate: the LR of the epoch's first
-        # step (the reference's: of its last).
+        # The mean loss of the epoch's steps over all ranks; the LR of its first step.
         self._event("train_loss", train.loss, epoch_num=epoch, step_num=train.global_step)
         self._event("learning_rate", train.lr, epoch_num=epoch, step_num=train.global_step)
         self._event("tracked_stats", {"throughput": train.samples_per_s}, step=epoch)
@@ -140,8 +128,7 @@ class MLPerfLogger(Listener):
             self._event("eval_loss", loss, epoch_num=epoch, step_num=global_step)
 
     def on_run_stop(self, status, epoch, checkpoint, failure):
-        # A run stopped on request says where it can go on from (aborted-with-checkpoint); one
-        # that could not go on says why, at which step and with which loss.
+        # Where a run stopped on request can go on from; why one that could not go on stopped.
         extra = {"checkpoint": checkpoint} if checkpoint else {}
         if failure:
             named = {k: getattr(failure, k) for k in ("reason", "step_num", "loss", "input_file")}
@@ -154,14 +141,11 @@ class MLPerfLogger(Listener):
             if self._closed:
                 return
             self._closed = True
-            self._close_file()
-
-    def _close_file(self):
-        self._logger.removeHandler(self._handler)
-        self._handler.close()
-        if self.final.exists():
-            n = 1
-            while self.final.with_name(f"{LOG_NAME}.{n}").exists():
-                n += 1
-            os.replace(self.final, self.final.with_name(f"{LOG_NAME}.{n}"))
-        os.replace(self.partial, self.final)
+            self._logger.removeHandler(self._handler)
+            self._handler.close()
+            if self.final.exists():
+                n = 1
+                while self.final.with_name(f"{LOG_NAME}.{n}").exists():
+                    n += 1
+                os.replace(self.final, self.final.with_name(f"{LOG_NAME}.{n}"))
+            os.replace(self.partial, self.final)

@@ -1,12 +1,10 @@
-"""What a run returns (`RunResult`, written as summary.json) and its end on rank 0: its training
-curve plotted, its MLPerf log checked, the facts of the report.
-
-`finish` does the work and prints nothing; common.reporting.console turns the `Report` into the
-`[done]` lines, and common.run.trainer.main writes `log_check` into summary.json.
+"""What a run returns (`RunResult`, written as summary.json) and its end on rank 0: the training
+curve plotted, the MLPerf log checked, and the `[done]` lines that the console prints.
 """
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,23 +18,10 @@ if TYPE_CHECKING:  # staging is imported by a run that stages only
     from common.inputs.staging import StageStats
 
 
-# Runs the official MLPerf compliance checker on a log.
-
-
-def check_log(path, ruleset: str = "3.0.0", usage: str = "hpc") -> tuple[bool, str]:
-    """Runs `python -m mlperf_logging.compliance_checker`; returns (passed, its output)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlperf_logging.compliance_checker",
-        "--usage",
-        usage,
-        "--ruleset",
-        ruleset,
-        "--log_output",
-        "/dev/null",
-        str(path),
-    ]
+def check_log(path, ruleset: str = "3.0.0") -> tuple[bool, str]:
+    """Runs the MLPerf HPC compliance checker on the log at `path`; returns (passed, its output)."""
+    cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "hpc"]
+    cmd += ["--ruleset", ruleset, "--log_output", "/dev/null", str(path)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     out = (proc.stdout + proc.stderr).strip()
     return proc.returncode == 0 and "SUCCESS" in out, out
@@ -49,21 +34,19 @@ class RunResult:
     metric: float = float("nan")
     time_to_train_s: float = float("nan")
     num_params: int = 0
-    # One entry per epoch: epoch, seconds since run_start, train loss, samples/s, lr, metric (if evaluated).
+    # Per epoch: epoch, seconds since run_start, train loss, samples/s, lr, metric (if evaluated).
     history: list = dataclasses.field(default_factory=list)
-    # All ranks' staging figures (common.inputs.staging.stage_shards); None when nothing was staged.
+    # All ranks' staging figures; None when nothing was staged.
     staging: "StageStats | None" = None
     weights_in_sync: bool = True
-    # Values the weights_in_sync fingerprint covered: every model variable,
-    # batch-norm running statistics included (more than num_params when the model has any).
+    # Values the weights_in_sync fingerprint covered (every variable, batch-norm statistics too).
     weights_compared: int = 0
-    # Where a run that did not start from scratch started: common.checkpoints.ResumePoint.resumed_from.
+    # common.checkpoints.ResumePoint.resumed_from of a run that did not start from scratch.
     resumed_from: dict | None = None
     # The checkpoint a run stopped on request (status "preempted") can go on from.
     checkpoint: str | None = None
-    # Checkpoint figures (rank 0): the last save's path, bytes and seconds to disk
-    # ("seconds") and blocked ("blocked_s"); over all saves of this run, how many
-    # and the most and mean seconds a save held the step up; the steps between saves.
+    # Rank 0's checkpoint figures: the last save's path, bytes, seconds and blocked_s; the count,
+    # most and mean seconds a save held the step up; the steps between saves.
     checkpoint_save: dict = dataclasses.field(default_factory=dict)
     runtime: dict = dataclasses.field(default_factory=dict)
     # Benchmark mode (train.benchmark_steps): steps timed, samples/s per rank and in total.
@@ -74,11 +57,11 @@ class RunResult:
 
 
 def write_summary(result: RunResult, path, extra: dict) -> None:
-    """rank 0: the run's figures as JSON (temporary name, then rename)."""
+    """Rank 0: the run's figures and `extra` as JSON at `path`, written atomically."""
     data = dataclasses.asdict(result) | extra
     data["staging"] = staging_dict(result.staging)
     if result.failure is not None:
-        data["failure"] = result.failure.as_dict()  # the keys of its reason, not all of Failure's
+        data["failure"] = result.failure.as_dict()
     write_text_atomic(path, json.dumps(data, indent=2, default=float))
 
 
@@ -89,55 +72,97 @@ def staging_dict(stats: "StageStats | None") -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """What rank 0 says of a finished run."""
+    """What rank 0 says of a finished run (common.reporting.console prints the lines)."""
 
-    benchmark: str
-    metric_name: str
-    target: float
-    result: RunResult
-    run_dir: Path
-    log: Path  # the MLPerf log (absent in benchmark and evaluation modes)
     log_check: str  # "passed", "failed", or why the log was not checked
-    checker_output: str = ""  # the compliance checker's output when it failed
-    ruleset: str = ""
-    exit_preempted: int = 0  # the exit code of a run stopped on request
+    lines: list[str]  # the `[benchmark]` and `[done]` lines
 
 
-def finish(task, result: RunResult, run_dir, exit_preempted: int) -> Report:
-    """Rank 0: plots the training curve of a run that trained, checks its log (runtime.check_log)."""
-    cfg, run_dir = task.cfg, Path(run_dir)
-    facts = dict(
-        benchmark=task.name,
-        metric_name=task.metric_name,
-        target=task.target,
-        result=result,
-        run_dir=run_dir.resolve(),
-        log=(run_dir / LOG_NAME).resolve(),
-        ruleset=cfg.mlperf.ruleset,
-        exit_preempted=exit_preempted,
-    )
-    if result.status == "benchmarked":
-        return Report(**facts, log_check="no log (benchmark mode)")
-    if result.status == "evaluated":
-        return Report(**facts, log_check="no log (evaluation only)")
-    if result.failure:
-        return Report(**facts, log_check="not checked (the run could not go on)")
-    if result.history:
-        from common.reporting.plots import plot_training_curve  # matplotlib: after the run only
-
-        plot_training_curve(
-            result.history,
-            task.metric_name,
-            task.target,
-            f"{task.name}: {result.status} after {result.epochs} epoch(s), "
-            f"{result.time_to_train_s / 60:.2f} min",
-            run_dir / "training_curve.png",
+def finish(task, r: RunResult, run_dir, exit_preempted: int) -> Report:
+    """Rank 0: plots the curve of a run that trained, checks its log (runtime.check_log), says so."""
+    cfg, run_dir, name = task.cfg, Path(run_dir).resolve(), task.name
+    where = f"[done] run directory: {run_dir}"
+    if r.status == "benchmarked":
+        b = r.throughput
+        return Report(
+            "no log (benchmark mode)",
+            [
+                f"[benchmark] {name}: {b['steps']} steps after {b['warmup_steps']} warm-up, "
+                f"{b['ranks']} rank(s), global batch {b['global_batch_size']}, {b['precision']}: "
+                f"{b['samples_per_s_per_rank']:.2f} samples/s per rank, {b['samples_per_s']:.2f} "
+                f"samples/s in total; input pipeline alone "
+                f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank",
+                where,
+            ],
         )
-    if result.status == "preempted":
-        return Report(**facts, log_check="not checked (stopped on request)")
+    if r.status == "evaluated":
+        said = f"evaluated the model of epoch {r.epochs}: {task.metric_name} {r.metric:.4f}"
+        return Report(
+            "no log (evaluation only)", [f"[done] {name}: {said} (target {task.target})", where]
+        )
+    if r.failure:
+        f = r.failure
+        saved = f"; checkpoint of the last finite state {f.checkpoint}" if f.checkpoint else ""
+        said = f"aborted ({f.reason} at step {f.step_num}), exit code {f.exit_code}{saved}"
+        return Report("not checked (the run could not go on)", [f"[done] {name}: {said}", where])
+    if r.history:
+        plot_training_curve(task, r, run_dir / "training_curve.png")
+    lines = [
+        f"[done] {name}: {r.status}, {r.epochs} epoch(s), {task.metric_name} {r.metric:.4f}, "
+        f"time to train {r.time_to_train_s / 60:.3f} min",
+        where,
+    ]
+    if r.status == "preempted":
+        lines.append(
+            f"[done] stopped on request (SIGUSR1 or SIGTERM on a rank): checkpoint {r.checkpoint}; "
+            f"go on with --resume (exit code {exit_preempted}); the log says aborted"
+        )
+        return Report("not checked (stopped on request)", lines)
     if not cfg.runtime.check_log:
-        return Report(**facts, log_check="not checked")
-    passed, output = check_log(facts["log"], cfg.mlperf.ruleset)
-    return Report(
-        **facts, log_check="passed" if passed else "failed", checker_output="" if passed else output
+        return Report("not checked", lines)
+    log, ruleset = run_dir / LOG_NAME, cfg.mlperf.ruleset
+    passed, output = check_log(log, ruleset)
+    verdict = "passed" if passed else "failed"
+    lines.append(
+        f"[done] MLPerf log {log} {verdict.upper()} the compliance checker (hpc {ruleset})"
     )
+    if not passed:
+        lines[-1] += ":"
+        lines += ["    " + line for line in output.splitlines()[-15:]]
+    return Report(verdict, lines)
+
+
+def plot_training_curve(task, r: RunResult, path) -> None:
+    """Writes a PNG of the validation metric and train loss per epoch (target as a line) beside
+    the samples/s per epoch."""
+    import matplotlib  # after the run only
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = r.history
+    epochs = [h["epoch"] for h in history]
+    evaluated = [h for h in history if "metric" in h]
+    fig, (ax_metric, ax_speed) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_metric.plot(
+        [h["epoch"] for h in evaluated],
+        [h["metric"] for h in evaluated],
+        "o-",
+        label=task.metric_name,
+    )
+    ax_metric.plot(epochs, [h["loss"] for h in history], "s--", alpha=0.7, label="train loss")
+    ax_metric.axhline(task.target, color="red", linestyle=":", label=f"target {task.target}")
+    ax_metric.set_xlabel("epoch")
+    ax_metric.set_yscale("log")
+    ax_metric.legend()
+    ax_metric.grid(alpha=0.3)
+    ax_speed.bar(epochs, [h["samples_per_s"] for h in history], color="tab:green")
+    ax_speed.set_xlabel("epoch")
+    ax_speed.set_ylabel("training samples/s (all ranks)")
+    ax_speed.grid(alpha=0.3, axis="y")
+    minutes = r.time_to_train_s / 60
+    fig.suptitle(f"{task.name}: {r.status} after {r.epochs} epoch(s), {minutes:.2f} min")
+    fig.tight_layout()
+    fig.savefig(f"{path}.tmp.png", dpi=100)  # renamed: a reader never sees half a file
+    plt.close(fig)
+    os.replace(f"{path}.tmp.png", path)

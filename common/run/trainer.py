@@ -473,7 +473,6 @@ class Trainer:
         return EpochTrain(
             global_step=self.global_step,
             loss=loss,
-            seconds=seconds,
             lr=self.schedule.at_step((epoch - 1) * per_epoch),
             samples_per_s=self.samples_per_epoch * steps / per_epoch / seconds,
             first_step_s=step_times[0] if step_times else None,

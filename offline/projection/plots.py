@@ -76,7 +76,7 @@ def _nodes_axes(ax, nodes) -> None:
 
 
 def _save(fig, costs_line: str, path) -> None:
-    from common.reporting.plots import save_figure
+    from offline.plots import save_figure
 
     fig.text(0.01, 0.01, f"FLOPs and bytes per sample: {costs_line}", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
