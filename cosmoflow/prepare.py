@@ -82,7 +82,7 @@ def prepare(
 ) -> dict:
     """Converts every *.h5/*.hdf5 in input_dir; returns {'train': n, 'validation': n}.
 
-    `progress`: None prints on stdout (a bar on a terminal, else a line every
+    `progress`: None prints on stdout (a line redrawn on a terminal, else a line every
     30 s, then a summary line); a function of one line gets the lines instead.
     """
     src = Path(input_dir)

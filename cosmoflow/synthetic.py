@@ -97,7 +97,7 @@ def generate(
 
     Returns at once if `output_dir` already holds a complete data set made with
     the same arguments (a marker file is written last). `progress`: None prints
-    on stdout (a bar on a terminal), a function of one line gets the lines instead.
+    on stdout (a line redrawn on a terminal), a function of one line gets the lines instead.
     """
     if not 0.0 < target_spread <= 1.0:
         raise ValueError(f"target_spread must be in (0, 1], got {target_spread}")

@@ -63,7 +63,7 @@ def _combine(a: dict, b: dict) -> dict:
 def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
     """Writes DATA/stats.h5 from the files in DATA/train; returns its path.
 
-    `print_fn`: None prints on stdout (a bar on a terminal, else a line every
+    `print_fn`: None prints on stdout (a line redrawn on a terminal, else a line every
     30 s, then the summary); a function of one line gets the lines instead.
     """
     files = list_files(Path(data_dir) / "train", SUFFIXES)

@@ -146,7 +146,7 @@ def generate(
 ) -> None:
     """Writes DATA/train/*.h5, DATA/validation/*.h5 and DATA/stats.h5 (idempotent).
 
-    `progress`: None prints on stdout (a bar on a terminal), a function of one
+    `progress`: None prints on stdout (a line redrawn on a terminal), a function of one
     line gets the lines instead.
     """
     spec = dict(

@@ -154,7 +154,11 @@ def test_a_section_given_in_part_keeps_the_benchmark_s_defaults_for_the_rest(tmp
     whole = load_config(CosmoFlowConfig, None, {"data.data_dir": "d"})
     for cfg in (load_config(CosmoFlowConfig, path), replace(whole, {"train.seed": "7"})):
         assert cfg.train.seed == 7
-        assert (cfg.train.n_epochs, cfg.train.global_batch_size) == (
-            whole.train.n_epochs,
-            whole.train.global_batch_size,
-        ) != (100, None)
+        assert (
+            (cfg.train.n_epochs, cfg.train.global_batch_size)
+            == (
+                whole.train.n_epochs,
+                whole.train.global_batch_size,
+            )
+            != (100, None)
+        )

@@ -40,7 +40,7 @@ def write_files(
       spec: everything that determines the files (sizes, seed, version).
       jobs: picklable arguments, one per file.
       write_one: a module-level function (it runs in the workers).
-      progress: None prints on stdout (a bar on a terminal, else a line every
+      progress: None prints on stdout (a line redrawn on a terminal, else a line every
         30 s, then a summary line); a function of one line gets those lines instead.
     """
     if already_written(output_dir, spec):
