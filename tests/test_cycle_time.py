@@ -64,12 +64,14 @@ def test_set_for_batchnorm_groups_only_when_nobody_chose(monkeypatch):
     assert cycle_time.read({"HOROVOD_CYCLE_TIME": "0.7"}).source == "HOROVOD_CYCLE_TIME=0.7"
 
 
-def test_at_init_keeps_what_the_first_init_read(monkeypatch):
-    monkeypatch.setattr(cycle_time, "_read_at_init", None)
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "0.3")
-    assert cycle_time.at_init(first=True).ms == 0.3
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "9")  # set after init: Horovod never sees it
-    assert cycle_time.at_init(first=False).ms == 0.3
+def test_without_its_variables_distribution_reports_horovods_default_without_parsing():
+    from common.parallel import distribution
+
+    assert cycle_time.read({}).describe() == distribution.DEFAULT_CYCLE
+    # Each variable Distribution snapshots changes what read() reports.
+    assert all(
+        cycle_time.read({k: "2"}) != cycle_time.read({}) for k in distribution.CYCLE_VARIABLES
+    )
 
 
 def test_the_group_size_is_read_before_the_config_from_flags_or_file(tmp_path):

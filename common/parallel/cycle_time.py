@@ -18,7 +18,6 @@ BATCHNORM_GROUP_MS = 0.1
 
 # The value set_for_batchnorm_groups put into the environment (None: it set nothing), for the report.
 _set_here = None
-_read_at_init = None  # what at_init read after the process's first hvd.init
 _FLOAT_PREFIX = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _INT_PREFIX = re.compile(r"\s*[+-]?\d+")
 
@@ -52,15 +51,6 @@ def read(environ=None) -> CycleTime:
         )
         return CycleTime(_strtof(env[ENV]), f"{ENV}={env[ENV]}{who}")
     return CycleTime(ms, source, autotuned=_strtol(env.get("HOROVOD_AUTOTUNE")) > 0)
-
-
-def at_init(first: bool) -> CycleTime:
-    """`read()` right after hvd.init: read now when that init was the process's first (`first`), else the
-    value read then, since a later hvd.init does nothing and Horovod's thread never reads the variable again."""
-    global _read_at_init
-    if first or _read_at_init is None:
-        _read_at_init = read()
-    return _read_at_init
 
 
 def set_for_batchnorm_groups(group_size: int, environ=None) -> bool:

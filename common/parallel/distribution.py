@@ -19,7 +19,13 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import ConfigError
-from common.parallel import cycle_time, gpus
+from common.parallel import gpus
+
+# The variables Horovod's background loop reads its cycle time from (common.parallel.cycle_time), as
+# the process's first hvd.init found them: a later init, or a later change, changes nothing.
+CYCLE_VARIABLES = ("HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE", "HOROVOD_ENABLE_XLA_OPS")
+_cycle_env = None
+DEFAULT_CYCLE = "cycle time 1 ms (Horovod's default)"
 
 
 class Distribution:
@@ -57,9 +63,10 @@ class Distribution:
             raise ConfigError(f"{wrong_job}; Horovod counts {hvd.size()}")
         # group size -> this rank's static Horovod process set (rank_group)
         self._process_sets = {g: group[hvd.rank() // g] for g, group in sets.items()}
-        self.cycle_time = cycle_time.at_init(
-            first
-        )  # as Horovod's background thread read it, in hvd.init
+        global _cycle_env
+        if first or _cycle_env is None:
+            _cycle_env = {k: os.environ[k] for k in CYCLE_VARIABLES if k in os.environ}
+        self.cycle_env = _cycle_env
         self.rank = hvd.rank()
         self.size = hvd.size()
         self.local_rank = hvd.local_rank()
@@ -76,6 +83,13 @@ class Distribution:
     @property
     def is_root(self) -> bool:
         return self.rank == 0
+
+    @property
+    def cycle_time(self):
+        """Horovod's cycle time as its init read it (a common.parallel.cycle_time.CycleTime)."""
+        from common.parallel import cycle_time
+
+        return cycle_time.read(self.cycle_env)
 
     def controller(self) -> str:
         """Which Horovod controller wires the ranks: 'mpi' or 'gloo'."""
@@ -223,9 +237,13 @@ class Distribution:
     def describe(self) -> str:
         return (
             f"{self.size} rank(s) on {self.num_nodes} node(s), {self.local_size} per node, "
-            f"Horovod {horovod.__version__} over {self.controller()}, {self.cycle_time.describe()}"
+            f"Horovod {horovod.__version__} over {self.controller()}, {self._describe_cycle()}"
             f"{self._describe_sets()}"
         )
+
+    def _describe_cycle(self) -> str:
+        # Without the variables, cycle_time.read({}).describe() (tests/test_cycle_time.py).
+        return self.cycle_time.describe() if self.cycle_env else DEFAULT_CYCLE
 
     def _describe_sets(self) -> str:
         """', static process sets of 2 and 4 ranks' (those hvd.init registered), else ''."""

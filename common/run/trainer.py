@@ -35,7 +35,6 @@ from common.inputs.pipeline import (
     host_options,
     prefetch_to,
 )
-from common.parallel import cycle_time
 from common.parallel.distribution import (
     Distribution,
     average_batchnorm_statistics,
@@ -81,7 +80,10 @@ def main(task, argv=None) -> int:
         config_path, overrides = parse_overrides(task, argv)
         # Horovod reads its cycle time during init: shorter when batch-norm groups chain collectives.
         bn_group = task.requested_batchnorm_group_size(config_path, overrides)
-        cycle_time.set_for_batchnorm_groups(bn_group)
+        if bn_group > 1:
+            from common.parallel import cycle_time  # runs with batch-norm groups only
+
+            cycle_time.set_for_batchnorm_groups(bn_group)
         spatial = peek(task.config_class, config_path, overrides, "parallel.spatial_ranks") or 1
         # Horovod's init, with the static process sets of the run's groups of ranks (spatial groups;
         # batch-norm groups, whose requested size counts a split's ranks in) for the job's size as
