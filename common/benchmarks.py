@@ -311,6 +311,34 @@ def closed_config_for_ranks(
     return None
 
 
+def closed_config_for(task, overrides: dict, ranks: int) -> str:
+    """The closed config whose train.global_batch_size this job gives; ConfigError if none does."""
+    from common.errors import ConfigError
+
+    bench = get(task.name)
+    local_batch = overrides.get(bench.local_batch_key)
+    accumulation = overrides.get("train.gradient_accumulation_frequency")
+    # Ranks that split samples add no data parallelism: the global batch counts their groups.
+    spatial = int(overrides.get("parallel.spatial_ranks", 1))
+    if spatial > 1 and ranks % spatial == 0:
+        ranks //= spatial
+    path = closed_config_for_ranks(
+        task.name,
+        ranks,
+        int(local_batch) if local_batch else None,
+        int(accumulation) if accumulation else None,
+    )
+    if path is not None:
+        return str(path)
+    offered = ", ".join(
+        f"{p.name} (global batch {gbs})" for p, gbs, _, _ in closed_config_batches(task.name)
+    )
+    raise ConfigError(
+        f"no config given and no closed config of {task.name} has this job's global batch "
+        f"({ranks} ranks): give a config file, or launch as one of {offered}"
+    )
+
+
 def closed_config_batches(name: str) -> list[tuple[Path, int | None, int | None, int]]:
     """(path, train.global_batch_size, local batch, gradient accumulation) of each closed config."""
     import yaml  # here, not at the top: the rest of the table needs nothing outside the standard library

@@ -243,6 +243,8 @@ def load_run_config(task, config_path, overrides: dict, ranks: int) -> tuple[obj
     """
     note = ""
     if config_path is None:
+        from common.benchmarks import closed_config_for  # a run started without CONFIG only
+
         config_path = closed_config_for(task, overrides, ranks)
         note = f"no config given: using {config_path}, the closed config of this job's global batch"
     cfg = load_config(task.config_class, config_path, overrides)
@@ -252,35 +254,6 @@ def load_run_config(task, config_path, overrides: dict, ranks: int) -> tuple[obj
             note + "; " if note else ""
         ) + "runtime.tiny: the config is shrunk into a smoke run (not a benchmark result)"
     return cfg, note
-
-
-def closed_config_for(task, overrides: dict, ranks: int) -> str:
-    """The closed config whose train.global_batch_size this job gives; ConfigError if none does."""
-    from common import benchmarks  # the benchmark table: a run without CONFIG only
-
-    bench = benchmarks.get(task.name)
-    local_batch = overrides.get(bench.local_batch_key)
-    accumulation = overrides.get("train.gradient_accumulation_frequency")
-    # Ranks that split samples add no data parallelism: the global batch counts their groups.
-    spatial = int(overrides.get("parallel.spatial_ranks", 1))
-    if spatial > 1 and ranks % spatial == 0:
-        ranks //= spatial
-    path = benchmarks.closed_config_for_ranks(
-        task.name,
-        ranks,
-        int(local_batch) if local_batch else None,
-        int(accumulation) if accumulation else None,
-    )
-    if path is not None:
-        return str(path)
-    offered = ", ".join(
-        f"{p.name} (global batch {gbs})"
-        for p, gbs, _, _ in benchmarks.closed_config_batches(task.name)
-    )
-    raise ConfigError(
-        f"no config given and no closed config of {task.name} has this job's global batch "
-        f"({ranks} ranks): give a config file, or launch as one of {offered}"
-    )
 
 
 # ------------------------------------------------------------ the sections every benchmark shares

@@ -1,4 +1,4 @@
-"""The public CosmoFlow TFRecords: their format, a reader and a writer.
+"""The public CosmoFlow TFRecords: their format and the reader (cosmoflow.prepare writes them).
 
 Each record is a `tf.train.Example` with
   x: bytes, the int16 particle counts of one sub-volume, C-order (N, N, N, 4);
@@ -13,45 +13,12 @@ on the accelerator when there is one, where the CPU cores of a node would
 otherwise cast and log1p 8.4 M values (34 MB of float32) per sample.
 """
 
-import os
 import re
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-from common.errors import InputError
 from common.inputs import pipeline
-
-
-def encode_example(x: np.ndarray, y: np.ndarray) -> bytes:
-    """Serializes one sample in the public layout."""
-    x = np.ascontiguousarray(x, dtype=np.int16)
-    feature = {
-        "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.tobytes()])),
-        "y": tf.train.Feature(
-            float_list=tf.train.FloatList(value=np.asarray(y, np.float32).ravel())
-        ),
-    }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-def write_record_file(path, examples, gzip: bool, gzip_level: int = -1) -> None:
-    """Writes serialized examples to `path` atomically (temporary name, then rename).
-
-    Args:
-      gzip_level: zlib level, -1 for zlib's default (6); any level reads back
-        the same, only the size and the time to write differ.
-    """
-    tmp = f"{path}.tmp.{os.getpid()}"
-    options = tf.io.TFRecordOptions(
-        compression_type="GZIP" if gzip else "", compression_level=gzip_level if gzip else None
-    )
-    with tf.io.TFRecordWriter(tmp, options) as writer:
-        for example in examples:
-            writer.write(example)
-    os.replace(tmp, path)
-
 
 SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -89,43 +56,6 @@ def slab_of(x, slab):
     index, count = slab
     planes = x.shape[0] // count
     return x[index * planes : (index + 1) * planes]
-
-
-def slab_conversion(index: int, count: int, sample_shape):
-    """Staging's layout (a common.inputs.staging_layouts.Conversion) for a rank of a spatial group:
-    its z-slab of each sample, uncompressed.
-
-    A rank then reads 1/count of each sample's bytes every epoch instead of
-    inflating and parsing the whole volume (1 GiB of int16 at 512^3) to keep a slab.
-    """
-    from common.inputs.staging_layouts import Conversion, sha256_of  # a run that stages only
-
-    sample_shape = tuple(int(s) for s in sample_shape)
-
-    def write(src: Path, tmp: Path, verify: bool):
-        try:
-            records = list(
-                tf.data.TFRecordDataset(str(src), compression_type=detect_compression(src))
-            )
-        except tf.errors.OpError as e:
-            raise InputError(f"{src}: unreadable TFRecord ({_tf_reason(e)})") from None
-        if len(records) != 1:
-            raise InputError(f"{src}: {len(records) or 'no'} records, expected one sample per file")
-        x, y = parse_example(records[0], sample_shape)
-        with tf.io.TFRecordWriter(str(tmp)) as writer:
-            writer.write(encode_example(slab_of(x, (index, count)).numpy(), y.numpy()))
-        return sha256_of(src) if verify else None
-
-    def size_hint(src: Path, size: int) -> int:
-        del src, size
-        return int(np.prod(sample_shape)) * 2 // count + 1024
-
-    return Conversion(
-        f"cosmoflow-slab-{index}-of-{count}-{'x'.join(map(str, sample_shape))}",
-        write=write,
-        size_hint=size_hint,
-        staged_name=lambda name: f"{name}.slab{index}of{count}",
-    )
 
 
 def log_transform(x):

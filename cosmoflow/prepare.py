@@ -1,4 +1,5 @@
-"""Raw CosmoFlow universes (HDF5) -> TFRecords in the public layout.
+"""Raw CosmoFlow universes (HDF5) -> TFRecords in the public layout; the writer of that layout, and
+staging's slab layout for a rank of a spatial group.
 
 Each raw file holds one simulated universe:
   full:    (N, N, N, 4) int16 particle counts at 4 redshifts,
@@ -21,6 +22,79 @@ import numpy as np
 
 from common.errors import InputError, tool_main
 from common.reporting.console import Progress
+
+
+def encode_example(x: np.ndarray, y: np.ndarray) -> bytes:
+    """Serializes one sample in the public layout."""
+    import tensorflow as tf
+
+    x = np.ascontiguousarray(x, dtype=np.int16)
+    feature = {
+        "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.tobytes()])),
+        "y": tf.train.Feature(
+            float_list=tf.train.FloatList(value=np.asarray(y, np.float32).ravel())
+        ),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_record_file(path, examples, gzip: bool, gzip_level: int = -1) -> None:
+    """Writes serialized examples to `path` atomically (temporary name, then rename).
+
+    Args:
+      gzip_level: zlib level, -1 for zlib's default (6); any level reads back
+        the same, only the size and the time to write differ.
+    """
+    import tensorflow as tf
+
+    tmp = f"{path}.tmp.{os.getpid()}"
+    options = tf.io.TFRecordOptions(
+        compression_type="GZIP" if gzip else "", compression_level=gzip_level if gzip else None
+    )
+    with tf.io.TFRecordWriter(tmp, options) as writer:
+        for example in examples:
+            writer.write(example)
+    os.replace(tmp, path)
+
+
+def slab_conversion(index: int, count: int, sample_shape):
+    """Staging's layout (a common.inputs.staging_layouts.Conversion) for a rank of a spatial group:
+    its z-slab of each sample, uncompressed.
+
+    A rank then reads 1/count of each sample's bytes every epoch instead of
+    inflating and parsing the whole volume (1 GiB of int16 at 512^3) to keep a slab.
+    """
+    import tensorflow as tf
+
+    from common.inputs.staging_layouts import Conversion, sha256_of
+    from cosmoflow.data import _tf_reason, detect_compression, parse_example, slab_of
+
+    sample_shape = tuple(int(s) for s in sample_shape)
+
+    def write(src: Path, tmp: Path, verify: bool):
+        try:
+            records = list(
+                tf.data.TFRecordDataset(str(src), compression_type=detect_compression(src))
+            )
+        except tf.errors.OpError as e:
+            raise InputError(f"{src}: unreadable TFRecord ({_tf_reason(e)})") from None
+        if len(records) != 1:
+            raise InputError(f"{src}: {len(records) or 'no'} records, expected one sample per file")
+        x, y = parse_example(records[0], sample_shape)
+        with tf.io.TFRecordWriter(str(tmp)) as writer:
+            writer.write(encode_example(slab_of(x, (index, count)).numpy(), y.numpy()))
+        return sha256_of(src) if verify else None
+
+    def size_hint(src: Path, size: int) -> int:
+        del src, size
+        return int(np.prod(sample_shape)) * 2 // count + 1024
+
+    return Conversion(
+        f"cosmoflow-slab-{index}-of-{count}-{'x'.join(map(str, sample_shape))}",
+        write=write,
+        size_hint=size_hint,
+        staged_name=lambda name: f"{name}.slab{index}of{count}",
+    )
 
 
 def split_universe(full: np.ndarray, sub: int):
@@ -46,8 +120,6 @@ def assign_split(name: str, valid_fraction: float) -> str:
 
 def _prepare_one(job):
     import h5py
-
-    from cosmoflow.data import encode_example, write_record_file
 
     path, out_dir, sub, gzip = job
     try:

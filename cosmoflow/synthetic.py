@@ -73,7 +73,7 @@ def make_sample(y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarra
 
 
 def _write_one(job) -> int:
-    from cosmoflow.data import encode_example, write_record_file
+    from cosmoflow.prepare import encode_example, write_record_file
 
     path, y, size, seed, gzip = job
     rng = np.random.default_rng(seed)

@@ -164,7 +164,9 @@ class CosmoFlowTask(Task):
             from common.inputs.staging_layouts import GUNZIP  # a run that stages only
 
             return GUNZIP
-        return data.slab_conversion(*slab, self.cfg.data.sample_shape)
+        from cosmoflow.prepare import slab_conversion  # a split run that stages only
+
+        return slab_conversion(*slab, self.cfg.data.sample_shape)
 
     def input_cache_bytes(self, shards: Shards, local_size: int) -> int:
         # The decoded int16 samples (or slabs) of the shard, train and valid.

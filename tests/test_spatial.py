@@ -361,8 +361,7 @@ def test_a_spatial_split_that_cannot_work_is_one_line_error(
 def test_a_closed_config_takes_rcp_ranks_times_the_spatial_ranks(
     bench, batch_key, batch, ranks, config
 ):
-    from common.benchmarks import task_class
-    from common.config import closed_config_for
+    from common.benchmarks import closed_config_for, task_class
 
     task = task_class(bench)
     assert closed_config_for(
@@ -458,7 +457,7 @@ def test_spatial_bench_reports_memory_and_halo_bytes(tmp_path):
 
 def test_staging_a_corrupt_file_into_slabs_names_it(tmp_path):
     from common.errors import InputError
-    from cosmoflow.data import slab_conversion
+    from cosmoflow.prepare import slab_conversion
 
     bad = tmp_path / "bad.tfrecord"
     bad.write_bytes(b"\x1f\x8b" + b"\x00" * 100)  # a gzip magic, then garbage

@@ -1,4 +1,5 @@
-"""Benchmark mode (train.benchmark_steps, --benchmark): throughput of the real loop, no MLPerf log.
+"""Benchmark mode (train.benchmark_steps, --benchmark): throughput of the real loop, no MLPerf log;
+and the input waits runtime.step_timing tells apart from its steps' times (TimedBatches).
 
 The input pipeline alone first, then train.benchmark_steps steps of the real loop (staged
 files, input pipeline, allreduce, events), timed after the warm-up steps.
@@ -55,3 +56,27 @@ def run_benchmark(trainer, train_ds) -> RunResult:
         "precision": trainer.precision,
     }
     return RunResult(status="benchmarked", throughput=throughput)
+
+
+class TimedBatches:
+    """The training iterator, counting the seconds its callers wait in next() (for input), so that
+    a step's own time can be told apart."""
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+        self._waited = 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        try:
+            return next(self._iterator)
+        finally:
+            self._waited += time.perf_counter() - start
+
+    def take_wait(self) -> float:
+        """The seconds waited since the last call."""
+        taken, self._waited = self._waited, 0.0
+        return taken

@@ -418,7 +418,11 @@ class Trainer:
         # runtime.step_timing (a measurement, off by default): the first epoch's steps each waited
         # for and timed, their wait for input apart, for the [timing] line.
         timed = self.cfg.runtime.step_timing and self.timed_epochs == 0
-        batches = _TimedBatches(train_iter) if timed else train_iter
+        batches = train_iter
+        if timed:
+            from common.run.benchmark_mode import TimedBatches  # runtime.step_timing only
+
+            batches = TimedBatches(train_iter)
         step_times, input_waits = [], []
         self.timed_epochs += 1
         with naming_bad_files(self.task, self.shards.train_files):
@@ -773,30 +777,6 @@ def _plan_epochs(shards, groups: int, accumulation: int) -> _EpochPlan:
             f"local batch {shards.local_batch_size} x accumulation {accumulation}"
         )
     return _EpochPlan(steps, global_batch)
-
-
-class _TimedBatches:
-    """The training iterator, counting the seconds its callers wait in next() (for input), so that
-    a step's own time can be told apart."""
-
-    def __init__(self, iterator):
-        self._iterator = iterator
-        self._waited = 0.0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        start = time.perf_counter()
-        try:
-            return next(self._iterator)
-        finally:
-            self._waited += time.perf_counter() - start
-
-    def take_wait(self) -> float:
-        """The seconds waited since the last call."""
-        taken, self._waited = self._waited, 0.0
-        return taken
 
 
 def _mean(losses) -> float:
