@@ -67,10 +67,10 @@ def test_single_rank_run_reaches_target_and_log_passes_checker(
 
 
 def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp_path):
-    # 32 of the training samples: one epoch of 2 steps per rank shows the shards, the group and the
-    # averaged statistics as well as all 256 would, in a fifth of the time.
+    # 16 of the training samples: one epoch of 2 steps per rank (2 accumulated batches of 2 each)
+    # shows the shards, the group and the averaged statistics as well as all 256 would.
     data = tmp_path / "data"
-    helpers.copy_deepcam_subset(deepcam_data, data, n_train=32, n_valid=8)
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=16, n_valid=4)
     out = tmp_path / "run"
     proc = helpers.horovodrun(
         2,
@@ -115,7 +115,7 @@ def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp
     shards = [
         json.loads((out / "shards" / f"rank-{r:05d}.json").read_text())["train"] for r in (0, 1)
     ]
-    assert len(shards[0]) == len(shards[1]) == 16 and not set(shards[0]) & set(shards[1])
+    assert len(shards[0]) == len(shards[1]) == 8 and not set(shards[0]) & set(shards[1])
 
 
 def _copy_data(src, dst):
