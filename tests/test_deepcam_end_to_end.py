@@ -226,7 +226,7 @@ def test_staged_raw_run_trains_as_the_hdf5_run(deepcam_data, deepcam_config, tmp
     # Staging converts each HDF5 sample once into the raw layout (staging.convert); the
     # batches are the same, so a deterministic run ends with the same figures, bit for bit.
     data = tmp_path / "data"
-    _copy_data(deepcam_data, data)
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=8, n_valid=4)
     summaries = {}
     for name, extra in (("hdf5", []), ("staged", ["--stage_dir", tmp_path / "stage"])):
         proc = helpers.run(
@@ -250,9 +250,9 @@ def test_staged_raw_run_trains_as_the_hdf5_run(deepcam_data, deepcam_config, tmp
         assert proc.returncode == 0, helpers.failure_output(proc)
         summaries[name] = json.loads((tmp_path / name / "summary.json").read_text())
     staged = sorted(p.name for p in (tmp_path / "stage" / "train").iterdir())
-    assert len(staged) == 16 and all(n.endswith(".raw") for n in staged)
-    # 16 training and 4 validation samples of 64x96, 16 float32 channels and uint8 labels each.
-    assert summaries["staged"]["staging"]["bytes"] == 20 * 64 * 96 * (16 * 4 + 1)
+    assert len(staged) == 8 and all(n.endswith(".raw") for n in staged)
+    # 8 training and 4 validation samples of 64x96, 16 float32 channels and uint8 labels each.
+    assert summaries["staged"]["staging"]["bytes"] == 12 * 64 * 96 * (16 * 4 + 1)
 
     def figures(summary):  # what the data decides, not the clock
         return [(h["epoch"], h["loss"], h["lr"], h["metric"]) for h in summary["history"]]
