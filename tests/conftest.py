@@ -1,7 +1,9 @@
 import collections
+import fcntl
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +11,22 @@ import common  # noqa: F401  (oneDNN on, for this process and every subprocess: 
 from tests import helpers
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _shared(tmp_path_factory, name: str, make) -> Path:
+    """The folder `name` that `make(folder)` fills, once per test session: the pytest-xdist workers'
+    base directories share a parent, the controller's, where the first worker to ask writes the data
+    set while the others wait on its lock (a set costs 10-35 CPU seconds to write). `make` is a
+    synthetic generator, which leaves a folder it has finished (its marker) as it is."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out.mkdir(exist_ok=True)
+        make(out)
+    return out
+
 
 # Small enough to write in seconds, large enough that the tiny config reaches
 # the MLPerf target (MAE <= 0.124) in a few epochs.
@@ -20,16 +38,18 @@ def cosmo_data(tmp_path_factory):
     """A synthetic CosmoFlow data set in the public layout, made once per test session."""
     from cosmoflow import synthetic
 
-    out = tmp_path_factory.mktemp("cosmo_synth")
-    synthetic.generate(
-        out,
-        TINY["size"],
-        TINY["n_train"],
-        TINY["n_valid"],
-        seed=TINY["seed"],
-        progress=lambda msg: None,
+    return _shared(
+        tmp_path_factory,
+        "cosmo_synth",
+        lambda out: synthetic.generate(
+            out,
+            TINY["size"],
+            TINY["n_train"],
+            TINY["n_valid"],
+            seed=TINY["seed"],
+            progress=lambda msg: None,
+        ),
     )
-    return out
 
 
 # For the runs whose subject is a launcher or a package, not learning, that must still end with a log
@@ -45,17 +65,19 @@ def cosmo_easy_data(tmp_path_factory):
     """A synthetic CosmoFlow set of EASY's narrow parameters, made once per test session."""
     from cosmoflow import synthetic
 
-    out = tmp_path_factory.mktemp("cosmo_easy")
-    synthetic.generate(
-        out,
-        EASY["size"],
-        EASY["n_train"],
-        EASY["n_valid"],
-        seed=EASY["seed"],
-        target_spread=EASY["target_spread"],
-        progress=lambda msg: None,
+    return _shared(
+        tmp_path_factory,
+        "cosmo_easy",
+        lambda out: synthetic.generate(
+            out,
+            EASY["size"],
+            EASY["n_train"],
+            EASY["n_valid"],
+            seed=EASY["seed"],
+            target_spread=EASY["target_spread"],
+            progress=lambda msg: None,
+        ),
     )
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -81,9 +103,11 @@ def deepcam_data(tmp_path_factory):
     """A synthetic DeepCAM data set (train/, validation/, stats.h5), made once per test session."""
     from deepcam import synthetic
 
-    out = tmp_path_factory.mktemp("deepcam_synth")
-    synthetic.generate(out, progress=lambda *a, **k: None, **DEEPCAM_TINY)
-    return out
+    return _shared(
+        tmp_path_factory,
+        "deepcam_synth",
+        lambda out: synthetic.generate(out, progress=lambda *a, **k: None, **DEEPCAM_TINY),
+    )
 
 
 @pytest.fixture(scope="session")

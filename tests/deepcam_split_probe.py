@@ -4,13 +4,14 @@
 
 A JOB is step:K[:no-halo]: the DeepCAM model (deepcam.model, at HEIGHT x WIDTH, a 1/16-width
 network) bound to its Task on a mesh of K spatial ranks; one train step (the real TrainStep,
-its gradients allreduced with the task's scales) on the data-parallel group's part of a fixed
-global batch. Batch norm's statistics span the whole job (batchnorm_group_size = the groups), so
+its gradients allreduced with the task's scales, traced once) on the data-parallel group's part
+of a fixed global batch. Batch norm's statistics span the whole job (batchnorm_group_size = the groups), so
 every split computes the one-rank function of the whole batch. Results in DIR/JOB/rank-NNNNN.npz:
-this rank's logits (its rows of its group's samples), loss, per-sample IoU, the reduced
+this rank's logits before the step (its rows of its group's samples), loss, per-sample IoU, the reduced
 gradients, every variable after one SGD step (batch-norm running statistics included).
 no-halo: the neighbours' rows replaced by zeros (the negative control: the comparison must fail).
---threads 1: the unsplit step on one intra-op thread, the noise floor of the comparison (summation order).
+--control-out DIR: the jobs again on one intra-op thread, in a child forked before TensorFlow's
+runtime starts (one launch, one import): the noise floor of the comparison (summation order).
 
 At HEIGHT 192 the stride-16 map has 12 rows: 6 per rank at K=2, where ASPP rate 6 takes its
 halo from the neighbour and rates 12 and 18 read the gathered map; 3 per rank at K=4 (all gathered).
@@ -18,6 +19,7 @@ halo from the neighbour and rates 12 and 18 read the gathered map; 3 per rank at
 
 import argparse
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -97,11 +99,17 @@ def step(mesh, dist) -> dict:
         dist,
         gradient_scales=task.gradient_scales(net),
     )
-    loss, _, grads = tf.function(train_step._loss_and_grads)(x, y)
-    reduced = tf.function(train_step.reduce_gradients)(grads)
-    logits = net(x, training=False)
+    logits = net(x, training=False)  # before the step: the weights all ranks start from
     iou = tf.function(lambda y, p: per_sample_iou(y, p, mesh=task.mesh))(y, logits)
-    train_step(iter([(x, tf.constant(y))]))
+
+    @tf.function
+    def fused(x, y):  # TrainStep's own step (_fused_py), its reduced gradients returned too
+        loss, _, grads = train_step._loss_and_grads(x, y)
+        reduced = train_step.reduce_gradients(grads)
+        train_step._update(reduced)
+        return loss, reduced
+
+    loss, reduced = fused(x, y)
     out = dict(
         logits=logits.numpy(),
         loss=loss.numpy(),
@@ -124,15 +132,35 @@ def main() -> int:
     parser.add_argument("jobs", nargs="+", help="step:K[:no-halo]")
     parser.add_argument("--out", required=True)
     parser.add_argument(
-        "--threads", type=int, default=0, help="intra-op threads (0: TensorFlow's default)"
+        "--control-out",
+        help="also the jobs on 1 intra-op thread (the control: the same step, summed in another "
+        "order), into this DIR, by a child forked before TensorFlow starts its runtime",
     )
     args = parser.parse_args()
-    if args.threads:  # the control: the same step, summed in another order
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    out = Path(args.out)
+    if (
+        args.control_out
+    ):  # the parent has only imported TensorFlow: a fork is safe (train_driver.py)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(1)
+                code = run_jobs(args.jobs, Path(args.control_out))
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
+            return 1
+    return run_jobs(args.jobs, out)
+
+
+def run_jobs(jobs, root: Path) -> int:
     # The jobs' spatial groups; batch norm spans the whole job (Horovod's global set).
-    dist = Distribution(group_sizes=[int(job.split(":")[1]) for job in args.jobs])
+    dist = Distribution(group_sizes=[int(job.split(":")[1]) for job in jobs])
     meshes = {}
-    for job in args.jobs:
+    for job in jobs:
         mode, k, *flags = job.split(":")
         if int(k) not in meshes:
             meshes[int(k)] = split_mesh(dist, int(k))  # k = 1 too: the split code's reference
@@ -141,7 +169,7 @@ def main() -> int:
             _without_halo(mesh)
         tf_keras.backend.clear_session()
         result = {"step": lambda m: step(m, dist)}[mode](mesh)
-        out = Path(args.out) / job
+        out = root / job
         out.mkdir(parents=True, exist_ok=True)
         np.savez(out / f"rank-{dist.rank:05d}.npz", index=mesh.index, **result)
         dist.barrier()

@@ -70,16 +70,16 @@ def test_resume_continues_from_the_checkpoint(cosmo_data, tiny_config, tmp_path)
     """Two epochs, then --resume to three, against three epochs in one go (op determinism,
     dropout on): the state the resumed run starts from is the uninterrupted run's state after
     epoch 2, and it ends with that run's model, optimizer and dropout generator, bit for bit.
-    The LR decays at the resumed epoch (boundary 1 acts from 0-based epoch 2: steps 64..95 run
+    The LR decays at the resumed epoch (boundary 1 acts from 0-based epoch 2: steps 32..47 run
     at 0.01 x 0.5), so a resumed run that restored the step count wrongly trains at another LR."""
     out, whole_dir = tmp_path / "run", tmp_path / "whole"
     common = [
         "--data-dir",
         cosmo_data,
         "--n-train",
-        "256",
+        "128",
         "--n-valid",
-        "64",
+        "32",
         "--set",
         "train.stop_at_target=false",
         "--checkpoint-every",
@@ -106,14 +106,14 @@ def test_resume_continues_from_the_checkpoint(cosmo_data, tiny_config, tmp_path)
     assert first.returncode == 3, first.stdout[-2000:] + first.stderr[-2000:]
     after_2 = helpers.checkpoint_after_epoch(out, 2)
 
-    # What the resumed run will restore: the uninterrupted run's state after the same 64 steps.
+    # What the resumed run will restore: the uninterrupted run's state after the same 32 steps.
     held, expected = (
         _checkpoint_tensors(after_2),
         _checkpoint_tensors(helpers.checkpoint_after_epoch(whole_dir, 2)),
     )
     assert sorted(held) == sorted(expected) and any(n.startswith("rng/") for n in held)
     assert [n for n in expected if not np.array_equal(held[n], expected[n])] == []
-    assert _iterations(held) == 64
+    assert _iterations(held) == 32
 
     second = helpers.run(
         helpers.train_cmd(
@@ -121,15 +121,15 @@ def test_resume_continues_from_the_checkpoint(cosmo_data, tiny_config, tmp_path)
         )
     )
     assert second.returncode == 3, second.stdout[-2000:] + second.stderr[-2000:]
-    assert "(epoch 2, 32 of 32 steps done)" in second.stdout, second.stdout + second.stderr
-    # Model weights, optimizer step and momentum, dropout generator: bit for bit after step 96.
+    assert "(epoch 2, 16 of 16 steps done)" in second.stdout, second.stdout + second.stderr
+    # Model weights, optimizer step and momentum, dropout generator: bit for bit after step 48.
     helpers.assert_same_final_state(whole_dir, out, "cosmoflow")
     final = helpers.final_checkpoint_state(out)
-    assert _iterations(final) == 96 and final.keys() == held.keys()
+    assert _iterations(final) == 48 and final.keys() == held.keys()
     assert any(
         not np.array_equal(final[n], held[n]) for n in final if n.startswith("model/")
     )  # it trained on
-    # The resumed epoch ran at the LR of steps 64..95, as in the uninterrupted run.
+    # The resumed epoch ran at the LR of steps 32..47, as in the uninterrupted run.
     history = json.loads((out / "summary.json").read_text())["history"]
     whole_history = json.loads((whole_dir / "summary.json").read_text())["history"]
     assert [h["lr"] for h in whole_history] == pytest.approx([0.001, 0.01, 0.005])
@@ -139,7 +139,7 @@ def test_resume_continues_from_the_checkpoint(cosmo_data, tiny_config, tmp_path)
     assert '"epoch_num": 3' in log and '"epoch_num": 1}' not in log
     assert (out / "mlperf.log.1").exists()  # the first run's log is kept
     # The log and summary say where it resumed from, and scoring refuses it as a result.
-    resumed = {"checkpoint": str(after_2.resolve()), "epoch": 2, "step": 32, "global_step": 64}
+    resumed = {"checkpoint": str(after_2.resolve()), "epoch": 2, "step": 16, "global_step": 32}
     assert f'"key": "resumed_from", "value": {json.dumps(resumed)}' in log
     assert json.loads((out / "summary.json").read_text())["resumed_from"] == resumed
     from offline import run_logs, scoring

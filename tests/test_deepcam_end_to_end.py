@@ -67,10 +67,10 @@ def test_single_rank_run_reaches_target_and_log_passes_checker(
 
 
 def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp_path):
-    # 32 of the training samples: one epoch of 2 steps per rank shows the shards, the group and the
-    # averaged statistics as well as all 256 would, in a fifth of the time.
+    # 16 of the training samples: one epoch of 2 steps per rank (2 accumulated batches of 2 each)
+    # shows the shards, the group and the averaged statistics as well as all 256 would.
     data = tmp_path / "data"
-    helpers.copy_deepcam_subset(deepcam_data, data, n_train=32, n_valid=8)
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=16, n_valid=4)
     out = tmp_path / "run"
     proc = helpers.horovodrun(
         2,
@@ -115,7 +115,7 @@ def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp
     shards = [
         json.loads((out / "shards" / f"rank-{r:05d}.json").read_text())["train"] for r in (0, 1)
     ]
-    assert len(shards[0]) == len(shards[1]) == 16 and not set(shards[0]) & set(shards[1])
+    assert len(shards[0]) == len(shards[1]) == 8 and not set(shards[0]) & set(shards[1])
 
 
 def _copy_data(src, dst):
@@ -226,7 +226,7 @@ def test_staged_raw_run_trains_as_the_hdf5_run(deepcam_data, deepcam_config, tmp
     # Staging converts each HDF5 sample once into the raw layout (staging.convert); the
     # batches are the same, so a deterministic run ends with the same figures, bit for bit.
     data = tmp_path / "data"
-    _copy_data(deepcam_data, data)
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=8, n_valid=4)
     summaries = {}
     for name, extra in (("hdf5", []), ("staged", ["--stage_dir", tmp_path / "stage"])):
         proc = helpers.run(
@@ -250,9 +250,9 @@ def test_staged_raw_run_trains_as_the_hdf5_run(deepcam_data, deepcam_config, tmp
         assert proc.returncode == 0, helpers.failure_output(proc)
         summaries[name] = json.loads((tmp_path / name / "summary.json").read_text())
     staged = sorted(p.name for p in (tmp_path / "stage" / "train").iterdir())
-    assert len(staged) == 16 and all(n.endswith(".raw") for n in staged)
-    # 16 training and 4 validation samples of 64x96, 16 float32 channels and uint8 labels each.
-    assert summaries["staged"]["staging"]["bytes"] == 20 * 64 * 96 * (16 * 4 + 1)
+    assert len(staged) == 8 and all(n.endswith(".raw") for n in staged)
+    # 8 training and 4 validation samples of 64x96, 16 float32 channels and uint8 labels each.
+    assert summaries["staged"]["staging"]["bytes"] == 12 * 64 * 96 * (16 * 4 + 1)
 
     def figures(summary):  # what the data decides, not the clock
         return [(h["epoch"], h["loss"], h["lr"], h["metric"]) for h in summary["history"]]

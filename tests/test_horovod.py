@@ -32,9 +32,9 @@ def test_two_ranks_disjoint_shards_identical_weights_one_log(
             "--output-dir",
             out,
             "--n-train",
-            "128",
-            "--n-valid",
             "32",
+            "--n-valid",
+            "16",
             "--n-epochs",
             "2",
             "--set",
@@ -51,17 +51,17 @@ def test_two_ranks_disjoint_shards_identical_weights_one_log(
     assert "process sets" not in proc.stdout
 
     shards = [json.loads((out / "shards" / f"rank-{r:05d}.json").read_text()) for r in (0, 1)]
-    for split, total in (("train", 128), ("valid", 32)):
+    for split, total in (("train", 32), ("valid", 16)):
         a, b = set(shards[0][split]), set(shards[1][split])
         assert len(a) == len(b) == total // 2 and not a & b
         # Each rank read its files from the node-local stage directory.
         assert all(f.startswith(str(tmp_path / "stage")) for f in a | b)
-    assert len(list((tmp_path / "stage" / "train").iterdir())) == 128
+    assert len(list((tmp_path / "stage" / "train").iterdir())) == 32
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == 2 and summary["epochs"] == 2 and summary["controller"] == launcher
     assert summary["weights_in_sync"] is True
-    assert summary["staging"]["files"] == 128 + 32 and summary["staging"]["bytes"] > 0
+    assert summary["staging"]["files"] == 32 + 16 and summary["staging"]["bytes"] > 0
 
     logs = sorted(p.name for p in out.iterdir() if p.name.startswith("mlperf"))
     assert logs == ["mlperf.log"]

@@ -32,6 +32,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from common import benchmarks  # noqa: E402
 from common.errors import ExitCode  # noqa: E402
+
+# What a run imports at its end, the training curve's matplotlib (0.3 s): once here, not per child.
+from common.reporting import plots  # noqa: E402, F401
 from common.run.trainer import main  # noqa: E402
 
 TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}
