@@ -17,6 +17,7 @@ long as the parent never runs an op (no eager context, no thread pools) and neve
 initializes Horovod: the parent here only imports and waits.
 """
 
+import importlib
 import json
 import os
 import signal
@@ -32,10 +33,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from common import benchmarks  # noqa: E402
 from common.errors import ExitCode  # noqa: E402
+from common.run.trainer import main  # noqa: E402
 
 # What a run imports at its end, the training curve's matplotlib (0.3 s): once here, not per child.
-from common.reporting import plots  # noqa: E402, F401
-from common.run.trainer import main  # noqa: E402
+importlib.import_module("matplotlib.pyplot")
 
 TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}
 # What `sys.exit(main(Task))` in train.py turns an uncaught exception into.
