@@ -215,6 +215,16 @@ def read_raw_into(path, x_out, y_out, height: int | None = None, first_row: int 
                 )
 
 
+def check_shapes(path, channels, height, width) -> None:
+    """InputError naming `path` unless it holds the fields and labels of these shapes (its header
+    read, no data)."""
+    try:
+        with h5py.File(path, "r") as f:
+            _checked_datasets(f, path, channels, height, width)
+    except OSError as e:
+        raise InputError(f"{path}: unreadable HDF5 file ({_first_line(e)})") from None
+
+
 def _checked_datasets(f, path, channels, height, width):
     """The (fields, labels) datasets of an open sample file, after checking names and shapes."""
     try:

@@ -206,8 +206,11 @@ class DeepCAMTask(Task):
         # InputError raised while tracing would reach the user wrapped in autograph's trace.
         self.normalization()
         seed = cfg.train.seed
+        train_files = select_and_shard(train, n_train, rank, size, seed, "data.n_train")
+        # A config whose sizes are not the data's ends here, not after the model's warm-up.
+        data.check_shapes(train_files[0], d.channels, d.height, d.width)
         return Shards(
-            train_files=select_and_shard(train, n_train, rank, size, seed, "data.n_train"),
+            train_files=train_files,
             valid_files=select_and_shard(
                 valid, n_valid, rank, size, seed + 1, "data.n_valid", even=False
             ),
