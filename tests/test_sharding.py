@@ -74,10 +74,14 @@ def test_deepcam_logs_the_whole_training_set_and_validates_every_file(tmp_path):
     from deepcam.config import DeepCAMConfig
     from deepcam.task import DeepCAMTask
 
+    # Samples of the default sizes with their data never written (h5py allocates it on first write):
+    # shard reads the header of its first training file.
     for split, n in (("train", 11), ("validation", 5)):
         (tmp_path / split).mkdir()
         for i in range(n):
-            (tmp_path / split / f"s{i}.h5").write_bytes(b"")
+            with h5py.File(tmp_path / split / f"s{i}.h5", "w") as f:
+                f.create_dataset("climate/data", (768, 1152, 16), np.float32)
+                f.create_dataset("climate/labels_0", (768, 1152), np.float32)
     # The statistics are read with the file lists (the input normalization, before the steps are traced).
     with h5py.File(tmp_path / "stats.h5", "w") as f:
         f["climate/minval"], f["climate/maxval"] = np.zeros(16), np.ones(16)
