@@ -204,13 +204,13 @@ def test_truncated_gzip_record_is_named(cosmo_data, tiny_config, tmp_path):
 def test_staged_runs_train_as_the_unstaged_one(cosmo_data, tiny_config, tmp_path):
     # Staged inflated (staging.convert, the default; data.compression GZIP describes the sources)
     # or copied as is: the same samples, so a deterministic run ends with the same figures.
-    def figures(name, *extra):
+    def figures(name, *extra, data=cosmo_data):
         proc = helpers.run(
             helpers.train_cmd(
                 "cosmoflow",
                 tiny_config,
                 "--data-dir",
-                cosmo_data,
+                data,
                 "--output-dir",
                 tmp_path / name,
                 "--n-train",
@@ -247,6 +247,15 @@ def test_staged_runs_train_as_the_unstaged_one(cosmo_data, tiny_config, tmp_path
         "copied", "--stage-dir", tmp_path / "stage2", "--set", "staging.convert=false"
     )
     assert inflated == copied == unstaged
+    # Control: the comparison sees which samples were read. The same file names, each training file
+    # holding its neighbour's sample, train to other figures.
+    other = tmp_path / "other"
+    shutil.copytree(cosmo_data / "validation", other / "validation", symlinks=True)
+    (other / "train").mkdir()
+    files = sorted((cosmo_data / "train").iterdir())
+    for name, sample in zip(files, files[1:] + files[:1]):
+        (other / "train" / name.name).symlink_to(sample)
+    assert figures("control", data=other)[0] != unstaged
     staged = next((tmp_path / "stage1" / "train").iterdir())
     assert staged.read_bytes()[:2] != b"\x1f\x8b"  # inflated
     assert next((tmp_path / "stage2" / "train").iterdir()).read_bytes()[:2] == b"\x1f\x8b"  # copied
