@@ -49,6 +49,7 @@ TEST_DATA_SHAPE = {
         f"data.height={conftest.DEEPCAM_TINY['height']}",
         "--set",
         f"data.width={conftest.DEEPCAM_TINY['width']}",
+        *helpers.DEEPCAM_NARROW,
     ],
 }
 

@@ -37,13 +37,20 @@ CONFIGS = [
 ]
 
 
+def _is_slow(name, path) -> bool:
+    return path not in (
+        helpers.REPO / benchmarks.get(name).synthetic_config,
+        benchmarks.closed_configs(name)[0],
+    )
+
+
 def _tier(name, path):
     """The synthetic config and the first closed config of each benchmark in the fast tier; the other
     closed configs differ from that one only in batch and hyperparameter values (test_closed_configs
-    checks each against the RCPs), so their tiny runs are in the slow tier."""
-    first_closed = benchmarks.closed_configs(name)[0]
-    fast = path == helpers.REPO / benchmarks.get(name).synthetic_config or path == first_closed
-    return pytest.param(name, path, id=path.stem, marks=() if fast else pytest.mark.slow)
+    checks each against the RCPs), so their tiny runs are in the slow tier, DeepCAM's at 1/16 of the
+    reference's width."""
+    marks = pytest.mark.slow if _is_slow(name, path) else ()
+    return pytest.param(name, path, id=path.stem, marks=marks)
 
 
 @pytest.mark.parametrize("name,config", [_tier(name, path) for name, path in CONFIGS])
@@ -63,6 +70,7 @@ def test_every_shipped_config_trains_tiny(name, config, cosmo_data, deepcam_data
             "--tiny",
             "--tensorboard",
             *SHAPE_OF_TEST_DATA[name],
+            *(helpers.DEEPCAM_NARROW if name == "deepcam" and _is_slow(name, config) else []),
         ),
         timeout=600,
     )
