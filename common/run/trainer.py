@@ -49,7 +49,7 @@ from common.run import report as run_report
 from common.run import termination
 from common.run.report import RunResult, write_summary
 from common.run.steps import EvalSums, TrainStep, eval_step_specs, make_eval_step
-from common.run.termination import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
+from common.run.termination import Failure, RunFailed, naming_bad_files
 from common.run.warmup import state_variables, warm_up
 
 # How many steps behind the newest one launched a step must be before its values are read: by then
@@ -502,6 +502,10 @@ class Trainer:
         values = tf.stack(losses).numpy() if losses else np.zeros(0)
         finite = tf.stack(flags).numpy() if flags else np.ones(0, bool)
         verdict = termination.agree(self.dist, first, values, finite)
+        if verdict.bad_input_rank is None and verdict.bad_loss_step is None:
+            return verdict.stop
+        from common.run.failures import fail_on_input, fail_on_loss  # a failing run only
+
         if verdict.bad_input_rank is not None:
             fail_on_input(
                 self.dist,
@@ -528,7 +532,6 @@ class Trainer:
                 verdict.bad_loss_step,
                 values[verdict.bad_loss_step - first],
             )
-        return verdict.stop
 
     def _end_failed(self, failure: Failure, run_start: float) -> RunResult:
         """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
@@ -574,6 +577,8 @@ class Trainer:
             culprit = self.dist.allreduce_max(
                 [self.dist.rank + 1.0 if local.non_finite_batches else 0.0]
             )[0]
+            from common.run.failures import fail_on_input  # a failing run only
+
             fail_on_input(
                 self.dist,
                 self.task,
