@@ -1,4 +1,4 @@
-"""Training checkpoints (complete or absent, written while training goes on) and model-only folders.
+"""Training checkpoints: complete or absent, written while training goes on.
 
 A checkpoint is a folder `checkpoints/step-NNNNNNNNNN/` (optimizer steps done) holding
   ckpt.*               model, optimizer and random generators (tf.train.Checkpoint, rank 0);
@@ -271,6 +271,8 @@ def resume_point(
     resolved = str(Path(source).resolve())
     names = [name for name, _ in tf.train.list_variables(str(Path(source) / "ckpt"))]
     if not any(n.startswith("optimizer/") for n in names):  # model-only: a new run, from epoch 0
+        from common.model_folder import restore_model_weights
+
         restore_model_weights(model, source)
         return ResumePoint(
             resumed_from={"checkpoint": resolved, "epoch": 0, "weights_only": True},
@@ -420,43 +422,3 @@ class CheckpointSaver:
     def folder(self, global_step: int) -> str:
         """The absolute path of the checkpoint after `global_step` steps."""
         return str(self.checkpointer.folder(global_step).resolve())
-
-
-CONFIG_NAME = "config.yaml"
-
-
-def save_model_weights(model, folder) -> Path:
-    """Writes `model`'s variables to FOLDER/ckpt (temporary folder, then rename)."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tf.train.Checkpoint(model=model).write(str(tmp / "ckpt"))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return folder
-
-
-def restore_model_weights(model, folder) -> None:
-    """Loads the model's variables from a training or model-only checkpoint folder (others are
-    ignored); InputError naming the folder when one of the model's is missing or of another shape."""
-    folder = Path(folder)
-    if not (folder / "ckpt.index").is_file():
-        raise InputError(f"{folder}: not a checkpoint folder (no ckpt.index)")
-    try:
-        status = tf.train.Checkpoint(model=model).read(str(folder / "ckpt"))
-        status.expect_partial()
-        status.assert_existing_objects_matched()
-    except (AssertionError, ValueError) as e:  # a missing variable; a shape that differs
-        first = str(e).splitlines()[0][:200]
-        raise InputError(f"{folder}: checkpoint does not match the model ({first})") from None
-
-
-def find_run_config(folder):
-    """The config.yaml that describes a checkpoint folder: in it (import tools), or in
-    the run directory two levels up (run/checkpoints/step-NNNNNNNNNN). None if absent."""
-    folder = Path(folder)
-    for candidate in (folder, folder.parent, folder.parent.parent):
-        if (candidate / CONFIG_NAME).is_file():
-            return candidate / CONFIG_NAME
-    return None

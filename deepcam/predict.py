@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from common import config as config_lib
-from common.checkpoints import find_run_config, restore_model_weights
 from common.errors import InputError, tool_main
+from common.model_folder import find_run_config, restore_model_weights
 from deepcam import data, task
 from deepcam.config import N_CLASSES, DeepCAMConfig
 from deepcam.layout import DATA_KEY, STATS_FILE
