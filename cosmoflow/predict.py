@@ -23,7 +23,7 @@ import tf_keras
 from common import config as config_lib
 from common.errors import InputError, tool_main, write_text_atomic
 from common.model_folder import find_run_config, restore_model_weights
-from cosmoflow import data
+from cosmoflow import data, sample_files
 from cosmoflow import model as model_lib
 from cosmoflow.config import CosmoFlowConfig
 
@@ -54,7 +54,7 @@ def read_samples(path, cfg: CosmoFlowConfig) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"sample file not found: {path}")
-    problem = data.find_bad_file([str(path)], cfg.data.sample_shape)
+    problem = sample_files.find_bad_file([str(path)], cfg.data.sample_shape)
     if problem:
         raise InputError(problem)
     ds = data.make_dataset(

@@ -220,8 +220,10 @@ class CosmoFlowTask(Task):
         return train, valid
 
     def find_bad_file(self, files):
+        from cosmoflow.sample_files import find_bad_file  # a failing run only
+
         shape = self._read_shape() if self._staged_slabs() else self.cfg.data.sample_shape
-        return data.find_bad_file(files, shape, self.cfg.data.transform)
+        return find_bad_file(files, shape, self.cfg.data.transform)
 
     def build_model(self, bn_group):
         del bn_group  # no batch norm

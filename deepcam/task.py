@@ -292,12 +292,16 @@ class DeepCAMTask(Task):
         return train, valid
 
     def staged_layout(self):
+        from deepcam.sample_files import raw_layout  # a run that stages only
+
         d = self.cfg.data
-        return data.raw_layout(d.channels, d.height, d.width)
+        return raw_layout(d.channels, d.height, d.width)
 
     def find_bad_file(self, files):
+        from deepcam.sample_files import find_bad_file  # a failing run only
+
         d = self.cfg.data
-        return data.find_bad_file(files, d.channels, d.height, d.width)
+        return find_bad_file(files, d.channels, d.height, d.width)
 
     @property
     def batchnorm_group_size(self) -> int:
