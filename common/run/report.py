@@ -83,18 +83,9 @@ def finish(task, r: RunResult, run_dir, exit_preempted: int) -> Report:
     cfg, run_dir, name = task.cfg, Path(run_dir).resolve(), task.name
     where = f"[done] run directory: {run_dir}"
     if r.status == "benchmarked":
-        b = r.throughput
-        return Report(
-            "no log (benchmark mode)",
-            [
-                f"[benchmark] {name}: {b['steps']} steps after {b['warmup_steps']} warm-up, "
-                f"{b['ranks']} rank(s), global batch {b['global_batch_size']}, {b['precision']}: "
-                f"{b['samples_per_s_per_rank']:.2f} samples/s per rank, {b['samples_per_s']:.2f} "
-                f"samples/s in total; input pipeline alone "
-                f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank",
-                where,
-            ],
-        )
+        from common.run.benchmark_mode import benchmark_line
+
+        return Report("no log (benchmark mode)", [benchmark_line(name, r.throughput), where])
     if r.status == "evaluated":
         said = f"evaluated the model of epoch {r.epochs}: {task.metric_name} {r.metric:.4f}"
         return Report(

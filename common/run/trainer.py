@@ -344,19 +344,10 @@ class Trainer:
             # their mean over all ranks after every epoch (a collective).
             average_batchnorm_statistics(self.model, self.dist)
             events.on_epoch_stop(epoch, train)
-            record = {
-                "epoch": epoch,
-                "loss": train.loss,
-                "samples_per_s": train.samples_per_s,
-                "lr": train.lr,
+            figures = dataclasses.asdict(train)
+            record = {"epoch": epoch} | {
+                k: v for k, v in figures.items() if k != "global_step" and v is not None
             }
-            if train.first_step_s is not None:
-                record.update(
-                    first_step_s=train.first_step_s,
-                    median_step_s=train.median_step_s,
-                    p90_step_s=train.p90_step_s,
-                    first_input_wait_s=train.first_input_wait_s,
-                )
             self.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
@@ -398,16 +389,10 @@ class Trainer:
         )
 
     def _epoch(self, train_iter, epoch) -> EpochTrain | None:
-        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
-
-        The loop launches steps and reads none of their values while they may still run: a step's
-        loss and input flag are read (for the agreement and the log line) once it is READ_LAG steps
-        behind the newest one launched, so that on a GPU the read finds it done and the queue the
-        steps are launched into never drains. Only the epoch's end (_end_epoch) reads the last ones,
-        where batch-norm averaging and evaluation wait for them anyway.
-
-        Raises RunFailed on every rank once they agree that a step's input or loss was not finite.
-        """
+        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written);
+        RunFailed on every rank once they agree that a step's input or loss was not finite. A step's
+        values are read READ_LAG steps after its launch, the last ones at the epoch's end
+        (_end_epoch), where batch-norm averaging and evaluation wait for them anyway."""
         t, saver, per_epoch = self.cfg.train, self.saver, self.steps_per_epoch
         start = time.perf_counter()
         losses = self.epoch_losses  # the steps a resumed run did before, if any
@@ -415,25 +400,15 @@ class Trainer:
         flags = []  # each step's StepResult.inputs_finite, from step first + 1
         checked = first  # losses[:checked] went through an agreement
         log_from, log_launched, log_start = first, first, start  # what the last TrainLog covered
-        # runtime.step_timing (a measurement, off by default): the first epoch's steps each waited
-        # for and timed, their wait for input apart, for the [timing] line.
-        timed = self.cfg.runtime.step_timing and self.timed_epochs == 0
-        batches = train_iter
-        if timed:
-            from common.run.benchmark_mode import TimedBatches  # runtime.step_timing only
+        timer = None  # runtime.step_timing (a measurement, off by default): the first epoch's steps
+        if self.cfg.runtime.step_timing and self.timed_epochs == 0:
+            from common.run.benchmark_mode import StepTimer
 
-            batches = TimedBatches(train_iter)
-        step_times, input_waits = [], []
+            timer = StepTimer(train_iter)
         self.timed_epochs += 1
         with naming_bad_files(self.task, self.shards.train_files):
             for step in range(first + 1, per_epoch + 1):
-                step_start = time.perf_counter()
-                result = self.train_step(batches)
-                if timed:
-                    result.loss.numpy()  # waits for the step: the measurement's cost, opted into
-                    waited = batches.take_wait()
-                    step_times.append(time.perf_counter() - step_start - waited)
-                    input_waits.append(waited)
+                result = timer.run(self.train_step) if timer else self.train_step(train_iter)
                 losses.append(result.loss)
                 flags.append(result.inputs_finite)
                 self.global_step += 1
@@ -481,10 +456,7 @@ class Trainer:
             loss=loss,
             lr=self.schedule.at_step((epoch - 1) * per_epoch),
             samples_per_s=self.samples_per_epoch * steps / per_epoch / seconds,
-            first_step_s=step_times[0] if step_times else None,
-            median_step_s=float(np.median(step_times)) if step_times else None,
-            p90_step_s=float(np.percentile(step_times, 90)) if step_times else None,
-            first_input_wait_s=input_waits[0] if input_waits else None,
+            **(timer.figures() if timer else {}),
         )
 
     def _end_epoch(self, epoch, unchecked, flags, losses) -> float:
