@@ -30,8 +30,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from common.cli import tool_main
 from common.config import dump_config
-from common.errors import InputError, tool_main, write_text_atomic
+from common.errors import InputError, write_text_atomic
 from common.model_folder import CONFIG_NAME, save_model_weights
 from cosmoflow import model as model_lib
 from cosmoflow.predict import load_model_config

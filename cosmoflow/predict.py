@@ -21,7 +21,8 @@ import numpy as np
 import tf_keras
 
 from common import config as config_lib
-from common.errors import InputError, tool_main, write_text_atomic
+from common.cli import tool_main
+from common.errors import InputError, write_text_atomic
 from common.model_folder import find_run_config, restore_model_weights
 from cosmoflow import data, sample_files
 from cosmoflow import model as model_lib

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import InputError, tool_main
+from common.cli import tool_main
+from common.errors import InputError
 from common.reporting.console import Progress
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import tf_keras
 
+from common.cli import tool_main
 from common.config import dump_config
-from common.errors import InputError, tool_main, write_text_atomic
+from common.errors import InputError, write_text_atomic
 from common.model_folder import CONFIG_NAME, save_model_weights
 from deepcam.config import N_CLASSES
 from deepcam.model import TrainableAffine, build_model

@@ -25,7 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from common import config as config_lib
-from common.errors import InputError, tool_main
+from common.cli import tool_main
+from common.errors import InputError
 from common.model_folder import find_run_config, restore_model_weights
 from deepcam import data, sample_files, task
 from deepcam.config import N_CLASSES, DeepCAMConfig
