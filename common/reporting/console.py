@@ -110,10 +110,6 @@ class Console(Listener):
         self._end_bar()
         print(text, file=self.stream, flush=True)
 
-    def note(self, text: str) -> None:
-        """An `[init]` line of the launcher's (which config, what runtime.tiny did)."""
-        self.print(f"[init] {text}")
-
     def _end_bar(self, summary: bool = False) -> None:
         if self.bar is not None:
             self.bar.close(summary)

@@ -1,16 +1,83 @@
 """Ending a run that cannot go on, on every rank alike: a batch with NaN or Inf names its file
 (`fail_on_input`); a non-finite loss with every input finite keeps a checkpoint of the last finite
 state (`fail_on_loss`). Both raise common.run.termination.RunFailed on every rank at the same point,
-so no rank is left waiting in a collective. Imported by a failing run only.
+so no rank is left waiting in a collective; `end_failed` ends the run. Imported by a failing run
+only; the functions taking `trainer` read a common.run.trainer.Trainer's run.
 """
 
+import time
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from common.errors import ExitCode
+from common.run.report import RunResult
 from common.run.termination import NON_FINITE_INPUT, NON_FINITE_LOSS, Failure, RunFailed
+
+
+def fail_on_verdict(trainer, verdict, epoch: int, step: int, losses, first_step: int) -> None:
+    """Every rank, when the agreement over the training steps from global step `first_step` on
+    (this rank's `losses`) found a non-finite batch or loss: raises RunFailed naming it."""
+    t = trainer
+    if verdict.bad_input_rank is not None:
+        fail_on_input(
+            t.dist,
+            t.task,
+            verdict.bad_input_rank,
+            t.shards.train_files,
+            epoch,
+            verdict.bad_input_step,
+            "training",
+            t.global_step,
+        )
+
+    def save_now():
+        t.saver.save(epoch, step, t.global_step, t.epoch_losses, wait=True)
+        return t.saver.folder(t.global_step)
+
+    fail_on_loss(
+        t.dist,
+        t.model.variables + t.optimizer.variables,
+        save_now,
+        t.saver.checkpointer.latest,
+        epoch,
+        verdict.bad_loss_step,
+        losses[verdict.bad_loss_step - first_step],
+    )
+
+
+def fail_on_validation_input(trainer, epoch: int, mine: bool) -> None:
+    """Every rank, when a validation batch held NaN or Inf on some rank (`mine`: on this one):
+    raises RunFailed naming the file."""
+    t = trainer
+    culprit = t.dist.allreduce_max([t.dist.rank + 1.0 if mine else 0.0])[0]
+    fail_on_input(
+        t.dist,
+        t.task,
+        int(culprit) - 1,
+        t.shards.valid_files,
+        epoch,
+        None,
+        "validation",
+        t.global_step,
+    )
+
+
+def end_failed(trainer, failure: Failure, run_start: float) -> RunResult:
+    """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
+    trainer.saver.wait()  # the last finite state is on disk before anyone exits
+    time_to_train_s = time.perf_counter() - run_start
+    trainer.events.on_run_stop("aborted", trainer.epoch, failure.checkpoint, failure)
+    return RunResult(
+        status="aborted",
+        epochs=trainer.epoch - 1,
+        metric=trainer.last_metric,
+        time_to_train_s=time_to_train_s,
+        history=trainer.history,
+        checkpoint=failure.checkpoint,
+        failure=failure,
+    )
 
 
 def fail_on_input(

@@ -59,15 +59,10 @@ class RunResult:
 def write_summary(result: RunResult, path, extra: dict) -> None:
     """Rank 0: the run's figures and `extra` as JSON at `path`, written atomically."""
     data = dataclasses.asdict(result) | extra
-    data["staging"] = staging_dict(result.staging)
+    data["staging"] = result.staging.as_dict() if result.staging else {}
     if result.failure is not None:
         data["failure"] = result.failure.as_dict()
     write_text_atomic(path, json.dumps(data, indent=2, default=float))
-
-
-def staging_dict(stats: "StageStats | None") -> dict:
-    """What summary.json says of staging: its figures, {} when nothing was staged."""
-    return stats.as_dict() if stats is not None else {}
 
 
 @dataclasses.dataclass(frozen=True)
