@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import common  # noqa: E402,F401  (sets TensorFlow's oneDNN switch before TensorFlow loads)
-from common.errors import tool_main  # noqa: E402
+from common.cli import tool_main  # noqa: E402
 
 MODES = ("cpu", "xla")
 

@@ -1,10 +1,11 @@
-"""Training checkpoints (complete or absent, written while training goes on) and model-only folders.
+"""Training checkpoints: complete or absent, written while training goes on.
 
 A checkpoint is a folder `checkpoints/step-NNNNNNNNNN/` (optimizer steps done) holding
   ckpt.*               model, optimizer and random generators (tf.train.Checkpoint, rank 0);
   state.json           where the run stood: epoch, steps done in it, ranks;
-  rank-NNNNN.npz       mid-epoch only: each rank's `RankState` (its losses of the epoch and
-                       batch-norm statistics, which differ between ranks until the epoch's end);
+  rank-NNNNN.npz       mid-epoch only: each rank's common.rank_state.RankState (its losses of
+                       the epoch and batch-norm statistics, which differ between ranks until the
+                       epoch's end);
   optimizer-shard-N.*  with parallel.shard_optimizer, the optimizer of spatial-group rank N >= 1.
 It is written to `step-N.tmp/` and renamed once complete (docs/checkpoints.md).
 """
@@ -17,86 +18,17 @@ import os
 import re
 import shutil
 import time
-import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from common.errors import InputError, write_text_atomic
 from common.inputs import pipeline
-from common.parallel.distribution import batchnorm_statistics
 
-_LOSSES = "losses"
-_BATCHNORM = "bn_{}"
-
-
-def rank_file(rank: int) -> str:
-    """The file name of `rank`'s state in a checkpoint folder."""
-    return f"rank-{rank:05d}.npz"
-
-
-@dataclasses.dataclass(frozen=True)
-class RankState:
-    """One rank's part of a mid-epoch checkpoint: its step losses of the epoch so far (float32) and
-    the model's batch-norm statistics, in batchnorm_statistics' order (arrays `losses`, `bn_<i>`)."""
-
-    losses: np.ndarray
-    batchnorm: tuple
-
-    @classmethod
-    def of(cls, model, epoch_losses) -> "RankState":
-        """This rank's state now: `epoch_losses` (scalar tensors or floats) and `model`'s statistics."""
-        losses = tf.stack(epoch_losses).numpy() if len(epoch_losses) else np.zeros(0, np.float32)
-        return cls(losses=losses, batchnorm=tuple(v.numpy() for v in batchnorm_statistics(model)))
-
-    def write(self, folder, rank: int) -> None:
-        """Writes FOLDER/rank-NNNNN.npz (temporary name, then rename: a killed write leaves no file)."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / (rank_file(rank) + ".tmp")
-        arrays = {_LOSSES: self.losses} | {
-            _BATCHNORM.format(i): v for i, v in enumerate(self.batchnorm)
-        }
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, folder / rank_file(rank))
-
-    @classmethod
-    def read(cls, folder, rank: int) -> "RankState":
-        """`rank`'s state in a checkpoint folder; InputError naming the file when missing or unreadable."""
-        path = Path(folder) / rank_file(rank)
-        if not path.is_file():
-            raise InputError(f"{folder}: rank {rank}'s state is missing ({rank_file(rank)})")
-        try:
-            with np.load(path) as f:
-                arrays = {k: f[k] for k in f.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated or not an .npz
-            raise InputError(f"{path}: unreadable ({str(e).splitlines()[0][:200]})") from None
-        try:
-            return cls(
-                losses=arrays[_LOSSES],
-                batchnorm=tuple(arrays[_BATCHNORM.format(i)] for i in range(len(arrays) - 1)),
-            )
-        except KeyError as e:
-            raise InputError(f"{path}: no {e} array") from None
-
-    def restore_batchnorm(self, model, source="") -> None:
-        """Sets `model`'s batch-norm statistics to this rank's; InputError when they are not the model's."""
-        variables = batchnorm_statistics(model)
-        if len(variables) != len(self.batchnorm):
-            raise InputError(
-                f"{source}: holds {len(self.batchnorm)} batch-norm statistics per rank, "
-                f"the model has {len(variables)}"
-            )
-        for i, (v, value) in enumerate(zip(variables, self.batchnorm)):
-            if tuple(v.shape) != value.shape:
-                raise InputError(
-                    f"{source}: batch-norm statistic {i} ({v.name}) has shape {value.shape}, "
-                    f"the model's is {tuple(v.shape)}"
-                )
-            v.assign(value)
-
+if TYPE_CHECKING:  # a mid-epoch checkpoint's part only
+    from common.rank_state import RankState
 
 _NAME = re.compile(r"^step-(\d{10})$")
 STATE_FILE = "state.json"
@@ -241,7 +173,7 @@ class ResumePoint:
     position: pipeline.Position = pipeline.Position()  # the next local batch this rank reads
     global_step: int = 0  # optimizer steps done over the whole run
     start_epoch: int = 0  # the epoch the checkpoint was written in
-    rank_state: RankState | None = None  # this rank's part of a mid-epoch checkpoint
+    rank_state: "RankState | None" = None  # this rank's part of a mid-epoch checkpoint
     # {"checkpoint", "epoch", "step", "global_step"}, or {"checkpoint", "epoch": 0,
     # "weights_only": True} from model-only weights; as the MLPerf log and summary.json say it.
     resumed_from: dict | None = None
@@ -271,6 +203,8 @@ def resume_point(
     resolved = str(Path(source).resolve())
     names = [name for name, _ in tf.train.list_variables(str(Path(source) / "ckpt"))]
     if not any(n.startswith("optimizer/") for n in names):  # model-only: a new run, from epoch 0
+        from common.model_folder import restore_model_weights
+
         restore_model_weights(model, source)
         return ResumePoint(
             resumed_from={"checkpoint": resolved, "epoch": 0, "weights_only": True},
@@ -301,6 +235,8 @@ def resume_point(
                 f"{source}: a mid-epoch checkpoint of {state['ranks']} ranks; resume it with "
                 f"{state['ranks']} ranks, or from a checkpoint written at an epoch's end"
             )
+        from common.rank_state import RankState  # a mid-epoch checkpoint's
+
         rank_state = RankState.read(source, rank)
         position = pipeline.Position(epoch, done * accumulation)
     return ResumePoint(
@@ -378,6 +314,8 @@ class CheckpointSaver:
             return
         mid_epoch, shards = steps_done < self.steps_per_epoch, self.optimizer_shard
         if mid_epoch:
+            from common.rank_state import RankState  # a mid-epoch checkpoint's
+
             RankState.of(self.model, epoch_losses).write(
                 self.checkpointer.staging_folder(global_step), self.dist.rank
             )
@@ -420,43 +358,3 @@ class CheckpointSaver:
     def folder(self, global_step: int) -> str:
         """The absolute path of the checkpoint after `global_step` steps."""
         return str(self.checkpointer.folder(global_step).resolve())
-
-
-CONFIG_NAME = "config.yaml"
-
-
-def save_model_weights(model, folder) -> Path:
-    """Writes `model`'s variables to FOLDER/ckpt (temporary folder, then rename)."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tf.train.Checkpoint(model=model).write(str(tmp / "ckpt"))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return folder
-
-
-def restore_model_weights(model, folder) -> None:
-    """Loads the model's variables from a training or model-only checkpoint folder (others are
-    ignored); InputError naming the folder when one of the model's is missing or of another shape."""
-    folder = Path(folder)
-    if not (folder / "ckpt.index").is_file():
-        raise InputError(f"{folder}: not a checkpoint folder (no ckpt.index)")
-    try:
-        status = tf.train.Checkpoint(model=model).read(str(folder / "ckpt"))
-        status.expect_partial()
-        status.assert_existing_objects_matched()
-    except (AssertionError, ValueError) as e:  # a missing variable; a shape that differs
-        first = str(e).splitlines()[0][:200]
-        raise InputError(f"{folder}: checkpoint does not match the model ({first})") from None
-
-
-def find_run_config(folder):
-    """The config.yaml that describes a checkpoint folder: in it (import tools), or in
-    the run directory two levels up (run/checkpoints/step-NNNNNNNNNN). None if absent."""
-    folder = Path(folder)
-    for candidate in (folder, folder.parent, folder.parent.parent):
-        if (candidate / CONFIG_NAME).is_file():
-            return candidate / CONFIG_NAME
-    return None

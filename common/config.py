@@ -289,7 +289,7 @@ class RuntimeConfig:
     amp: bool = False
     amp_dtype: Literal["auto", "bfloat16", "float16"] = "auto"
     xla: bool = False  # jit_compile the train step
-    intra_op_threads: int = 0  # 0: the rank's own CPUs (common.parallel.binding)
+    intra_op_threads: int = 0  # 0: the rank's own CPUs (common.cpu.intra_op_threads)
     inter_op_threads: int = 2
     gradient_compression: Literal["none", "fp16"] = "none"
     # 'overlap': an allreduce per gradient as backward produces it; 'grouped': one after backward.

@@ -146,9 +146,6 @@ def describe() -> dict:
 # SLURM_CPU_BIND_TYPE/_LIST (believed only where the mask is this process's affinity), mpirun's
 # OMPI_MCA_* binding variables; horovodrun binds nothing.
 
-# Open MPI's --bind-to levels that give each rank CPUs of its own.
-_OMPI_OWN = ("core", "hwthread", "cpu")
-
 
 @dataclasses.dataclass(frozen=True)
 class ThreadChoice:
@@ -170,112 +167,35 @@ def intra_op_threads(environ: Mapping, affinity, local_size: int) -> ThreadChoic
     n, local_size = len(cpus), max(1, int(local_size))
     bind_type = environ.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
     if "OMPI_COMM_WORLD_SIZE" in environ or "OMPI_MCA_orte_bound_at_launch" in environ:
-        choice = _open_mpi(environ, n)
+        from common.parallel import cpu_binding  # launched by mpirun
+
+        choice = cpu_binding.open_mpi(environ, n)
     elif "HOROVOD_RANK" in environ:
         choice = "horovodrun binds no CPUs"
     elif bind_type:
-        choice = _slurm(environ, bind_type, cpus, local_size)
+        from common.parallel import cpu_binding  # launched by srun
+
+        choice = cpu_binding.slurm(environ, bind_type, cpus, local_size)
     else:
         choice = "no launcher binding seen"
-    return choice if isinstance(choice, ThreadChoice) else _divided(n, local_size, choice)
+    return choice if isinstance(choice, ThreadChoice) else divided(n, local_size, choice)
 
 
-# The rules below return their ThreadChoice, or why the node's ranks may share the rank's CPUs.
-
-
-def _divided(n: int, ranks: int, why: str, who: str = "the node's") -> ThreadChoice:
+def divided(n: int, ranks: int, why: str, who: str = "the node's") -> ThreadChoice:
     threads = max(1, n // ranks)
     if ranks == 1:
-        return ThreadChoice(threads, f"{why}: the task's {_cores(n)}, the only rank on its node")
+        return ThreadChoice(
+            threads, f"{why}: the task's {cores_text(n)}, the only rank on its node"
+        )
     return ThreadChoice(
-        threads, f"{why}: the task's {_cores(n)} shared by {who} {ranks} ranks -> {threads} each"
+        threads,
+        f"{why}: the task's {cores_text(n)} shared by {who} {ranks} ranks -> {threads} each",
     )
 
 
-def _own(n: int, how: str) -> ThreadChoice:
-    return ThreadChoice(n, f"{how}: the task's own {_cores(n)}, not divided")
+def own(n: int, how: str) -> ThreadChoice:
+    return ThreadChoice(n, f"{how}: the task's own {cores_text(n)}, not divided")
 
 
-def _cores(n: int) -> str:
+def cores_text(n: int) -> str:
     return f"{n} CPU{'s' if n != 1 else ''}"
-
-
-def _open_mpi(environ: Mapping, n: int) -> ThreadChoice | str:
-    policy = environ.get("OMPI_MCA_hwloc_base_binding_policy", "").split(":")[0].strip().lower()
-    if environ.get("OMPI_MCA_orte_bound_at_launch") != "1":
-        return f"mpirun bound no CPUs{f' (--bind-to {policy})' if policy else ''}"
-    if policy in _OMPI_OWN:
-        return _own(n, f"mpirun bound each rank (--bind-to {policy})")
-    if policy:
-        return f"mpirun bound the rank to a {policy} domain the node's ranks may share"
-    # mpirun(1) of Open MPI 4 binds to a core for up to 2 processes, else to a socket.
-    if int(environ.get("OMPI_COMM_WORLD_SIZE", "0") or 0) in (1, 2):
-        return _own(n, "mpirun bound each rank to a core (its default for up to 2 processes)")
-    return (
-        "mpirun bound the rank to a socket (its default for more than 2 processes) "
-        "the node's ranks may share"
-    )
-
-
-def _slurm(
-    environ: Mapping, bind_type: str, cpus: frozenset, local_size: int
-) -> ThreadChoice | str:
-    """srun's binding: masks or lists of CPUs (*_cpu) or of NUMA nodes (*_ldom), one per local task;
-    a task shares its set with the local tasks whose sets overlap it."""
-    n = len(cpus)
-    if bind_type == "none":
-        return "srun bound no CPUs (--cpu-bind=none)"
-    kind = bind_type.rstrip(":")
-    if kind not in ("mask_cpu", "map_cpu", "map_ldom", "mask_ldom"):
-        return (
-            f"SLURM_CPU_BIND_TYPE={bind_type} names a binding no task plugin "
-            f"applied (it would be a mask_cpu: list)"
-        )
-    try:
-        sets = [
-            _cpu_set(kind, entry)
-            for entry in environ.get("SLURM_CPU_BIND_LIST", "").split(",")
-            if entry.strip()
-        ]
-        local_id = int(environ["SLURM_LOCALID"])
-    except (KeyError, ValueError):
-        sets = []
-    if not sets:
-        return (
-            f"SLURM_CPU_BIND_TYPE={bind_type} without a readable SLURM_CPU_BIND_LIST "
-            f"and SLURM_LOCALID"
-        )
-    mine = sets[local_id % len(sets)]
-    numa = kind.endswith("_ldom")  # NUMA nodes, not CPUs: nothing to hold the affinity to
-    if not numa and mine != cpus:
-        return (
-            f"SLURM's {kind} for local task {local_id} ({cpu_list(mine)}) is not this "
-            f"process's affinity ({cpu_list(cpus)}): the variables describe another process"
-        )
-    where = f"{kind} {'NUMA node(s) ' if numa else ''}{cpu_list(mine)}"
-    sharing = sum(1 for r in range(local_size) if sets[r % len(sets)] & mine)
-    if sharing <= 1:
-        return _own(n, f"srun bound each task ({where})")
-    shared = "the same NUMA nodes" if numa else "overlapping CPUs"
-    return _divided(n, sharing, f"srun bound local tasks to {shared} ({where})", who="its")
-
-
-def _cpu_set(kind: str, entry: str) -> frozenset:
-    """The members of one SLURM_CPU_BIND_LIST entry: a hex mask (mask_cpu, mask_ldom) or one number
-    (map_cpu, map_ldom) of CPUs or NUMA nodes."""
-    entry = entry.strip().lower()
-    if kind.startswith("map_"):
-        return frozenset([int(entry, 16) if entry.startswith("0x") else int(entry)])
-    bits = int(entry, 16)
-    return frozenset(i for i in range(bits.bit_length()) if bits >> i & 1)
-
-
-def cpu_list(cpus) -> str:
-    """A CPU set as lscpu and taskset write it: '0-3,8' for {0, 1, 2, 3, 8}."""
-    runs = []  # [first, last] of each run of consecutive CPUs
-    for c in sorted(cpus):
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "none"

@@ -1,15 +1,13 @@
-"""What every command-line tool shares: user-facing errors, exit codes, the `main` wrapper, and
-atomic file writes.
+"""User-facing errors, exit codes and atomic file writes, shared by train.py and every tool (whose
+`main` wrapper is common.cli.tool_main).
 
 An `InputError` is a fault in what the user gave (a file, a config key, a sample count): it is
 printed as one `error:` line naming the culprit, without a traceback, and the exit is non-zero.
 """
 
 import enum
-import functools
 import os
 import signal
-import sys
 from pathlib import Path
 
 
@@ -33,30 +31,6 @@ class InputError(Exception):
 
 class ConfigError(InputError):
     """An unknown, missing or ill-typed configuration key."""
-
-
-def error_line(error: BaseException) -> str:
-    """The one line a person reads for `error`: its text with line breaks and runs of spaces folded."""
-    return "error: " + " ".join(str(error).split())
-
-
-def tool_main(*also: type):
-    """Decorates a tool's `main(argv=None) -> int`: an InputError (or one of the exception types
-    `also`) becomes one `error:` line on stderr and ExitCode.INPUT_ERROR, instead of a traceback."""
-    caught = (InputError, *also)
-
-    def decorate(main):
-        @functools.wraps(main)
-        def wrapped(argv=None) -> int:
-            try:
-                return main(argv)
-            except caught as e:
-                print(error_line(e), file=sys.stderr)
-                return ExitCode.INPUT_ERROR
-
-        return wrapped
-
-    return decorate
 
 
 def write_text_atomic(path, text: str) -> None:

@@ -177,16 +177,10 @@ class AdamL2(tf_keras.optimizers.Adam):
 
 
 class LAMB(tf_keras.optimizers.Optimizer):
-    """LAMB (You et al. 2019) as apex FusedLAMB: bias-corrected Adam moments, decoupled weight
-    decay, a per-tensor trust ratio ||w|| / ||update|| (when weight decay is on), and the global
-    gradient norm clipped to `max_grad_norm` first.
-
-    Args:
-      learning_rate: float or schedule.
-      beta_1, beta_2, epsilon: Adam moments; epsilon is added to sqrt(v_hat).
-      weight_decay_rate: decoupled decay added to the update before the trust ratio.
-      max_grad_norm: gradients are scaled so their global norm is at most this.
-    """
+    """LAMB (You et al. 2019) as apex FusedLAMB: bias-corrected Adam moments (`epsilon` added to
+    sqrt(v_hat)), `weight_decay_rate` decoupled, added to the update before a per-tensor trust ratio
+    ||w|| / ||update|| (when weight decay is on), and the global gradient norm clipped to
+    `max_grad_norm` first."""
 
     def __init__(
         self,

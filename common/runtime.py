@@ -134,8 +134,3 @@ def wrap_optimizer(optimizer, policy):
     if tf_keras.mixed_precision.Policy(name).compute_dtype == "float16":
         return tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer
-
-
-def accelerators_per_node(device: str, dist) -> int:
-    """0 on CPU-only nodes, as the MLPerf HPC rules ask; else the GPUs used on this node."""
-    return dist.local_size if device == "gpu" else 0

@@ -140,13 +140,9 @@ class Task:
 
     def describe_split(self, model) -> str:
         """What rank 0's [init] line says of a split run: how a sample is cut and gathered."""
-        from common.parallel.spatial import GatherSlabs
+        from common.parallel.spatial import describe_depth_split
 
-        gathered = ", ".join(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
-        return (
-            f"each rank holds 1/{self.mesh.size} of every sample's depth; slabs gathered at "
-            f"{gathered}, the layers after it run whole on every rank of a group"
-        )
+        return describe_depth_split(model, self.mesh.size)
 
     def build_losses(self) -> Callable:
         """(y, pred) -> scalar training loss of one local batch."""

@@ -17,7 +17,7 @@ Conv3D layers, in order, become conv1..convN; its Dense layers fc1, fc2, head.
 The model's sizes come from --config (default: a closed-division config, which
 all hold the reference's sizes) and every tensor's shape is checked against
 them. A missing, extra or mis-shaped tensor is an error naming it (exit 2).
-OUT gets the weights (common.checkpoints.save_model_weights), config.yaml and
+OUT gets the weights (common.model_folder.save_model_weights), config.yaml and
 import.json (source file, tensor count, layer mapping).
 """
 
@@ -30,9 +30,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from common.checkpoints import CONFIG_NAME, save_model_weights
+from common.cli import tool_main
 from common.config import dump_config
-from common.errors import InputError, tool_main, write_text_atomic
+from common.errors import InputError, write_text_atomic
+from common.model_folder import CONFIG_NAME, save_model_weights
 from cosmoflow import model as model_lib
 from cosmoflow.predict import load_model_config
 

@@ -5,7 +5,7 @@
 
 CHECKPOINT is a training checkpoint folder or a model-only one; its config (the
 model's sizes, the sample shape and the preprocessing) is the run's config.yaml
-(common.checkpoints.find_run_config) unless --config names one. Samples are read
+(common.model_folder.find_run_config) unless --config names one. Samples are read
 and preprocessed exactly as in training (cosmoflow/data.py), the model runs in
 inference mode (no dropout). Prints each sample's predicted parameters next to
 the file's targets and the mean absolute error, and writes the same to
@@ -21,9 +21,10 @@ import numpy as np
 import tf_keras
 
 from common import config as config_lib
-from common.checkpoints import find_run_config, restore_model_weights
-from common.errors import InputError, tool_main, write_text_atomic
-from cosmoflow import data
+from common.cli import tool_main
+from common.errors import InputError, write_text_atomic
+from common.model_folder import find_run_config, restore_model_weights
+from cosmoflow import data, sample_files
 from cosmoflow import model as model_lib
 from cosmoflow.config import CosmoFlowConfig
 
@@ -54,7 +55,7 @@ def read_samples(path, cfg: CosmoFlowConfig) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"sample file not found: {path}")
-    problem = data.find_bad_file([str(path)], cfg.data.sample_shape)
+    problem = sample_files.find_bad_file([str(path)], cfg.data.sample_shape)
     if problem:
         raise InputError(problem)
     ds = data.make_dataset(

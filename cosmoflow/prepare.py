@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import InputError, tool_main
+from common.cli import tool_main
+from common.errors import InputError
 from common.reporting.console import Progress
 
 
@@ -67,7 +68,8 @@ def slab_conversion(index: int, count: int, sample_shape):
     import tensorflow as tf
 
     from common.inputs.staging_layouts import Conversion, sha256_of
-    from cosmoflow.data import _tf_reason, detect_compression, parse_example, slab_of
+    from cosmoflow.data import detect_compression, parse_example, slab_of
+    from cosmoflow.sample_files import tf_reason
 
     sample_shape = tuple(int(s) for s in sample_shape)
 
@@ -77,7 +79,7 @@ def slab_conversion(index: int, count: int, sample_shape):
                 tf.data.TFRecordDataset(str(src), compression_type=detect_compression(src))
             )
         except tf.errors.OpError as e:
-            raise InputError(f"{src}: unreadable TFRecord ({_tf_reason(e)})") from None
+            raise InputError(f"{src}: unreadable TFRecord ({tf_reason(e)})") from None
         if len(records) != 1:
             raise InputError(f"{src}: {len(records) or 'no'} records, expected one sample per file")
         x, y = parse_example(records[0], sample_shape)

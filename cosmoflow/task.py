@@ -220,8 +220,10 @@ class CosmoFlowTask(Task):
         return train, valid
 
     def find_bad_file(self, files):
+        from cosmoflow.sample_files import find_bad_file  # a failing run only
+
         shape = self._read_shape() if self._staged_slabs() else self.cfg.data.sample_shape
-        return data.find_bad_file(files, shape, self.cfg.data.transform)
+        return find_bad_file(files, shape, self.cfg.data.transform)
 
     def build_model(self, bn_group):
         del bn_group  # no batch norm
@@ -254,12 +256,7 @@ class CosmoFlowTask(Task):
         return self.cfg.target_mae
 
     def mlperf_hyperparameters(self, global_batch_size: int) -> dict:
-        """What this run does, under the names of the RCP table (rcps_cosmoflow.json).
-
-        The warmup factor is the LR after warmup over the LR warmup starts from (the
-        reference's global / base batch); with no warmup epochs it only tells the
-        scaling, as in the reference's logs.
-        """
+        """What this run does, under the names of the RCP table (rcps_cosmoflow.json)."""
         cfg, o = self.cfg, self.cfg.optimizer
         peak, start = learning_rates(cfg, global_batch_size)
         return {
@@ -275,13 +272,10 @@ class CosmoFlowTask(Task):
 
 
 def learning_rates(cfg: CosmoFlowConfig, global_batch_size: int) -> tuple[float, float]:
-    """(LR after warmup, LR at epoch 0) for this run's global batch.
-
-    At train.global_batch_size these are base_learning_rate and base / warmup_factor.
-    At another global batch the LR after warmup scales and the warmup start
-    stays (the reference's unscaled base LR), so the warmup factor the log
-    reports is their ratio, as the reference logs it (global / base batch).
-    """
+    """(LR after warmup, LR at epoch 0) for this run's global batch: at train.global_batch_size,
+    base_learning_rate and base / warmup_factor; at another, the LR after warmup scales and the
+    warmup start stays (the reference's unscaled base LR), so the warmup factor the log reports is
+    their ratio, as the reference logs it (global / base batch; with no warmup epochs, the scaling)."""
     o = cfg.optimizer
     start = o.base_learning_rate / o.warmup_factor
     reference_batch = cfg.train.global_batch_size or global_batch_size

@@ -42,10 +42,10 @@ def load_normalization(data_dir, channels) -> tuple[np.ndarray, np.ndarray]:
         # h5py raises KeyError for a missing name and for a damaged object header alike.
         raise InputError(
             f"{path}: cannot read climate/minval and climate/maxval "
-            f"({_first_line(e.args[0] if e.args else 'missing')})"
+            f"({first_line(e.args[0] if e.args else 'missing')})"
         ) from None
     except OSError as e:
-        raise InputError(f"{path}: unreadable HDF5 file ({_first_line(e)})") from None
+        raise InputError(f"{path}: unreadable HDF5 file ({first_line(e)})") from None
     idx = list(channels)
     if lo.shape != hi.shape or lo.ndim != 1 or max(idx) >= lo.shape[0]:
         raise InputError(
@@ -63,17 +63,6 @@ def load_normalization(data_dir, channels) -> tuple[np.ndarray, np.ndarray]:
     # A constant channel would divide by zero; it normalizes to 0 instead.
     span = np.where(hi > lo, hi - lo, 1.0).astype(np.float32)
     return lo, (1.0 / span).astype(np.float32)
-
-
-def read_sample(path, channels, shift, scale, height, width):
-    """One normalized sample: (x float32 [H, W, len(channels)], y int32 [H, W]).
-
-    Raises InputError naming the file on a missing key, a wrong shape or a label
-    that is not a class.
-    """
-    x, y = read_fields(path, channels, height, width)
-    x = (x.astype(np.float32) - shift) * scale
-    return x, labels_as_uint8(y, path).astype(np.int32)
 
 
 def normalize(x, shift, scale):
@@ -95,17 +84,6 @@ def labels_as_uint8(y, path):
     return y.astype(np.uint8, copy=False)
 
 
-def read_fields(path, channels, height, width):
-    """One sample as stored: (the selected channels [H, W, len(channels)], labels [H, W]), file dtypes."""
-    with h5py.File(path, "r") as f:
-        data, labels = _checked_datasets(f, path, channels, height, width)
-        x = data[...]
-        y = labels[...]
-    if not _all_channels(channels, x.shape[2]):
-        x = x[..., list(channels)]
-    return x, y
-
-
 def read_fields_into(path, channels, height, width, x_out, y_out, first_row: int = 0) -> None:
     """One HDF5 sample into x_out (float32 [R, W, len(channels)]) and y_out (uint8 [R, W]), labels checked:
     its rows [first_row, first_row + R), R = len(x_out) (all H by default; a slab of a height split).
@@ -120,7 +98,7 @@ def read_fields_into(path, channels, height, width, x_out, y_out, first_row: int
     """
     rows = slice(first_row, first_row + len(x_out))
     with h5py.File(path, "r") as f:
-        data, labels = _checked_datasets(f, path, channels, height, width)
+        data, labels = checked_datasets(f, path, channels, height, width)
         all_channels = _all_channels(channels, data.shape[2])
         data_at = _contiguous_offset(data) if data.dtype == x_out.dtype else None
         labels_at = _contiguous_offset(labels)
@@ -220,19 +198,19 @@ def check_shapes(path, channels, height, width) -> None:
     read, no data)."""
     try:
         with h5py.File(path, "r") as f:
-            _checked_datasets(f, path, channels, height, width)
+            checked_datasets(f, path, channels, height, width)
     except OSError as e:
-        raise InputError(f"{path}: unreadable HDF5 file ({_first_line(e)})") from None
+        raise InputError(f"{path}: unreadable HDF5 file ({first_line(e)})") from None
 
 
-def _checked_datasets(f, path, channels, height, width):
+def checked_datasets(f, path, channels, height, width):
     """The (fields, labels) datasets of an open sample file, after checking names and shapes."""
     try:
         data, labels = f[DATA_KEY], f[LABEL_KEY]
     except KeyError as e:
         raise InputError(
             f"{path}: cannot read {DATA_KEY} and {LABEL_KEY} "
-            f"({_first_line(e.args[0] if e.args else 'missing')})"
+            f"({first_line(e.args[0] if e.args else 'missing')})"
         ) from None
     if data.ndim != 3 or data.shape[:2] != (height, width) or max(channels) >= data.shape[2]:
         raise InputError(
@@ -250,47 +228,6 @@ def _all_channels(channels, n_stored) -> bool:
     return list(channels) == list(range(n_stored))
 
 
-def raw_layout(channels, height, width):
-    """The staged layout (a common.inputs.staging_layouts.Conversion): each HDF5 sample written once
-    as raw arrays (see layout.RAW_SUFFIX)."""
-    from common.inputs.staging_layouts import Conversion, sha256_of  # a run that stages only
-
-    channels = tuple(int(c) for c in channels)
-    # Every parameter in the name: a run with other channels or sizes stages again.
-    name = f"deepcam-raw-v1:{height}x{width}:channels={','.join(map(str, channels))}"
-    nbytes = raw_sample_bytes(len(channels), height, width)
-
-    def write(src, tmp, verify):
-        # verify hashes the source before it is converted: a change between the two reads shows
-        # as a new mtime (or, same mtime, as a digest that no longer matches) on the next run.
-        digest = sha256_of(src) if verify else None
-        try:
-            x, y = read_fields(src, channels, height, width)
-            y = labels_as_uint8(y, src)
-        except InputError as e:
-            raise InputError(f"cannot stage {e}") from None
-        except (
-            OSError,
-            RuntimeError,
-            KeyError,
-            ValueError,
-        ) as e:  # what h5py raises for damaged files
-            raise InputError(
-                f"cannot stage {src}: unreadable HDF5 sample ({_first_line(e)})"
-            ) from None
-        with open(tmp, "wb") as f:
-            f.write(memoryview(np.ascontiguousarray(x, dtype="<f4")))  # no extra 57 MB copy
-            f.write(memoryview(np.ascontiguousarray(y)))
-        return digest
-
-    return Conversion(
-        name,
-        write=write,
-        size_hint=lambda src, size: nbytes,
-        staged_name=lambda n: (n[: -len(".h5")] if n.endswith(".h5") else n) + RAW_SUFFIX,
-    )
-
-
 def raw_sample_bytes(n_channels, height, width) -> int:
     """Bytes of one staged raw sample: float32 fields and uint8 labels."""
     return height * width * (4 * n_channels + 1)
@@ -303,50 +240,6 @@ def is_raw(files) -> bool:
         other = next(str(f) for f in files if not str(f).endswith(RAW_SUFFIX))
         raise InputError(f"a shard mixes raw staged samples ({raw[0]}) and other files ({other})")
     return bool(raw)
-
-
-def find_bad_file(files, channels, height, width) -> str | None:
-    """The first file that cannot be read as a sample, or whose fields hold NaN or Inf, with the
-    reason; None if all are fine."""
-    zeros = np.zeros(len(channels), np.float32)
-    expected = raw_sample_bytes(len(channels), height, width)
-    for path in files:
-        if str(path).endswith(RAW_SUFFIX):
-            try:
-                size = Path(path).stat().st_size
-            except OSError as e:
-                return f"{path}: unreadable staged sample ({_first_line(e)})"
-            if size != expected:
-                return (
-                    f"{path}: staged raw sample of {size:,} bytes, expected {expected:,} for "
-                    f"{height}x{width} with {len(channels)} channels"
-                )
-            x, y = (
-                np.empty((height, width, len(channels)), np.float32),
-                np.empty((height, width), np.uint8),
-            )
-            try:
-                read_raw_into(path, x, y)
-            except (OSError, InputError) as e:
-                return f"{path}: unreadable staged sample ({_first_line(e)})"
-        else:
-            try:
-                x, _ = read_sample(path, channels, zeros, zeros + 1, height, width)
-            except InputError as e:
-                return str(e)
-            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
-                return f"{path}: unreadable HDF5 sample ({_first_line(e)})"
-        if not np.isfinite(x).all():
-            return f"{path}: {DATA_KEY} holds {_non_finite(x, channels)}"
-    return None
-
-
-def _non_finite(x, channels) -> str:
-    """'2 NaN and 1 Inf values (channels [3], first at height 5, width 7)' of fields [H, W, C]."""
-    nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
-    h, w, c = np.argwhere(~np.isfinite(x))[0]
-    bad = sorted({int(channels[i]) for i in np.flatnonzero(~np.isfinite(x).all(axis=(0, 1)))})
-    return f"{nan} NaN and {inf} Inf values (channels {bad}, first at height {h}, width {w}, channel {channels[c]})"
 
 
 def make_dataset(
@@ -500,7 +393,7 @@ def _sample_reader(raw, channels, rows: _Rows, width, readers):
     return lambda paths: paths.map(load, num_parallel_calls=readers)
 
 
-def _first_line(e) -> str:
+def first_line(e) -> str:
     """An exception or message as one line of at most 200 characters."""
     text = " ".join(str(e).split())
     return text[:200]

@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import tf_keras
 
-from common.checkpoints import CONFIG_NAME, save_model_weights
+from common.cli import tool_main
 from common.config import dump_config
-from common.errors import InputError, tool_main, write_text_atomic
+from common.errors import InputError, write_text_atomic
+from common.model_folder import CONFIG_NAME, save_model_weights
 from deepcam.config import N_CLASSES
 from deepcam.model import TrainableAffine, build_model
 from deepcam.predict import load_model_config

@@ -35,7 +35,7 @@ class Options:
 def variants(run: Run, options: Options) -> list[Row]:
     """The figures of every variant, then of the train step's NaN/Inf check on one batch."""
     from common.inputs.staging import stage_files
-    from deepcam import data, synthetic
+    from deepcam import data, sample_files, synthetic
     from deepcam.config import N_CHANNELS
 
     h, w, n, batch = options.height, options.width, run.n_samples, options.batch
@@ -43,7 +43,9 @@ def variants(run: Run, options: Options) -> list[Row]:
     synthetic.generate(data_dir, h, w, n, 4, seed=0)
     files = sorted(str(p) for p in (data_dir / "train").glob("*.h5"))[:n]
     channels = tuple(range(N_CHANNELS))
-    staged, _ = stage_files(files, run.stage_root / "deepcam", data.raw_layout(channels, h, w))
+    staged, _ = stage_files(
+        files, run.stage_root / "deepcam", sample_files.raw_layout(channels, h, w)
+    )
     sample = f"{h}x{w}x16, batch {batch}"
     out = []
     for label, paths, former in (
@@ -144,11 +146,13 @@ def former_hdf5_pipeline(paths, data, data_dir, channels, h, w, batch, readers):
     """The reader before staging.convert: h5py in tf.numpy_function, normalized there in numpy."""
     import tensorflow as tf
 
+    from deepcam import sample_files
+
     shift, scale = data.load_normalization(data_dir, channels)
 
     def load(path):
         x, y = tf.numpy_function(
-            lambda p: data.read_sample(p.decode(), channels, shift, scale, h, w),
+            lambda p: sample_files.read_sample(p.decode(), channels, shift, scale, h, w),
             [path],
             (tf.float32, tf.int32),
             stateful=False,

@@ -39,7 +39,6 @@ import tf_keras
 from tf_keras import layers
 
 from common import cpu
-from common.parallel.sync_batchnorm import GroupBatchNormalization
 
 if TYPE_CHECKING:  # split runs only: a data-parallel run does not import the split's layers
     from common.parallel.spatial_rows import RowHalo
@@ -120,60 +119,6 @@ class DilatedConv2D(layers.Conv2D):
         return super().get_config() | {"direct": self.direct}
 
 
-class SlabConvolution:
-    """Mixin for a Keras convolution layer whose input may be a height slab: with `row_halo` (a
-    common.parallel.spatial_rows.RowHalo) its op convolves the slab with that halo ('valid'
-    padding), else the input as given. The layer keeps its class's variables and names."""
-
-    row_halo: "RowHalo | None" = None
-
-    def convolve_slab(self, inputs, kernel, convolve):
-        """convolve(inputs, kernel), with the halo rows added first when the layer has them."""
-        if self.row_halo is None:
-            return convolve(inputs, kernel)
-        return self.row_halo.convolve(inputs, kernel, convolve, name=self.name)
-
-    def compute_output_shape(self, input_shape):
-        if self.row_halo is not None:
-            input_shape = self.row_halo.padded_shape(input_shape)
-        return super().compute_output_shape(input_shape)
-
-
-class SlabConv2D(SlabConvolution, DilatedConv2D):
-    """A Conv2D of a height-split network (any kernel, stride or dilation): 'valid' on its slab with
-    the `row_halo` rows (common.parallel.spatial_rows.RowHalo), or on a window of the gathered map."""
-
-    def __init__(self, *args, row_halo: "RowHalo | None" = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.row_halo = row_halo
-
-    def convolution_op(self, inputs, kernel):
-        return self.convolve_slab(inputs, kernel, super().convolution_op)
-
-
-class SlabDepthwiseConv2D(SlabConvolution, layers.DepthwiseConv2D):
-    """The DepthwiseConv2D (no bias) of a height-split network, as SlabConv2D."""
-
-    def __init__(self, *args, row_halo: "RowHalo | None" = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.use_bias:
-            raise ValueError(f"{self.name}: a depthwise convolution on a slab takes no bias here")
-        self.row_halo = row_halo
-
-    def call(self, inputs):
-        return self.convolve_slab(inputs, self.depthwise_kernel, self._depthwise)
-
-    def _depthwise(self, x, kernel):
-        return tf_keras.backend.depthwise_conv2d(
-            x,
-            kernel,
-            strides=self.strides,
-            padding=self.padding,
-            dilation_rate=self.dilation_rate,
-            data_format=self.data_format,
-        )
-
-
 def direct_dilation_supported(dtype=tf.float32) -> bool:
     """Whether a dilated Conv2D op of `dtype` has a backward pass here: oneDNN runs it (its kernels on,
     and for bfloat16 an AVX-512 CPU: elsewhere TensorFlow falls back to its Eigen kernels, which have
@@ -185,14 +130,14 @@ def direct_dilation_supported(dtype=tf.float32) -> bool:
     )
 
 
-def entry_conv(x, filters: int, name: str, b: "_Builder | None" = None):
+def entry_conv(x, filters: int, name: str, b: "LayerBuilder | None" = None):
     """The reference's first convolution: 3x3, stride 2, padding 1 on each side, kaiming normal.
 
     TF's "same" pads a stride-2 3x3 convolution of an even size 0 before and
     1 after: output pixel o would read inputs 2o..2o+2 instead of 2o-1..2o+1.
     """
     fan_in = 9 * x.shape[-1]
-    b = b or _Builder(1.0, None)
+    b = b or LayerBuilder(1.0, None)
     x, halo = b.strided_padding(x, 1, name=f"{name}_pad")
     return b.conv2d(
         filters,
@@ -205,7 +150,7 @@ def entry_conv(x, filters: int, name: str, b: "_Builder | None" = None):
     )(x)
 
 
-class TorchConvTranspose2D(SlabConvolution, layers.Conv2DTranspose):
+class TorchConvTranspose2D(layers.Conv2DTranspose):
     """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1): output 2H x 2W.
 
     There input i reaches output o = 2i - 1 + k through tap k. That is the
@@ -233,13 +178,14 @@ class TorchConvTranspose2D(SlabConvolution, layers.Conv2DTranspose):
         output_shape = tf.stack([batch, 2 * height, 2 * width, self.filters])
         below = self.row_halo.bottom if self.row_halo is not None else 0
         padding = [[0, 0], [1, 1 + below], [1, 1], [0, 0]]
-        outputs = self.convolve_slab(
-            inputs,
-            self.kernel,
-            lambda x, kernel: tf.nn.conv2d_transpose(
-                x, kernel, output_shape, strides=2, padding=padding
-            ),
-        )
+
+        def convolve(x, kernel):
+            return tf.nn.conv2d_transpose(x, kernel, output_shape, strides=2, padding=padding)
+
+        if self.row_halo is None:
+            outputs = convolve(inputs, self.kernel)
+        else:
+            outputs = self.row_halo.convolve(inputs, self.kernel, convolve, name=self.name)
         if self.use_bias:
             outputs = tf.nn.bias_add(outputs, self.bias)
         return tf.ensure_shape(outputs, [None, 2 * height, 2 * width, self.filters])
@@ -255,16 +201,11 @@ class TorchConvTranspose2D(SlabConvolution, layers.Conv2DTranspose):
         return config
 
 
-def transposed_conv(x, filters: int, name: str, dtype=None, b: "_Builder | None" = None):
+def transposed_conv(x, filters: int, name: str, dtype=None, b: "LayerBuilder | None" = None):
     """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1), no bias, default init."""
-    halo = None
-    if b is not None and b.mesh is not None:
-        from common.parallel.spatial_rows import RowHalo
-
-        halo = RowHalo(b.mesh, 0, 1)
     return TorchConvTranspose2D(
         filters,
-        row_halo=halo,
+        row_halo=b.transposed_halo() if b is not None else None,
         use_bias=False,
         kernel_initializer=TorchDefaultUniform(9 * filters),
         dtype=dtype,
@@ -272,74 +213,47 @@ def transposed_conv(x, filters: int, name: str, dtype=None, b: "_Builder | None"
     )(x)
 
 
-class _Builder:
-    """Layer factory: channel scaling, the batch-norm flavour and the height split in one place."""
+class LayerBuilder:
+    """Layer factory: channel scaling and the batch-norm flavour in one place; a height split's
+    layers come from its subclass, deepcam.height_split.SplitBuilder."""
 
-    def __init__(self, width: float, bn_group, mesh=None):
+    def __init__(self, width: float, bn_group):
         self.width = width
         self.bn_group = bn_group
         # Built under the run's dtype policy: the layers compute in its dtype.
         self.direct_dilation = direct_dilation_supported(
             tf_keras.mixed_precision.global_policy().compute_dtype
         )
-        self.mesh = mesh if mesh is not None and mesh.is_split else None
-        self._gathered = {}  # id(tensor) -> (tensor, its gathered whole map): one allgather per map
-
-    def rows_beyond(self, x, top: int, bottom: int, cols: int, name: str):
-        """Split runs: (input, RowHalo or None) for a 'valid' layer reading `top` rows above x's slab,
-        `bottom` below and `cols` zero columns each side: the slab and the halo its layer takes from
-        the neighbours while their slabs hold that many rows, else the window cut from the gathered map."""
-        from common.parallel.spatial_rows import GatherRows, RowHalo, RowWindow
-
-        if max(top, bottom) <= x.shape[1]:
-            return x, RowHalo(self.mesh, top, bottom, cols)
-        if id(x) not in self._gathered:
-            self._gathered[id(x)] = (x, GatherRows(self.mesh, name=f"{name}_gather")(x))
-        return RowWindow(self.mesh, top, bottom, cols, name=f"{name}_window")(
-            self._gathered[id(x)][1]
-        ), None
 
     def same_padding(self, x, halo: int, name: str):
-        """(input, RowHalo or None, padding) for a stride-1 layer padded `halo` on each side: unsplit
-        "same"; split, "valid" with the halo rows and zero columns (rows_beyond)."""
-        if self.mesh is None or halo == 0:
-            return x, None, "same"
-        return *self.rows_beyond(x, halo, halo, halo, name=f"{name}_halo"), "valid"
+        """(input, RowHalo or None, padding) for a stride-1 layer padded `halo` on each side."""
+        return x, None, "same"
 
     def strided_padding(self, x, pad: int, name: str):
-        """(input, RowHalo or None) for a stride-2 layer of kernel 2 * pad + 1 padded symmetrically, then
-        "valid". Split, its output rows read `pad` rows above the slab and pad - 1 below (the last zero
-        row is never read)."""
-        if self.mesh is None:
-            return layers.ZeroPadding2D(pad, name=name)(x), None
-        return self.rows_beyond(x, pad, pad - 1, pad, name=name)
+        """(input, RowHalo or None) for a stride-2 layer of kernel 2 * pad + 1 padded symmetrically,
+        then "valid"."""
+        return layers.ZeroPadding2D(pad, name=name)(x), None
+
+    def transposed_halo(self) -> "RowHalo | None":
+        """The row_halo of a TorchConvTranspose2D."""
+        return None
 
     def conv2d(
         self, filters: int, kernel: int, row_halo: "RowHalo | None", dilation: int = 1, **kwargs
     ):
-        """The Conv2D layer: Keras' (DilatedConv2D where dilated) unsplit; SlabConv2D split."""
-        direct = dilation != 1 and self.direct_dilation
-        if self.mesh is not None:
-            return SlabConv2D(
-                filters, kernel, row_halo=row_halo, dilation_rate=dilation, direct=direct, **kwargs
-            )
+        """The Conv2D layer: Keras' (DilatedConv2D where dilated)."""
         if dilation != 1:
+            direct = self.direct_dilation
             return DilatedConv2D(filters, kernel, dilation_rate=dilation, direct=direct, **kwargs)
         return layers.Conv2D(filters, kernel, **kwargs)
 
     def depthwise(self, row_halo: "RowHalo | None", **kwargs):
-        """The 3x3 DepthwiseConv2D layer (no bias): Keras' unsplit, SlabDepthwiseConv2D split."""
-        if self.mesh is not None:
-            return SlabDepthwiseConv2D(3, row_halo=row_halo, use_bias=False, **kwargs)
+        """The 3x3 DepthwiseConv2D layer (no bias)."""
         return layers.DepthwiseConv2D(3, use_bias=False, **kwargs)
 
     def pooled_mean(self, x, name: str):
         """The mean over every pixel of the sample, [B, 1, 1, C]."""
-        if self.mesh is None:
-            return layers.GlobalAveragePooling2D(keepdims=True, name=name)(x)
-        from common.parallel.spatial_rows import GroupMeanPool
-
-        return GroupMeanPool(self.mesh, name=name)(x)
+        return layers.GlobalAveragePooling2D(keepdims=True, name=name)(x)
 
     def ch(self, channels: int) -> int:
         return max(1, int(round(channels * self.width)))
@@ -349,6 +263,8 @@ class _Builder:
         kwargs = dict(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=f"{name}.bn")
         if self.bn_group is None or self.bn_group.size == 1:
             return layers.BatchNormalization(**kwargs)(x)
+        from common.parallel.sync_batchnorm import GroupBatchNormalization  # batch-norm groups
+
         return GroupBatchNormalization(self.bn_group, **kwargs)(x)
 
     def conv(self, x, filters, kernel, name, init, dilation=1, use_bias=False):
@@ -440,7 +356,7 @@ class _Builder:
         return layers.ReLU(name=f"{name}_relu")(x) if end_with_relu else x
 
 
-def _xception(b: _Builder, x, middle_blocks: int):
+def _xception(b: LayerBuilder, x, middle_blocks: int):
     """Returns (features at stride 16, low-level features at stride 4)."""
     p = "xception_features"
     x = entry_conv(x, b.ch(32), name=f"{p}.conv1", b=b)
@@ -472,7 +388,7 @@ def _xception(b: _Builder, x, middle_blocks: int):
     return x, low_level
 
 
-def _bottleneck(b: _Builder, x):
+def _bottleneck(b: LayerBuilder, x):
     p = "bottleneck"
     c = b.ch(256)
     branches = []
@@ -498,7 +414,7 @@ def _bottleneck(b: _Builder, x):
     return layers.ReLU(name=f"{p}.relu")(b.bn(x, f"{p}.bn"))
 
 
-def _decoder(b: _Builder, x, low_level, n_classes: int):
+def _decoder(b: LayerBuilder, x, low_level, n_classes: int):
     c = b.ch(256)
     low_level = b.conv(low_level, b.ch(48), 1, init=TorchDefaultUniform, name="conv2")
     low_level = layers.ReLU(name="relu")(b.bn(low_level, "bn2"))
@@ -535,8 +451,12 @@ def build_model(
     With a split `mesh`, `height` is the whole sample's and the input (and output) a slab of
     height / K rows; `bn_group` must then hold the mesh's group (the trainer's is K x
     batchnorm_group_size ranks)."""
-    b = _Builder(width_multiplier, bn_group, mesh)
-    rows = height // mesh.size if b.mesh is not None else height
+    if mesh is not None and mesh.is_split:
+        from deepcam.height_split import SplitBuilder  # split runs only
+
+        b, rows = SplitBuilder(width_multiplier, bn_group, mesh), height // mesh.size
+    else:
+        b, rows = LayerBuilder(width_multiplier, bn_group), height
     inputs = tf_keras.Input((rows, width, in_channels), name="fields")
     x, low_level = _xception(b, inputs, middle_blocks)
     x = _bottleneck(b, x)

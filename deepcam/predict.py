@@ -25,9 +25,10 @@ import numpy as np
 import tensorflow as tf
 
 from common import config as config_lib
-from common.checkpoints import find_run_config, restore_model_weights
-from common.errors import InputError, tool_main
-from deepcam import data, task
+from common.cli import tool_main
+from common.errors import InputError
+from common.model_folder import find_run_config, restore_model_weights
+from deepcam import data, sample_files, task
 from deepcam.config import N_CLASSES, DeepCAMConfig
 from deepcam.layout import DATA_KEY, STATS_FILE
 from deepcam.model import build_model
@@ -87,7 +88,7 @@ def predict(checkpoint, sample, out_dir, stats=None, config=None, print_fn=print
         raise InputError(
             f"{sample}: size {height}x{width} is not a multiple of the output stride {stride}"
         )
-    x, labels = data.read_sample(sample, channels, shift, scale, height, width)
+    x, labels = sample_files.read_sample(sample, channels, shift, scale, height, width)
 
     net = build_model(
         height,

@@ -17,7 +17,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from common.errors import InputError, tool_main
+from common.cli import tool_main
+from common.errors import InputError
 from common.inputs.pipeline import list_files
 from common.reporting.console import Progress
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES

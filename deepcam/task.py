@@ -292,12 +292,16 @@ class DeepCAMTask(Task):
         return train, valid
 
     def staged_layout(self):
+        from deepcam.sample_files import raw_layout  # a run that stages only
+
         d = self.cfg.data
-        return data.raw_layout(d.channels, d.height, d.width)
+        return raw_layout(d.channels, d.height, d.width)
 
     def find_bad_file(self, files):
+        from deepcam.sample_files import find_bad_file  # a failing run only
+
         d = self.cfg.data
-        return data.find_bad_file(files, d.channels, d.height, d.width)
+        return find_bad_file(files, d.channels, d.height, d.width)
 
     @property
     def batchnorm_group_size(self) -> int:
@@ -317,11 +321,11 @@ class DeepCAMTask(Task):
         return model.from_config(self.cfg, bn_group, self._split)
 
     def build_losses(self):
-        return (
-            weighted_cross_entropy
-            if self._split is None
-            else split_weighted_cross_entropy(self._split)
-        )
+        if self._split is None:
+            return weighted_cross_entropy
+        from deepcam.height_split import split_weighted_cross_entropy
+
+        return split_weighted_cross_entropy(self._split)
 
     def build_metrics(self) -> EvalMetric:
         return mean_iou(self._split)
@@ -335,6 +339,8 @@ class DeepCAMTask(Task):
         return all_partial_scales(model, self._split)
 
     def describe_split(self, model) -> str:
+        from deepcam.height_split import describe_height_split
+
         return describe_height_split(model, self._split.size, self.cfg.data.height)
 
     def build_optimizer(self, global_batch_size: int, steps_per_epoch: int):
@@ -414,23 +420,6 @@ def weighted_cross_entropy(labels, logits):
     return tf.reduce_mean(ce * tf.gather(tf.constant(CLASS_WEIGHTS, tf.float32), labels))
 
 
-def split_weighted_cross_entropy(mesh):
-    """weighted_cross_entropy of the whole sample, from each rank's rows of it (a height split).
-
-    Slabs hold equal pixel counts, so the whole sample's mean is the group's sum of each slab's
-    mean / K. Each rank differentiates its own share only (the gradients' sum over the group is
-    the trainer's, common.parallel.spatial_rows.all_partial_scales); the value it returns is the
-    group's sum, the whole sample's loss, as the unsplit model reports it.
-    """
-
-    def loss(labels, logits):
-        share = weighted_cross_entropy(labels, logits) / mesh.size
-        whole = mesh.sum(tf.stop_gradient(share), name="weighted_cross_entropy.allreduce")
-        return share + tf.stop_gradient(whole - share)
-
-    return loss
-
-
 def per_sample_iou(labels, logits, n_classes: int = N_CLASSES, mesh=None):
     """[B] mean over classes of TP / (TP + FP + FN); a class absent from both counts 1.
 
@@ -462,25 +451,4 @@ def mean_iou(mesh=None) -> EvalMetric:
         update=iou_sums,
         finalize=lambda sums: float(sums[0] / sums[1]),
         lower_is_better=False,
-    )
-
-
-def describe_height_split(net, k: int, height: int) -> str:
-    """The [init] line of a height split: the rows per rank and which layers read a gathered map."""
-    from common.parallel.spatial_rows import RowWindow  # split runs only
-
-    windows = [
-        layer.name.removesuffix("_halo_window")
-        for layer in net.layers
-        if isinstance(layer, RowWindow)
-    ]
-    halos = sum(getattr(layer, "row_halo", None) is not None for layer in net.layers)
-    gathered = (
-        f"; from the group's gathered map (halo taller than a slab): {', '.join(windows)}"
-        if windows
-        else "; no layer reads further than a neighbour's slab"
-    )
-    return (
-        f"each rank holds {height // k} of every sample's {height} rows (1/{k}); {halos} layers take halo rows "
-        f"from their neighbours{gathered}; batch norm statistics and the image pooling summed over the group"
     )

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import tool_main, write_text_atomic
+from common.cli import tool_main
+from common.errors import write_text_atomic
 from offline.plots import plot_curves_time_and_epoch, plot_roofline
 
 

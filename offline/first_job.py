@@ -25,7 +25,8 @@ from pathlib import Path
 import yaml
 
 from common import benchmarks
-from common.errors import ExitCode, InputError, tool_main, write_text_atomic
+from common.cli import tool_main
+from common.errors import ExitCode, InputError, write_text_atomic
 from common.inputs.synthetic_files import MARKER
 
 REPORT = "first_job"  # DIR/first_job.md and DIR/first_job.json

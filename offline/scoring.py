@@ -50,7 +50,7 @@ from mlperf_logging.compliance_checker.mlp_parser import parse_file
 from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer as summarizer
 
-from common.errors import tool_main
+from common.cli import tool_main
 from common.reporting.mlperf_logger import RESUMED_KEY
 from offline import run_logs
 

@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 from mlperf_logging.system_desc_checker import system_desc_checker
 
-from common.errors import tool_main
+from common.cli import tool_main
 from offline import scoring
 
 REPO = Path(__file__).resolve().parents[1]

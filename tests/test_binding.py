@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common.cpu import cpu_list, intra_op_threads
+from common.cpu import intra_op_threads
+from common.parallel.cpu_binding import cpu_list
 from common.parallel.gpu_binding import gpu_affinity, gpu_local_masks
 from tests import helpers
 

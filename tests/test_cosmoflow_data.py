@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cosmoflow import data
+from cosmoflow import data, sample_files
 from tests.helpers import write_tfrecord
 
 SHAPE = (8, 8, 8, 4)
@@ -140,10 +140,10 @@ def test_cache_gives_same_samples(tmp_path):
 
 def test_find_bad_file_names_truncated_and_wrong_shape(tmp_path):
     files, _ = make_files(tmp_path / "d", 3)
-    assert data.find_bad_file(files, SHAPE) is None
+    assert sample_files.find_bad_file(files, SHAPE) is None
     raw = open(files[1], "rb").read()
     open(files[1], "wb").write(raw[: len(raw) // 2])
-    msg = data.find_bad_file(files, SHAPE)
+    msg = sample_files.find_bad_file(files, SHAPE)
     assert msg.startswith(files[1]) and "unreadable" in msg
-    msg = data.find_bad_file([files[0]], (4, 4, 4, 4))
+    msg = sample_files.find_bad_file([files[0]], (4, 4, 4, 4))
     assert msg.startswith(files[0]) and "expected 256" in msg

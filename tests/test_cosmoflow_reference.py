@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 import yaml
 
-from common.checkpoints import restore_model_weights, save_model_weights
+from common.model_folder import restore_model_weights, save_model_weights
 from cosmoflow import import_reference, predict
 from cosmoflow import model as model_lib
 from tests import helpers

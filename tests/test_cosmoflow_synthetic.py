@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from common.inputs import synthetic_files
-from cosmoflow import data, synthetic
+from cosmoflow import data, sample_files, synthetic
 
 
 def test_field_statistics_follow_the_parameters():
@@ -37,7 +37,7 @@ def test_writes_public_layout_and_skips_a_second_time(tmp_path):
     valid = sorted((tmp_path / "validation").glob("*.tfrecord"))
     assert len(train) == 6 and len(valid) == 2
     assert data.detect_compression(train[0]) == "GZIP"
-    assert data.find_bad_file([str(p) for p in train + valid], (8, 8, 8, 4)) is None
+    assert sample_files.find_bad_file([str(p) for p in train + valid], (8, 8, 8, 4)) is None
     ys = np.concatenate(
         [
             y.numpy()

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from common.errors import InputError
 from common.inputs.staging import stage_files
-from deepcam import data, stats, synthetic
+from deepcam import data, sample_files, stats, synthetic
 from deepcam.layout import RAW_SUFFIX
 
 H, W = 16, 24
@@ -47,7 +47,7 @@ def test_read_sample_normalizes_with_stats_and_reads_float_or_int_labels(small_s
     root, files = small_set
     shift, scale = data.load_normalization(root, range(16))
     for path, x, y in files:
-        xs, ys = data.read_sample(path, tuple(range(16)), shift, scale, H, W)
+        xs, ys = sample_files.read_sample(path, tuple(range(16)), shift, scale, H, W)
         np.testing.assert_allclose(xs, (x + 5.0) / (np.arange(16) + 25.0), rtol=1e-6)
         assert ys.dtype == np.int32 and np.array_equal(ys, y.astype(np.int32))
 
@@ -56,7 +56,7 @@ def test_channel_selection_reads_the_chosen_fields(small_set):
     root, files = small_set
     channels = (3, 0, 15)
     shift, scale = data.load_normalization(root, channels)
-    xs, _ = data.read_sample(files[0][0], channels, shift, scale, H, W)
+    xs, _ = sample_files.read_sample(files[0][0], channels, shift, scale, H, W)
     expect = (files[0][1][..., list(channels)] + 5.0) / (np.array(channels) + 25.0)
     np.testing.assert_allclose(xs, expect, rtol=1e-6)
 
@@ -93,11 +93,11 @@ def test_bad_files_are_named(small_set, tmp_path):
     with h5py.File(nolabel, "w") as f:
         f["climate/data"] = np.zeros((H, W, 16), np.float32)
     channels = tuple(range(16))
-    assert data.find_bad_file([f[0] for f in files], channels, H, W) is None
-    assert "wrong.h5" in data.find_bad_file([files[0][0], str(wrong)], channels, H, W)
-    assert "shape" in data.find_bad_file([str(wrong)], channels, H, W)
-    assert "cut.h5" in data.find_bad_file([str(truncated)], channels, H, W)
-    assert "climate/labels_0" in data.find_bad_file([str(nolabel)], channels, H, W)
+    assert sample_files.find_bad_file([f[0] for f in files], channels, H, W) is None
+    assert "wrong.h5" in sample_files.find_bad_file([files[0][0], str(wrong)], channels, H, W)
+    assert "shape" in sample_files.find_bad_file([str(wrong)], channels, H, W)
+    assert "cut.h5" in sample_files.find_bad_file([str(truncated)], channels, H, W)
+    assert "climate/labels_0" in sample_files.find_bad_file([str(nolabel)], channels, H, W)
 
 
 def _write_layout(path, x, y, layout):
@@ -178,7 +178,9 @@ def test_a_height_split_rank_reads_its_rows_of_every_layout(tmp_path, channels, 
     for layout in layouts:
         _write_layout(tmp_path / f"{layout}.h5", x, y, layout)
     staged, _ = stage_files(
-        [str(tmp_path / "contiguous.h5")], tmp_path / "stage", data.raw_layout(channels, H, W)
+        [str(tmp_path / "contiguous.h5")],
+        tmp_path / "stage",
+        sample_files.raw_layout(channels, H, W),
     )
     sources = {layout: [str(tmp_path / f"{layout}.h5")] for layout in layouts} | {"staged": staged}
     common = dict(channels=channels, height=H, width=W, batch_size=1, training=False, cache=cache)
@@ -221,7 +223,7 @@ def test_batches_held_by_the_consumer_are_never_overwritten(small_set, tmp_path,
     root, files = small_set
     paths = [f[0] for f in files]
     if staged:
-        paths, _ = stage_files(paths, tmp_path / "stage", data.raw_layout(channels, H, W))
+        paths, _ = stage_files(paths, tmp_path / "stage", sample_files.raw_layout(channels, H, W))
     expected = {
         os.path.basename(p).split(".")[0]: (x[..., list(channels)], y.astype(np.uint8))
         for p, x, y in files
@@ -249,11 +251,11 @@ def test_staged_raw_samples_read_as_the_hdf5_ones(small_set, tmp_path, channels)
     # Staged in the raw layout (read by TensorFlow's own ops, no h5py): the same batches.
     root, files = small_set
     paths = [f[0] for f in files]
-    layout = data.raw_layout(channels, H, W)
+    layout = sample_files.raw_layout(channels, H, W)
     staged, stats_ = stage_files(paths, tmp_path / "stage", layout)
     assert [os.path.basename(p) for p in staged] == [f"s{i}{RAW_SUFFIX}" for i in range(4)]
     assert stats_.bytes == 4 * H * W * (4 * len(channels) + 1) == 4 * os.path.getsize(staged[0])
-    assert data.find_bad_file(staged, channels, H, W) is None
+    assert sample_files.find_bad_file(staged, channels, H, W) is None
     common = dict(channels=channels, height=H, width=W, batch_size=2, training=False)
     for (x_h5, y_h5), (x_raw, y_raw) in zip(
         data.make_dataset(paths, **common), data.make_dataset(staged, **common)
@@ -263,18 +265,20 @@ def test_staged_raw_samples_read_as_the_hdf5_ones(small_set, tmp_path, channels)
         np.testing.assert_array_equal(y_raw.numpy(), y_h5.numpy())
     # The layout's name holds its parameters: other channels stage again, the same ones reuse.
     assert stage_files(paths, tmp_path / "stage", layout)[1].skipped == 4
-    assert stage_files(paths, tmp_path / "stage", data.raw_layout((1,), H, W))[1].skipped == 0
+    assert (
+        stage_files(paths, tmp_path / "stage", sample_files.raw_layout((1,), H, W))[1].skipped == 0
+    )
 
 
 def test_a_bad_staged_raw_sample_is_named(small_set, tmp_path):
     root, files = small_set
     staged, _ = stage_files(
-        [f[0] for f in files[:2]], tmp_path / "stage", data.raw_layout(range(16), H, W)
+        [f[0] for f in files[:2]], tmp_path / "stage", sample_files.raw_layout(range(16), H, W)
     )
     cut = staged[1]
     with open(cut, "r+b") as f:
         f.truncate(1000)
-    problem = data.find_bad_file(staged, tuple(range(16)), H, W)
+    problem = sample_files.find_bad_file(staged, tuple(range(16)), H, W)
     assert problem.startswith(cut) and "1,000 bytes" in problem, problem
     # The readers refuse it too, naming it (decode_raw alone would zero-pad it).
     common = dict(channels=tuple(range(16)), height=H, width=W, batch_size=1, training=False)
@@ -292,15 +296,15 @@ def test_staging_a_bad_hdf5_sample_names_it(small_set, tmp_path):
     wrong = root / "train" / "wrong.h5"
     write_sample(wrong, np.zeros((H, W + 1, 16), np.float32), np.zeros((H, W + 1)))
     with pytest.raises(InputError, match=f"{wrong}.*shape"):
-        stage_files([str(wrong)], tmp_path / "stage", data.raw_layout(range(16), H, W))
+        stage_files([str(wrong)], tmp_path / "stage", sample_files.raw_layout(range(16), H, W))
     negative = root / "train" / "negative.h5"
     write_sample(negative, np.zeros((H, W, 16), np.float32), np.full((H, W), -1.0))
     with pytest.raises(InputError, match=f"cannot stage {negative}: climate/labels_0 holds values"):
-        stage_files([str(negative)], tmp_path / "stage", data.raw_layout(range(16), H, W))
+        stage_files([str(negative)], tmp_path / "stage", sample_files.raw_layout(range(16), H, W))
     cut = root / "train" / "cut.h5"
     cut.write_bytes(b"\x89HDF\r\n" + bytes(100))
     with pytest.raises(InputError, match=f"cannot stage {cut}: unreadable HDF5"):
-        stage_files([str(cut)], tmp_path / "stage", data.raw_layout(range(16), H, W))
+        stage_files([str(cut)], tmp_path / "stage", sample_files.raw_layout(range(16), H, W))
     assert not [p for p in (tmp_path / "stage" / "train").iterdir()]  # nothing half-written left
 
 
@@ -335,7 +339,7 @@ def test_the_task_normalizes_inside_the_step(small_set):
     assert y_in.dtype == tf.int32
     shift, scale = data.load_normalization(root, channels)
     for i in range(2):
-        expect_x, expect_y = data.read_sample(files[i][0], channels, shift, scale, H, W)
+        expect_x, expect_y = sample_files.read_sample(files[i][0], channels, shift, scale, H, W)
         np.testing.assert_allclose(x_in.numpy()[i], expect_x, rtol=1e-6)
         np.testing.assert_array_equal(y_in.numpy()[i], expect_y)
 

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.checkpoints import CONFIG_NAME, restore_model_weights, save_model_weights
 from common.config import dump_config
+from common.model_folder import CONFIG_NAME, restore_model_weights, save_model_weights
 from common.run.steps import eval_step_specs, make_eval_step
 from common.run.trainer import Trainer, padded_batches
 from deepcam import import_reference, model, predict, task

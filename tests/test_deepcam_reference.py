@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.checkpoints import restore_model_weights
+from common.model_folder import restore_model_weights
 from deepcam import import_reference, model
 from tests import helpers
 

@@ -1,4 +1,4 @@
-"""common.errors: the one table of exit codes, the tools' main wrapper, atomic writes."""
+"""common.errors: the one table of exit codes, atomic writes; common.cli: the tools' main wrapper."""
 
 import os
 import re
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from common.errors import ExitCode, InputError, tool_main, write_text_atomic
+from common.cli import tool_main
+from common.errors import ExitCode, InputError, write_text_atomic
 from tests.helpers import REPO
 
 

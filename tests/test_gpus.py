@@ -12,7 +12,8 @@ import subprocess
 import pytest
 
 from common.parallel import gpus
-from common.parallel.gpus import RankGpu, sharing_error, visible
+from common.parallel.gpu_sharing import sharing_error
+from common.parallel.gpus import RankGpu, visible
 from tests import helpers
 
 FAKE_NVML = r"""

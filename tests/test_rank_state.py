@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.checkpoints import RankState, rank_file
 from common.errors import InputError
 from common.parallel.distribution import batchnorm_statistics
+from common.rank_state import RankState, rank_file
 
 
 def _model(bn_layers: int = 2, width: int = 3):

@@ -160,13 +160,9 @@ DEVICE_BUFFER = 1
 
 
 def target_device(setting: str, device: str) -> str:
-    """Where the last stage prefetches batches to: '/gpu:0' (a rank's pinned GPU), '/cpu:0' ('on'
-    on a CPU: the same stage, testable there) or 'off'.
-
-    Args:
-      setting: runtime.prefetch_to_device: 'auto' (on for a GPU, off for a CPU), 'on' or 'off'.
-      device: 'gpu' or 'cpu' (Distribution.device).
-    """
+    """Where the last stage prefetches batches to, by runtime.prefetch_to_device ('auto': on for a
+    GPU, off for a CPU) and Distribution.device: '/gpu:0' (a rank's pinned GPU), '/cpu:0' ('on' on
+    a CPU: the same stage, testable there) or 'off'."""
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"prefetch_to_device must be auto, on or off, not {setting!r}")
     if setting == "off" or (setting == "auto" and device != "gpu"):

@@ -65,6 +65,14 @@ class StageStats:
         """What summary.json says of it (gb_per_s included)."""
         return dataclasses.asdict(self) | {"gb_per_s": self.gb_per_s}
 
+    def line(self) -> str:
+        """What rank 0's console says of it."""
+        return (
+            f"[staging] {self.files} files ({self.skipped} already staged), "
+            f"{self.bytes / 1e9:.3f} GB in {self.seconds:.2f} s = {self.gb_per_s:.3f} GB/s "
+            f"(all ranks)"
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class _Job:

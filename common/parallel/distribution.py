@@ -123,7 +123,9 @@ class Distribution:
         """A collective, after the thread pools are sized: ConfigError naming the ranks, host and
         GPU UUID (from NVML) when two ranks of a host would use one GPU."""
         if self.size > 1:
-            error = gpus.sharing_error(self.allgather_object(self.gpu))
+            from common.parallel.gpu_sharing import sharing_error
+
+            error = sharing_error(self.allgather_object(self.gpu))
             if error:
                 raise ConfigError(error)
 

@@ -21,7 +21,8 @@ import dataclasses
 import re
 import sys
 
-from common.cpu import _cores, cpu_list
+from common.cpu import cores_text
+from common.parallel.cpu_binding import cpu_list
 
 # nvidia-smi separates the matrix's columns with tabs; a copy from a terminal has runs of spaces.
 _COLUMNS = re.compile(r"\t| {2,}")
@@ -132,7 +133,7 @@ def _main(argv: list[str]) -> int:
         "; ".join(
             f"GPU {cpu_list(members)} (NUMA node {'?' if g.numa is None else g.numa},"
             f" CPUs {g.cpus}):"
-            f" {_cores(len(masks[members[0]]))} a rank"
+            f" {cores_text(len(masks[members[0]]))} a rank"
             for g, members in domains.items()
         )
     )

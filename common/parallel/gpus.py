@@ -1,10 +1,9 @@
-"""The GPUs this process sees, by UUID through NVML, and the rule that no two ranks of a host share
-one (docs/scaling.md#gpus-and-cpu-binding). NVML comes with the driver, lists the node's GPUs in
-PCI bus order and ignores CUDA_VISIBLE_DEVICES, which `visible` applies as CUDA does. Imports
-neither TensorFlow nor Horovod.
+"""The GPUs this process sees, by UUID through NVML (docs/scaling.md#gpus-and-cpu-binding; no two
+ranks of a host share one: common.parallel.gpu_sharing). NVML comes with the driver, lists the
+node's GPUs in PCI bus order and ignores CUDA_VISIBLE_DEVICES, which `visible` applies as CUDA does.
+Imports neither TensorFlow nor Horovod.
 """
 
-import collections
 import ctypes
 import dataclasses
 import os
@@ -84,37 +83,5 @@ def visible_uuids(environ=None, library: str = LIBRARY) -> tuple[str, ...] | Non
 
 def index_for(local_rank: int, count: int) -> int:
     """The index of the GPU a rank uses among the `count` it sees: its local rank's, or the only one
-    (wrapping onto another rank's, which `sharing_error` then refuses)."""
+    (wrapping onto another rank's, which common.parallel.gpu_sharing then refuses)."""
     return local_rank % count
-
-
-def sharing_error(ranks) -> str | None:
-    """One line naming the ranks, host and GPU when two ranks of a host would use one GPU, else
-    None; `ranks` is every rank's RankGpu (an allgather: the same answer on every rank)."""
-    users = collections.defaultdict(list)
-    for r in ranks:
-        if r.uuid is not None:
-            users[(r.host, r.uuid)].append(r.rank)
-    shared = [(where, sorted(who)) for where, who in users.items() if len(who) > 1]
-    advice = (
-        "launch at most one rank per GPU of a node (--ntasks-per-node no more than its GPUs); each "
-        "rank takes its local rank's GPU among those it sees (docs/scaling.md#gpus-and-cpu-binding)"
-    )
-    if shared:
-        (host, uuid), who = min(shared, key=lambda s: s[1])
-        more = f" ({len(shared) - 1} more GPU(s) shared likewise)" if len(shared) > 1 else ""
-        return f"ranks {_and(who)} on {host} would share GPU {uuid}{more}: {advice}"
-    # Without NVML (no UUIDs), a rank whose local rank wraps past several GPUs is certain to share.
-    wrapped = (r for r in ranks if r.uuid is None and r.visible > 1 and r.local_rank >= r.visible)
-    r = min(wrapped, key=lambda r: r.rank, default=None)
-    if r is not None:
-        return (
-            f"rank {r.rank} on {r.host} is local rank {r.local_rank} but sees {r.visible} GPUs, so "
-            f"it would share local rank {r.local_rank % r.visible}'s: {advice}"
-        )
-    return None
-
-
-def _and(items) -> str:
-    items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -17,6 +17,8 @@ gradient (ShardedUpdate.prepare), and the owner runs the same update step on the
 
 import tensorflow as tf
 
+from common.run.steps import apply_or_skip
+
 
 def assign_owners(sizes, ranks: int) -> list:
     """For each variable (by its element count), the group index that owns it: largest first, each to
@@ -69,6 +71,19 @@ class ShardedUpdate:
                 owned, clip_norm, use_norm=tf.linalg.global_norm(grads)
             )
         return owned, tf.reduce_all(tf.stack(finite))
+
+    def update(self, optimizer, grads, clip_norm, scaled: bool) -> None:
+        """This rank's variables updated as the unsharded update would (`share` then sets every
+        variable to its owner's value); `scaled`: the optimizer is a LossScaleOptimizer."""
+        owned, finite = self.prepare(grads, clip_norm)
+        pairs = list(zip(owned, self.owned_variables()))
+        if scaled:
+            # The loss scale skips and shrinks on its own check, which sees only this rank's gradients:
+            # a non-finite gradient of another rank's variable reaches it as NaN, so every rank agrees.
+            poison = tf.where(finite, 0.0, float("nan"))
+            optimizer.apply_gradients([(g + tf.cast(poison, g.dtype), v) for g, v in pairs])
+        else:
+            apply_or_skip(optimizer, pairs, finite)
 
     def share(self) -> None:
         """After this rank's update of its variables: every variable set to its owner's value."""

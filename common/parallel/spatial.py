@@ -133,3 +133,12 @@ def gradient_scales(model) -> list:
     partial = {id(v) for layer in split for v in layer.trainable_variables}
     k = max((layer.mesh.size for layer in split), default=1)
     return [float(k) if id(v) in partial else 1.0 for v in model.trainable_variables]
+
+
+def describe_depth_split(model, k: int) -> str:
+    """The [init] line of a depth split over `k` ranks: where the slabs are gathered."""
+    gathered = ", ".join(layer.name for layer in model.layers if isinstance(layer, GatherSlabs))
+    return (
+        f"each rank holds 1/{k} of every sample's depth; slabs gathered at "
+        f"{gathered}, the layers after it run whole on every rank of a group"
+    )

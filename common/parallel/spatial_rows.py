@@ -6,7 +6,7 @@ A convolution of the unsplit network stays the layer it was, with its variables 
 reads the rows beyond its slab as follows:
 - `RowHalo`: the neighbours' boundary rows, one alltoall in the group (zeros beyond the sample's
   top and bottom, as 'same' padding gives the whole sample), and the columns zero-padded; the
-  layer (deepcam.model.SlabConvolution) convolves slab and halo 'valid', keeping for backward the slab and
+  layer (deepcam.height_split.SlabConvolution) convolves slab and halo 'valid', keeping for backward the slab and
   the halo's rows rather than their padded copy (common.parallel.rebuilt_input);
 - `GatherRows` then `RowWindow`: where the halo is taller than a slab (DeepCAM's dilated ASPP
   branches at small slabs), the group's slabs gathered once and each rank's window cut from

@@ -110,10 +110,6 @@ class Console(Listener):
         self._end_bar()
         print(text, file=self.stream, flush=True)
 
-    def note(self, text: str) -> None:
-        """An `[init]` line of the launcher's (which config, what runtime.tiny did)."""
-        self.print(f"[init] {text}")
-
     def _end_bar(self, summary: bool = False) -> None:
         if self.bar is not None:
             self.bar.close(summary)
@@ -136,23 +132,10 @@ class Console(Listener):
             self._end_bar(summary=True)
 
     def on_staging_stop(self, stats):
-        self.print(
-            f"[staging] {stats.files} files ({stats.skipped} already staged), "
-            f"{stats.bytes / 1e9:.3f} GB in {stats.seconds:.2f} s = {stats.gb_per_s:.3f} GB/s "
-            f"(all ranks)"
-        )
+        self.print(stats.line())
 
     def on_instances_met(self, meeting):
-        gone = f"; ended before they were ready: {list(meeting.gone)}" if meeting.gone else ""
-        missing = (
-            f"; not ready after the timeout, started without them: {list(meeting.missing)}"
-            if meeting.missing
-            else ""
-        )
-        self.print(
-            f"[weak-scaling] this instance waited {meeting.waited_s:.2f} s for the others to be "
-            f"ready{gone}{missing}"
-        )
+        self.print(meeting.line())
 
     def on_run_start(self):
         self.run_start = time.time()
@@ -176,13 +159,9 @@ class Console(Listener):
         self._end_bar(summary=self.tty)  # a file gets the epoch line only
         self.train = train
         if train.first_step_s is not None:
-            self.print(
-                f"[timing] first step {train.first_step_s:.3f} s, median {train.median_step_s:.3f} s "
-                f"({train.first_step_s / train.median_step_s:.2f}x), 90th percentile {train.p90_step_s:.3f} s "
-                f"({train.p90_step_s / train.median_step_s:.2f}x) over the epoch's steps, each waited for, "
-                f"without their wait for input; the first batch waited {train.first_input_wait_s:.3f} s "
-                f"(cold reads, buffers filling); rank 0"
-            )
+            from common.run.benchmark_mode import timing_line  # runtime.step_timing only
+
+            self.print(timing_line(train))
 
     def on_eval_stop(self, epoch, global_step, value, loss):
         t = self.train

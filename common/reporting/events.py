@@ -74,8 +74,8 @@ class EpochTrain:
 
     global_step: int  # steps done in the whole run at the epoch's end
     loss: float  # mean of the epoch's step losses over all ranks
-    lr: float  # the LR of the epoch's first step
     samples_per_s: float  # all ranks, over the steps this process ran
+    lr: float  # the LR of the epoch's first step
     # runtime.step_timing, the first epoch this process runs only (else None): step times, each
     # waited for, without their wait for input; and the first step's wait for its batch.
     first_step_s: float | None = None

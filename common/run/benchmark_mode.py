@@ -1,11 +1,13 @@
 """Benchmark mode (train.benchmark_steps, --benchmark): throughput of the real loop, no MLPerf log;
-and the input waits runtime.step_timing tells apart from its steps' times (TimedBatches).
+and runtime.step_timing's timed steps (StepTimer).
 
 The input pipeline alone first, then train.benchmark_steps steps of the real loop (staged
 files, input pipeline, allreduce, events), timed after the warm-up steps.
 """
 
 import time
+
+import numpy as np
 
 from common.reporting.events import StepInfo
 from common.run.report import RunResult
@@ -58,13 +60,24 @@ def run_benchmark(trainer, train_ds) -> RunResult:
     return RunResult(status="benchmarked", throughput=throughput)
 
 
-class TimedBatches:
-    """The training iterator, counting the seconds its callers wait in next() (for input), so that
-    a step's own time can be told apart."""
+def benchmark_line(name: str, b: dict) -> str:
+    """The [benchmark] line of run_benchmark's throughput figures `b`."""
+    return (
+        f"[benchmark] {name}: {b['steps']} steps after {b['warmup_steps']} warm-up, "
+        f"{b['ranks']} rank(s), global batch {b['global_batch_size']}, {b['precision']}: "
+        f"{b['samples_per_s_per_rank']:.2f} samples/s per rank, {b['samples_per_s']:.2f} "
+        f"samples/s in total; input pipeline alone "
+        f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank"
+    )
+
+
+class StepTimer:
+    """runtime.step_timing: the training batches, and each step run on them waited for and timed,
+    its wait for input (in next()) apart, for the [timing] line."""
 
     def __init__(self, iterator):
-        self._iterator = iterator
-        self._waited = 0.0
+        self._iterator, self._waited = iterator, 0.0
+        self.step_times, self.input_waits = [], []
 
     def __iter__(self):
         return self
@@ -76,7 +89,33 @@ class TimedBatches:
         finally:
             self._waited += time.perf_counter() - start
 
-    def take_wait(self) -> float:
-        """The seconds waited since the last call."""
-        taken, self._waited = self._waited, 0.0
-        return taken
+    def run(self, train_step):
+        """`train_step` on these batches, waited for (the measurement's cost, opted into)."""
+        start, self._waited = time.perf_counter(), 0.0
+        result = train_step(self)
+        result.loss.numpy()
+        self.step_times.append(time.perf_counter() - start - self._waited)
+        self.input_waits.append(self._waited)
+        return result
+
+    def figures(self) -> dict:
+        """The common.reporting.events.EpochTrain fields of the steps timed ({} if none)."""
+        if not self.step_times:
+            return {}
+        return dict(
+            first_step_s=self.step_times[0],
+            median_step_s=float(np.median(self.step_times)),
+            p90_step_s=float(np.percentile(self.step_times, 90)),
+            first_input_wait_s=self.input_waits[0],
+        )
+
+
+def timing_line(train) -> str:
+    """The [timing] line of an epoch's common.reporting.events.EpochTrain with StepTimer's figures."""
+    first, median, p90 = train.first_step_s, train.median_step_s, train.p90_step_s
+    return (
+        f"[timing] first step {first:.3f} s, median {median:.3f} s ({first / median:.2f}x), "
+        f"90th percentile {p90:.3f} s ({p90 / median:.2f}x) over the epoch's steps, each waited "
+        f"for, without their wait for input; the first batch waited "
+        f"{train.first_input_wait_s:.3f} s (cold reads, buffers filling); rank 0"
+    )

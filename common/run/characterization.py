@@ -81,8 +81,6 @@ def allreduce_seconds(dist, variables, compression: str, repeats: int = 5) -> fl
 def characterize_run(trainer, train_ds, staging) -> dict:
     """Every rank (collectives), after run_stop of a completed run with runtime.characterize: the
     run's figures for offline.characterize. `staging`: the StageStats, None when nothing was staged."""
-    from common.run.report import staging_dict
-
     trainer.events.on_characterization_start()
     model, dist, shards = trainer.model, trainer.dist, trainer.shards
     sample_shape = train_ds.element_spec[0].shape[1:]
@@ -125,7 +123,7 @@ def characterize_run(trainer, train_ds, staging) -> dict:
         "allreduce_seconds_per_step": reduce_s,
         "step_seconds": step_s,
         "allreduce_share": reduce_s / step_s if math.isfinite(step_s) and step_s > 0 else 0.0,
-        "staging": staging_dict(staging),
+        "staging": staging.as_dict() if staging else {},
     }
 
 

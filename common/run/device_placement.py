@@ -1,4 +1,6 @@
-"""On a GPU, where TensorFlow placed the steps' ops: warm-up's check that none fell back to the CPU.
+"""Ops the device cannot run as the steps ask, warm-up's checks: the one line for an op without a
+kernel (`missing_kernel`), and on a GPU, where TensorFlow placed the steps' ops (none may fall back
+to the CPU).
 
 An op without a GPU kernel (at all, or for its dtype) is placed on the CPU without a word (soft
 placement): the step still runs, slower, copying the op's inputs from the GPU's memory to the host
@@ -20,6 +22,8 @@ import re
 
 import tensorflow as tf
 from tensorflow.python.eager import context  # graph collection: private, no public API in TF 2.x
+
+from common.errors import ConfigError
 
 # Op types that rightly run on the host: a function's arguments and results, the copies between
 # devices, constants and ops that compute nothing, shape metadata, the input pipeline's iterator,
@@ -144,3 +148,38 @@ def fallback_message(fallbacks) -> str:
         f"ops cost time every step. To run so anyway: --set {ALLOW_KEY}={','.join(by_type)} "
         f"(docs/gpu.md)"
     )
+
+
+def run_without_fallbacks(run_steps, allowed) -> None:
+    """Makes the steps' first calls (`run_steps`), their functions placed as they are instantiated;
+    ConfigError when an op of theirs fell back to the CPU and is not `allowed`."""
+    placed = placement_of(run_steps)
+    if not placed:
+        raise RuntimeError("warm-up: no placement recorded: the steps ran before warm-up")
+    fallbacks = cpu_fallbacks(placed, allowed)
+    if fallbacks:
+        raise ConfigError(fallback_message(fallbacks))
+
+
+def missing_kernel(message: str) -> str | None:
+    """The one line for an op this device cannot run in this dtype or form (float16 pooling on a
+    CPU), which the first step that runs meets and tracing does not; None for any other error."""
+    advice = "(on a CPU: --set runtime.amp_dtype=bfloat16, or --xla, whose kernels cover float16)"
+    found = re.search(r"No OpKernel was registered to support Op '(\w+)'", message)
+    if found:
+        dtype = re.search(r"\bT=DT_(\w+)", message)
+        devices = re.search(r"Registered devices: \[([^\]]*)\]", message)
+        return (
+            f"warm-up: TensorFlow has no kernel for {found.group(1)}"
+            f"{' in ' + dtype.group(1).lower() if dtype else ''} on this host's devices "
+            f"({devices.group(1) if devices else 'unknown'}): this precision and device cannot train the "
+            f"model {advice}"
+        )
+    found = re.search(r"(Current CPU implementations do not yet support [^\n]*)", message)
+    if found:
+        node = re.search(r"\{\{node ([^}]+)\}\}", message)
+        return (
+            f"warm-up: {found.group(1).rstrip('.')} ({node.group(1) if node else 'an op'}): this precision "
+            f"and device cannot train the model {advice}"
+        )
+    return None

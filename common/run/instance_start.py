@@ -48,6 +48,19 @@ class Meeting:
     gone: tuple = ()
     missing: tuple = ()
 
+    def line(self) -> str:
+        """What rank 0's console says of it."""
+        gone = f"; ended before they were ready: {list(self.gone)}" if self.gone else ""
+        missing = (
+            f"; not ready after the timeout, started without them: {list(self.missing)}"
+            if self.missing
+            else ""
+        )
+        return (
+            f"[weak-scaling] this instance waited {self.waited_s:.2f} s for the others to be "
+            f"ready{gone}{missing}"
+        )
+
 
 def wait_for_instances(directory, number: int, timeout_s: float, poll_s: float = POLL_S) -> Meeting:
     """Waits until each of instances 0..number-1 is ready or gone, or until `timeout_s`."""

@@ -59,15 +59,10 @@ class RunResult:
 def write_summary(result: RunResult, path, extra: dict) -> None:
     """Rank 0: the run's figures and `extra` as JSON at `path`, written atomically."""
     data = dataclasses.asdict(result) | extra
-    data["staging"] = staging_dict(result.staging)
+    data["staging"] = result.staging.as_dict() if result.staging else {}
     if result.failure is not None:
         data["failure"] = result.failure.as_dict()
     write_text_atomic(path, json.dumps(data, indent=2, default=float))
-
-
-def staging_dict(stats: "StageStats | None") -> dict:
-    """What summary.json says of staging: its figures, {} when nothing was staged."""
-    return stats.as_dict() if stats is not None else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,18 +78,9 @@ def finish(task, r: RunResult, run_dir, exit_preempted: int) -> Report:
     cfg, run_dir, name = task.cfg, Path(run_dir).resolve(), task.name
     where = f"[done] run directory: {run_dir}"
     if r.status == "benchmarked":
-        b = r.throughput
-        return Report(
-            "no log (benchmark mode)",
-            [
-                f"[benchmark] {name}: {b['steps']} steps after {b['warmup_steps']} warm-up, "
-                f"{b['ranks']} rank(s), global batch {b['global_batch_size']}, {b['precision']}: "
-                f"{b['samples_per_s_per_rank']:.2f} samples/s per rank, {b['samples_per_s']:.2f} "
-                f"samples/s in total; input pipeline alone "
-                f"{b['input_samples_per_s_per_rank']:.2f} samples/s per rank",
-                where,
-            ],
-        )
+        from common.run.benchmark_mode import benchmark_line
+
+        return Report("no log (benchmark mode)", [benchmark_line(name, r.throughput), where])
     if r.status == "evaluated":
         said = f"evaluated the model of epoch {r.epochs}: {task.metric_name} {r.metric:.4f}"
         return Report(

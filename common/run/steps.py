@@ -35,6 +35,19 @@ def all_finite(tensors) -> tf.Tensor:
     )
 
 
+def apply_or_skip(optimizer, pairs, finite) -> None:
+    """Applies the (gradient, variable) `pairs` where `finite` (a scalar bool) holds, else only
+    counts the step: an update with a non-finite gradient is skipped on every rank alike."""
+
+    def update():
+        optimizer.apply_gradients(pairs)
+
+    def skip():
+        optimizer.iterations.assign_add(1, read_value=False)
+
+    tf.cond(finite, update, skip)
+
+
 class TrainStep:
     """One optimizer step: forward and backward over `accumulation` micro-batches (gradients summed
     in variables), allreduce average, update.
@@ -141,35 +154,11 @@ class TrainStep:
         pairs = list(zip(grads, self.model.trainable_variables))
         if self._scaled:  # skips non-finite gradients itself, and lowers the loss scale
             self.optimizer.apply_gradients(pairs)
-            return
-
-        def update():
-            self.optimizer.apply_gradients(pairs)
-
-        def skip():
-            self.optimizer.iterations.assign_add(1, read_value=False)
-
-        tf.cond(all_finite(grads), update, skip)
+        else:
+            apply_or_skip(self.optimizer, pairs, all_finite(grads))
 
     def _update_sharded_py(self, grads):
-        """This rank's variables updated as the unsharded update would (every variable is then set to
-        its owner's value by `_apply`: one allgather over the spatial group)."""
-        owned, finite = self._shard.prepare(grads, self._clip_norm)
-        pairs = list(zip(owned, self._shard.owned_variables()))
-        if self._scaled:
-            # The loss scale skips and shrinks on its own check, which sees only this rank's gradients:
-            # a non-finite gradient of another rank's variable reaches it as NaN, so every rank agrees.
-            poison = tf.where(finite, 0.0, float("nan"))
-            self.optimizer.apply_gradients([(g + tf.cast(poison, g.dtype), v) for g, v in pairs])
-        else:
-
-            def update():
-                self.optimizer.apply_gradients(pairs)
-
-            def skip():
-                self.optimizer.iterations.assign_add(1, read_value=False)
-
-            tf.cond(finite, update, skip)
+        self._shard.update(self.optimizer, grads, self._clip_norm, self._scaled)
 
     def _fused_py(self, x, y):
         loss, finite, grads = self._loss_and_grads(x, y)

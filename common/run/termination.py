@@ -1,5 +1,5 @@
-"""Stop requests, the ranks' agreement to stop, and ending a run that cannot go on (a non-finite
-input or loss) with the same message on every rank.
+"""Stop requests, the ranks' agreement to stop, and why a run could not go on (`Failure`, raised
+on every rank alike by common.run.failures).
 
 SIGUSR1 (SLURM's `--signal=USR1@<grace>`) asks for a stop: the ranks agree at the next check,
 checkpoint, close the MLPerf log as aborted and exit with ExitCode.PREEMPTED. SIGTERM (scancel, a
@@ -14,7 +14,6 @@ import dataclasses
 import os
 import signal
 import threading
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -116,10 +115,7 @@ def _first(flags) -> int | None:
 
 
 # Bad input names its file: a read or parse error (`naming_bad_files`) on the rank that hit it, a
-# batch with NaN or Inf (`fail_on_input`) on every rank. A non-finite loss with every input finite
-# (`fail_on_loss`) keeps a checkpoint of the last finite state. Both raise RunFailed on every rank
-# at the same point, so no rank is left waiting in a collective.
-
+# batch with NaN or Inf on every rank (common.run.failures, which raises RunFailed).
 NON_FINITE_INPUT = "non-finite input"
 NON_FINITE_LOSS = "non-finite loss"
 
@@ -140,12 +136,9 @@ class Failure:
     message: str  # the launcher's `error:` line
     step_num: int  # the global step of the bad batch or loss (for validation: the run's step)
     loss: str | None = None  # non-finite loss: the global loss of that step, as text ("nan", "inf")
-    input_file: str | None = (
-        None  # non-finite input: the file (its source when staged); None if none was found
-    )
-    checkpoint: str | None = (
-        None  # non-finite loss: the last finite state; None if none was written
-    )
+    # Non-finite input: the file (its source when staged); None if none was found.
+    input_file: str | None = None
+    checkpoint: str | None = None  # non-finite loss: the last finite state; None if none written
 
     def as_dict(self) -> dict:
         """What summary.json says of it: the keys of its reason."""
@@ -170,94 +163,3 @@ def naming_bad_files(task, files):
         if found:
             raise InputError(found) from None
         raise
-
-
-def fail_on_input(
-    dist, task, culprit: int, files, epoch: int, global_step, what: str, current_step: int
-):
-    """Every rank: rank `culprit` (which read a `what` batch with NaN or Inf, "training" or
-    "validation") looks for the file in `files`; raises RunFailed naming it, on every rank.
-
-    global_step: the culprit's step of that batch (None: not known, as for validation);
-    current_step: the run's global step now (the log's step_num when global_step is None).
-    """
-    message = None
-    if dist.rank == culprit:
-        found = task.find_bad_file(files)  # 'PATH: reason'
-        path = found.split(": ", 1)[0] if found else None
-        from common.inputs.staging_manifest import source_of  # an error path: imported here
-
-        source = source_of(path) if path else None
-        staged = f" (staged from {source})" if source else ""
-        where = f"{what} step {global_step}" if global_step is not None else what
-        message = {
-            "input_file": source or path,
-            "text": (
-                f"{found}{staged} (non-finite input, found after the {where} of epoch {epoch} "
-                f"on rank {culprit})"
-                if found
-                else f"rank {culprit} read a {what} batch with NaN or Inf after preprocessing (epoch "
-                f"{epoch}, {where}), but no file of its shard holds one: the preprocessing "
-                f"overflowed (values beyond float32 after normalization?)"
-            ),
-        }
-    message = dist.broadcast_object(message, root_rank=culprit)
-    raise RunFailed(
-        Failure(
-            reason=NON_FINITE_INPUT,
-            exit_code=ExitCode.INPUT_ERROR,
-            input_file=message["input_file"],
-            step_num=global_step if global_step is not None else current_step,
-            message=message["text"] + "; MLPerf log closed as aborted",
-        )
-    )
-
-
-def fail_on_loss(
-    dist, variables, save_now, latest_checkpoint, epoch: int, bad_step: int, local_loss
-) -> None:
-    """Every rank: the loss of `bad_step` was not finite on some rank (`local_loss`: this rank's),
-    every input finite. Keeps the last finite state of `variables` (`save_now()` checkpoints and
-    returns the folder; rank 0's `latest_checkpoint()` the newest on disk); raises RunFailed."""
-    loss = float(np.mean(dist.allgather([local_loss])))  # the global loss of that step
-    checkpoint, kept = _keep_finite_state(dist, variables, save_now, latest_checkpoint)
-    message = (
-        f"the training loss was {loss} at step {bad_step} (epoch {epoch}): the model diverged (a "
-        f"learning rate too high?); no input file was found bad (every batch of every rank was finite, "
-        f"checked in the step); {kept}; MLPerf log closed as aborted"
-    )
-    raise RunFailed(
-        Failure(
-            reason=NON_FINITE_LOSS,
-            exit_code=ExitCode.NON_FINITE_LOSS,
-            step_num=bad_step,
-            loss=str(loss),
-            checkpoint=checkpoint,
-            message=message,
-        )
-    )
-
-
-def _keep_finite_state(dist, variables, save_now, latest_checkpoint) -> tuple:
-    """Every rank: (checkpoint path or None, what the message says about it). The variables, whose
-    non-finite updates the step skipped, are saved if finite; else the newest checkpoint is it."""
-    broken = float(
-        not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables if v.dtype.is_floating)
-    )
-    if not dist.allreduce_max([broken])[0]:
-        path = save_now()
-        return (
-            path,
-            f"checkpoint of the last finite state (its updates with non-finite gradients skipped): {path}",
-        )
-    latest = latest_checkpoint() if dist.is_root else None
-    latest = dist.broadcast_object(None if latest is None else str(Path(latest).resolve()))
-    if latest is None:
-        return (
-            None,
-            "the weights are no longer finite and no checkpoint was written before (train.checkpoint_steps)",
-        )
-    return (
-        latest,
-        f"the weights are no longer finite; the last finite state is the newest checkpoint {latest}",
-    )

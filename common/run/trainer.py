@@ -49,7 +49,7 @@ from common.run import report as run_report
 from common.run import termination
 from common.run.report import RunResult, write_summary
 from common.run.steps import EvalSums, TrainStep, eval_step_specs, make_eval_step
-from common.run.termination import Failure, RunFailed, fail_on_input, fail_on_loss, naming_bad_files
+from common.run.termination import RunFailed, naming_bad_files
 from common.run.warmup import state_variables, warm_up
 
 # How many steps behind the newest one launched a step must be before its values are read: by then
@@ -65,11 +65,10 @@ def main(task, argv=None) -> int:
 
     def terminated():
         _abort(events, trainer)
-        print(
-            f"error:{rank_prefix} terminated (SIGTERM): log closed as aborted; stopping at the next "
-            f"step with a checkpoint if every rank gets there in time",
-            file=sys.stderr,
-            flush=True,
+        _error(
+            rank_prefix,
+            "terminated (SIGTERM): log closed as aborted; stopping at the next step with a "
+            "checkpoint if every rank gets there in time",
         )
 
     # A launcher ends the other ranks with SIGTERM when one dies (horovodrun, mpirun,
@@ -101,8 +100,8 @@ def main(task, argv=None) -> int:
         listeners, console = [], None
         if dist.is_root:
             console = Console()  # rank 0's console: every line a person reads, in order
-            if note:
-                console.note(note)
+            if note:  # which config, what runtime.tiny did
+                console.print(f"[init] {note}")
             run_dir.mkdir(parents=True, exist_ok=True)
             dump_config(cfg, run_dir / "config.yaml")
             listeners = _listeners(bound, cfg, run_dir, console)
@@ -131,11 +130,7 @@ def main(task, argv=None) -> int:
         # non-zero status would make the launcher kill rank 0 mid-write.
         dist.barrier()
         if result.failure:  # every rank agreed on it and says it, as on any bad input
-            print(
-                f"error:{rank_prefix} {' '.join(result.failure.message.split())}",
-                file=sys.stderr,
-                flush=True,
-            )
+            _error(rank_prefix, result.failure.message)
             return result.failure.exit_code
         if result.status == "preempted":
             termination.stopped()  # in order: the SIGTERM deadline no longer applies
@@ -147,7 +142,7 @@ def main(task, argv=None) -> int:
         )
     except InputError as e:
         _abort(events, trainer)
-        _fail(rank_prefix, " ".join(str(e).split()), ExitCode.INPUT_ERROR)
+        _fail(rank_prefix, str(e), ExitCode.INPUT_ERROR)
     except KeyboardInterrupt:
         _abort(events, trainer)
         _fail(rank_prefix, "interrupted", ExitCode.INTERRUPTED)
@@ -325,7 +320,9 @@ class Trainer:
         try:
             return self._epochs(iter(train_ds), valid_ds, start.position.epoch, run_start)
         except RunFailed as e:
-            return self._end_failed(e.failure, run_start)
+            from common.run.failures import end_failed
+
+            return end_failed(self, e.failure, run_start)
 
     def _epochs(self, train_iter, valid_ds, first_epoch: int, run_start: float) -> RunResult:
         events, saver, t = self.events, self.saver, self.cfg.train
@@ -344,19 +341,10 @@ class Trainer:
             # their mean over all ranks after every epoch (a collective).
             average_batchnorm_statistics(self.model, self.dist)
             events.on_epoch_stop(epoch, train)
-            record = {
-                "epoch": epoch,
-                "loss": train.loss,
-                "samples_per_s": train.samples_per_s,
-                "lr": train.lr,
+            figures = dataclasses.asdict(train)
+            record = {"epoch": epoch} | {
+                k: v for k, v in figures.items() if k != "global_step" and v is not None
             }
-            if train.first_step_s is not None:
-                record.update(
-                    first_step_s=train.first_step_s,
-                    median_step_s=train.median_step_s,
-                    p90_step_s=train.p90_step_s,
-                    first_input_wait_s=train.first_input_wait_s,
-                )
             self.history.append(record)
             if epoch % t.eval_every == 0 or epoch == t.n_epochs:
                 events.on_eval_start(epoch)
@@ -398,16 +386,10 @@ class Trainer:
         )
 
     def _epoch(self, train_iter, epoch) -> EpochTrain | None:
-        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written).
-
-        The loop launches steps and reads none of their values while they may still run: a step's
-        loss and input flag are read (for the agreement and the log line) once it is READ_LAG steps
-        behind the newest one launched, so that on a GPU the read finds it done and the queue the
-        steps are launched into never drains. Only the epoch's end (_end_epoch) reads the last ones,
-        where batch-norm averaging and evaluation wait for them anyway.
-
-        Raises RunFailed on every rank once they agree that a step's input or loss was not finite.
-        """
+        """The rest of `epoch`'s steps; None if the ranks agreed to stop (checkpoint written);
+        RunFailed on every rank once they agree that a step's input or loss was not finite. A step's
+        values are read READ_LAG steps after its launch, the last ones at the epoch's end
+        (_end_epoch), where batch-norm averaging and evaluation wait for them anyway."""
         t, saver, per_epoch = self.cfg.train, self.saver, self.steps_per_epoch
         start = time.perf_counter()
         losses = self.epoch_losses  # the steps a resumed run did before, if any
@@ -415,25 +397,15 @@ class Trainer:
         flags = []  # each step's StepResult.inputs_finite, from step first + 1
         checked = first  # losses[:checked] went through an agreement
         log_from, log_launched, log_start = first, first, start  # what the last TrainLog covered
-        # runtime.step_timing (a measurement, off by default): the first epoch's steps each waited
-        # for and timed, their wait for input apart, for the [timing] line.
-        timed = self.cfg.runtime.step_timing and self.timed_epochs == 0
-        batches = train_iter
-        if timed:
-            from common.run.benchmark_mode import TimedBatches  # runtime.step_timing only
+        timer = None  # runtime.step_timing (a measurement, off by default): the first epoch's steps
+        if self.cfg.runtime.step_timing and self.timed_epochs == 0:
+            from common.run.benchmark_mode import StepTimer
 
-            batches = TimedBatches(train_iter)
-        step_times, input_waits = [], []
+            timer = StepTimer(train_iter)
         self.timed_epochs += 1
         with naming_bad_files(self.task, self.shards.train_files):
             for step in range(first + 1, per_epoch + 1):
-                step_start = time.perf_counter()
-                result = self.train_step(batches)
-                if timed:
-                    result.loss.numpy()  # waits for the step: the measurement's cost, opted into
-                    waited = batches.take_wait()
-                    step_times.append(time.perf_counter() - step_start - waited)
-                    input_waits.append(waited)
+                result = timer.run(self.train_step) if timer else self.train_step(train_iter)
                 losses.append(result.loss)
                 flags.append(result.inputs_finite)
                 self.global_step += 1
@@ -481,10 +453,7 @@ class Trainer:
             loss=loss,
             lr=self.schedule.at_step((epoch - 1) * per_epoch),
             samples_per_s=self.samples_per_epoch * steps / per_epoch / seconds,
-            first_step_s=step_times[0] if step_times else None,
-            median_step_s=float(np.median(step_times)) if step_times else None,
-            p90_step_s=float(np.percentile(step_times, 90)) if step_times else None,
-            first_input_wait_s=input_waits[0] if input_waits else None,
+            **(timer.figures() if timer else {}),
         )
 
     def _end_epoch(self, epoch, unchecked, flags, losses) -> float:
@@ -498,52 +467,14 @@ class Trainer:
         """The agreement of the steps since the last one (`losses`, `flags`: this rank's, done steps
         from global step `first_step` on): True on every rank once any rank got a stop request;
         RunFailed on every rank when a batch or a loss was not finite on any rank."""
-        global_step, first = self.global_step, first_step
         values = tf.stack(losses).numpy() if losses else np.zeros(0)
         finite = tf.stack(flags).numpy() if flags else np.ones(0, bool)
-        verdict = termination.agree(self.dist, first, values, finite)
-        if verdict.bad_input_rank is not None:
-            fail_on_input(
-                self.dist,
-                self.task,
-                verdict.bad_input_rank,
-                self.shards.train_files,
-                epoch,
-                verdict.bad_input_step,
-                "training",
-                global_step,
-            )
-        if verdict.bad_loss_step is not None:
+        verdict = termination.agree(self.dist, first_step, values, finite)
+        if verdict.bad_input_rank is not None or verdict.bad_loss_step is not None:
+            from common.run.failures import fail_on_verdict  # a failing run only
 
-            def save_now():
-                self.saver.save(epoch, step, global_step, self.epoch_losses, wait=True)
-                return self.saver.folder(global_step)
-
-            fail_on_loss(
-                self.dist,
-                self.model.variables + self.optimizer.variables,
-                save_now,
-                self.saver.checkpointer.latest,
-                epoch,
-                verdict.bad_loss_step,
-                values[verdict.bad_loss_step - first],
-            )
+            fail_on_verdict(self, verdict, epoch, step, values, first_step)
         return verdict.stop
-
-    def _end_failed(self, failure: Failure, run_start: float) -> RunResult:
-        """Every rank: ends a run that could not go on, in order (no rank leaves another in a collective)."""
-        self.saver.wait()  # the last finite state is on disk before anyone exits
-        time_to_train_s = time.perf_counter() - run_start
-        self.events.on_run_stop("aborted", self.epoch, failure.checkpoint, failure)
-        return RunResult(
-            status="aborted",
-            epochs=self.epoch - 1,
-            metric=self.last_metric,
-            time_to_train_s=time_to_train_s,
-            history=self.history,
-            checkpoint=failure.checkpoint,
-            failure=failure,
-        )
 
     def _train_log(self, epoch, losses, global_step, launched, seconds) -> TrainLog:
         """This rank's mean loss over `losses` (done steps, the last of them `global_step`) and its LR;
@@ -571,19 +502,9 @@ class Trainer:
         # The ranks of a spatial group evaluate the same samples: each group counted once.
         total = EvalSums.of(self.dist.allreduce_sum(sums) / self.mesh.size)
         if total.non_finite_batches:
-            culprit = self.dist.allreduce_max(
-                [self.dist.rank + 1.0 if local.non_finite_batches else 0.0]
-            )[0]
-            fail_on_input(
-                self.dist,
-                self.task,
-                int(culprit) - 1,
-                self.shards.valid_files,
-                epoch,
-                None,
-                "validation",
-                self.global_step,
-            )
+            from common.run.failures import fail_on_validation_input  # a failing run only
+
+            fail_on_validation_input(self, epoch, bool(local.non_finite_batches))
         loss = float(total.loss / total.samples) if total.samples else float("nan")
         return float(self.metric.finalize(total.metric)), loss
 
@@ -661,7 +582,8 @@ class Trainer:
             seed=cfg.train.seed,
             num_nodes=dist.num_nodes,
             ranks=dist.size,
-            accelerators_per_node=runtime_lib.accelerators_per_node(self.runtime["device"], dist),
+            # 0 on CPU-only nodes, as the MLPerf HPC rules ask; else the GPUs used on this node.
+            accelerators_per_node=dist.local_size if self.runtime["device"] == "gpu" else 0,
             global_batch_size=plan.global_batch,
             train_samples=shards.train_set_size or shards.n_train,
             eval_samples=shards.n_valid,
@@ -784,8 +706,13 @@ def _mean(losses) -> float:
     return float(tf.reduce_mean(tf.cast(tf.stack(losses), tf.float64)).numpy())
 
 
+def _error(rank_prefix: str, message: str) -> None:
+    """This rank's one `error:` line, the message's line breaks and runs of spaces folded."""
+    print(f"error:{rank_prefix} {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
 def _fail(rank_prefix: str, message: str, code: int) -> None:
-    print(f"error:{rank_prefix} {message}", file=sys.stderr, flush=True)
+    _error(rank_prefix, message)
     sys.stdout.flush()
     os._exit(code)
 
@@ -806,18 +733,11 @@ def _listeners(task, cfg, run_dir, console) -> list:
     """Rank 0's listeners: the MLPerf log (a benchmark run only), the console, TensorBoard."""
     listeners = [console]
     if not (cfg.train.evaluate_only or cfg.train.benchmark_steps):  # no MLPerf log otherwise
-        submission = {
-            "benchmark": task.name,
-            "org": cfg.mlperf.org,
-            "division": cfg.mlperf.division,
-            "status": cfg.mlperf.status,
-            "platform": cfg.mlperf.platform,
+        m = dataclasses.asdict(cfg.mlperf)
+        submission = {"benchmark": task.name} | {
+            k: m[k] for k in ("org", "division", "status", "platform")
         }
-        instance = {
-            k: getattr(cfg.mlperf, k)
-            for k in ("instance_id", "number_of_instances")
-            if getattr(cfg.mlperf, k) is not None
-        }
+        instance = {k: m[k] for k in ("instance_id", "number_of_instances") if m[k] is not None}
         listeners.insert(
             0, MLPerfLogger(run_dir, submission, metric_key=task.metric_name, instance=instance)
         )

@@ -8,7 +8,6 @@ where an op without a kernel for the device and dtype, or (on a GPU) an op left 
 """
 
 import dataclasses
-import re
 import time
 
 import numpy as np
@@ -91,44 +90,17 @@ def warm_up(
     try:
         if allow_cpu_ops is None:
             run_steps()
-        else:  # the steps' first calls: their functions placed as they are instantiated
-            from common.run import device_placement  # a GPU run's check
+        else:  # a GPU run's check
+            from common.run.device_placement import run_without_fallbacks
 
-            placed = device_placement.placement_of(run_steps)
-            if not placed:
-                raise RuntimeError("warm-up: no placement recorded: the steps ran before warm-up")
-            fallbacks = device_placement.cpu_fallbacks(placed, allow_cpu_ops)
-            if fallbacks:
-                raise ConfigError(device_placement.fallback_message(fallbacks))
+            run_without_fallbacks(run_steps, allow_cpu_ops)
     except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
-        missing = _missing_kernel(e.message)
+        from common.run.device_placement import missing_kernel  # a failing warm-up only
+
+        missing = missing_kernel(e.message)
         if missing is None:
             raise
         raise ConfigError(missing) from None
     for variable, value in zip(variables, saved):
         variable.assign(value)
     return WarmupResult(steps, time.perf_counter() - start, len(variables))
-
-
-def _missing_kernel(message: str) -> str | None:
-    """The one line for an op this device cannot run in this dtype or form (float16 pooling on a
-    CPU), which the first step that runs meets and tracing does not; None for any other error."""
-    advice = "(on a CPU: --set runtime.amp_dtype=bfloat16, or --xla, whose kernels cover float16)"
-    found = re.search(r"No OpKernel was registered to support Op '(\w+)'", message)
-    if found:
-        dtype = re.search(r"\bT=DT_(\w+)", message)
-        devices = re.search(r"Registered devices: \[([^\]]*)\]", message)
-        return (
-            f"warm-up: TensorFlow has no kernel for {found.group(1)}"
-            f"{' in ' + dtype.group(1).lower() if dtype else ''} on this host's devices "
-            f"({devices.group(1) if devices else 'unknown'}): this precision and device cannot train the "
-            f"model {advice}"
-        )
-    found = re.search(r"(Current CPU implementations do not yet support [^\n]*)", message)
-    if found:
-        node = re.search(r"\{\{node ([^}]+)\}\}", message)
-        return (
-            f"warm-up: {found.group(1).rstrip('.')} ({node.group(1) if node else 'an op'}): this precision "
-            f"and device cannot train the model {advice}"
-        )
-    return None

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from common import benchmarks, cpu
-from common.errors import ExitCode, InputError, tool_main
+from common.cli import tool_main
+from common.errors import ExitCode, InputError
 from offline.preflight import host, ranks, sweep, verdict
 from offline.projection import inputs
 

@@ -3,8 +3,8 @@
 import dataclasses
 
 from common import cpu
-from common.cpu import cpu_list
 from common.parallel import gpus
+from common.parallel.cpu_binding import cpu_list
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,7 +47,8 @@ Flags:
 import argparse
 
 from common import benchmarks
-from common.errors import InputError, tool_main
+from common.cli import tool_main
+from common.errors import InputError
 from offline.projection import (
     height_report,
     height_split,

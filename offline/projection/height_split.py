@@ -5,8 +5,8 @@ shapes, as deepcam/model.py builds it (768 x 1152 x 16 at width 1.0, 16 middle b
 benchmark is the one common/benchmarks.py's table splits along height), so that each layer's
 share of the split is counted at any K:
 
-  split         every rank of a group of K holds a slab of H / K rows of every layer (deepcam.model's
-                `_Builder` with a mesh): no head is gathered, the output is a map of the same height
+  split         every rank of a group of K holds a slab of H / K rows of every layer (deepcam.height_split's
+                `SplitBuilder`): no head is gathered, the output is a map of the same height
   FLOPs         2 k^2 Cin Cout Ho Wo per convolution (2 k^2 C Ho Wo depthwise, 2 k^2 Cin Cout Hi Wi
                 transposed), x3 for training; each device does 1/K of every layer. Scaled to the
                 measured figures (offline/model_costs/deepcam.json) by measured / analytic at K = 1
@@ -108,7 +108,7 @@ class Layer:
 
 
 class _Net:
-    """deepcam/model.py's `_Builder`, on shapes: each method appends the layers it builds and returns
+    """deepcam/model.py's `LayerBuilder` (deepcam/height_split.py's `SplitBuilder` at K > 1), on shapes: each method appends the layers it builds and returns
     the output as (name, shape). `spatial_ranks` K > 1 leaves out the zero-padding layers the split
     replaces by halos, and adds one gather before the first layer reading beyond a neighbour's slab."""
 
@@ -128,7 +128,7 @@ class _Net:
 
     def reads(self, x, top: int, bottom: int):
         """Before a layer reading `top`/`bottom` rows of `x` beyond its slab: the gather, where a
-        neighbour's slab has fewer rows (deepcam.model's `rows_beyond`), once per map."""
+        neighbour's slab has fewer rows (deepcam.height_split's `rows_beyond`), once per map."""
         rows = x[1][0] // self.k
         if self.k > 1 and max(top, bottom) > rows and x[0] not in self._gathered:
             self._gathered.add(x[0])
