@@ -8,7 +8,7 @@ the wheelhouse (`tools/wheelhouse.sh`, as `make wheelhouse`), a Debian bookworm 
 Docker engine of its own (tools/local_docker.sh). Everything lives in the pytest run's temporary
 directory and is removed at the end. Skipped, saying why, without root, dockerd, debootstrap or a
 python3.11 to make the wheelhouse for (bookworm's Python); the SIF is not skipped: a host without
-Apptainer makes its own (tools/apptainer.sh) or the test fails. 881 s of CI on a 2-core Zen 4 EPYC.
+Apptainer makes its own (tools/apptainer.sh) or the test fails. Its time in CI: docs/testing.md.
 """
 
 import json
