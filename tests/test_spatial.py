@@ -139,40 +139,16 @@ def _worst_errors(results, reference) -> dict:
 
 
 @pytest.mark.parametrize(
-    "launch,job,gathered,overlapped,placed",
+    "launch,job,gathered,overlapped",
     [
-        (
-            "2-nodes",
-            "model:2",
-            "gather_before_flatten",
-            ["conv1", "conv2", "conv3", "conv4"],
-            "1 data-parallel group(s), each across 2 nodes",
-        ),
-        (
-            "4",
-            "model:4",
-            "gather_before_pool5",
-            ["conv1", "conv2", "conv3"],  # conv4's slab: 2 planes
-            "1 data-parallel group(s), each on one node",
-        ),
-        (
-            "4",
-            "model:2",
-            "gather_before_flatten",
-            ["conv1", "conv2", "conv3", "conv4"],
-            "2 data-parallel group(s), each on one node",
-        ),
-        (
-            "2-nodes",
-            "model:2:no-overlap",
-            "gather_before_flatten",
-            [],
-            "1 data-parallel group(s), each across 2 nodes",
-        ),
+        ("2-nodes", "model:2", "gather_before_flatten", ["conv1", "conv2", "conv3", "conv4"]),
+        ("4", "model:4", "gather_before_pool5", ["conv1", "conv2", "conv3"]),  # conv4: 2 planes
+        ("4", "model:2", "gather_before_flatten", ["conv1", "conv2", "conv3", "conv4"]),
+        ("2-nodes", "model:2:no-overlap", "gather_before_flatten", []),
     ],
 )
 def test_split_model_step_equals_the_one_rank_step(
-    probe, unsplit, launch, job, gathered, overlapped, placed
+    probe, unsplit, launch, job, gathered, overlapped
 ):
     # A non-trivial reference: predictions off the tanh's rails, every gradient non-zero.
     assert np.max(np.abs(unsplit["pred"])) < 1.1 and np.ptp(unsplit["pred"]) > 1e-3
@@ -183,8 +159,13 @@ def test_split_model_step_equals_the_one_rank_step(
     assert (
         list(results[0]["overlapped"]) == overlapped
     )  # the layers that computed their interior during the halo
-    assert {str(r["described"]) for r in results} == {f"{spatial_ranks}-way spatial x {placed}"}
-    assert sorted({int(r["group"]) for r in results}) == list(range(ranks // spatial_ranks))
+    # The 2-rank launch's group spans its two "nodes"; the 4-rank launch's groups sit on its one.
+    groups = ranks // spatial_ranks
+    where = "across 2 nodes" if launch == "2-nodes" else "on one node"
+    assert {str(r["described"]) for r in results} == {
+        f"{spatial_ranks}-way spatial x {groups} data-parallel group(s), each {where}"
+    }
+    assert sorted({int(r["group"]) for r in results}) == list(range(groups))
     # The conv kernels' gradients are summed over the group (scale K before the average).
     assert set(results[0]["scales"]) == {1.0, float(spatial_ranks)}
     worst = _worst_errors(results, unsplit)
