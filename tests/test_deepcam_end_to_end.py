@@ -68,9 +68,10 @@ def test_single_rank_run_reaches_target_and_log_passes_checker(
 
 def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp_path):
     # 16 of the training samples: one epoch of 2 steps per rank (2 accumulated batches of 2 each)
-    # shows the shards, the group and the averaged statistics as well as all 256 would.
+    # shows the shards, the group and the averaged statistics as well as all 256 would, and so does
+    # the narrow model (helpers.DEEPCAM_NARROW).
     data = tmp_path / "data"
-    helpers.copy_deepcam_subset(deepcam_data, data, n_train=16, n_valid=4)
+    helpers.copy_deepcam_subset(deepcam_data, data, n_train=16, n_valid=2)
     out = tmp_path / "run"
     proc = helpers.horovodrun(
         2,
@@ -91,6 +92,7 @@ def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp
             "0.01",
             "--set",
             "runtime.record_shards=true",
+            *helpers.DEEPCAM_NARROW,
         ),
         timeout=600,
     )  # one epoch
@@ -119,7 +121,13 @@ def test_two_ranks_share_batch_norm_statistics(deepcam_data, deepcam_config, tmp
 
 
 def _copy_data(src, dst):
-    return helpers.copy_deepcam_subset(src, dst, n_train=16, n_valid=4)
+    return helpers.copy_deepcam_subset(src, dst, n_train=8, n_valid=2)
+
+
+# A bad input file ends a run however wide its model: the narrow one (helpers.DEEPCAM_NARROW), which
+# traces and steps in less time. Staging comes after the warm-up, which a run that fails while staging
+# skips (train.warmup_steps=0): it ends before any step is compiled.
+BAD_INPUT_RUN = [*helpers.DEEPCAM_NARROW, "--max_epochs", "1"]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong_shape", "missing_stats"])
@@ -147,8 +155,7 @@ def test_bad_input_ends_the_run_with_one_line_naming_the_file(
             data,
             "--output_dir",
             tmp_path / "run",
-            "--max_epochs",
-            "1",
+            *BAD_INPUT_RUN,
             "--set",
             "staging.cache=false",
         ),
@@ -243,6 +250,7 @@ def test_staged_raw_run_trains_as_the_hdf5_run(deepcam_data, deepcam_config, tmp
                 "runtime.deterministic=true",
                 "--set",
                 "staging.cache=false",
+                *helpers.DEEPCAM_NARROW,
                 *extra,
             ),
             timeout=300,
@@ -273,8 +281,9 @@ def test_bad_sample_found_while_staging_is_named(deepcam_data, deepcam_config, t
             data,
             "--output_dir",
             tmp_path / "run",
-            "--max_epochs",
-            "1",
+            *BAD_INPUT_RUN,
+            "--set",
+            "train.warmup_steps=0",
             "--stage_dir",
             tmp_path / "stage",
         ),
