@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 
 import h5py
 import numpy as np
@@ -234,14 +235,21 @@ def test_staged_raw_run_trains_as_the_hdf5_run(deepcam_data, deepcam_config, tmp
     # batches are the same, so a deterministic run ends with the same figures, bit for bit.
     data = tmp_path / "data"
     helpers.copy_deepcam_subset(deepcam_data, data, n_train=8, n_valid=4)
+    # Control: the same file names, each training file holding its neighbour's sample.
+    control = tmp_path / "control"
+    shutil.copytree(data, control)
+    files = sorted((data / "train").iterdir())
+    for name, sample in zip(files, files[1:] + files[:1]):
+        shutil.copyfile(sample, control / "train" / name.name)
     summaries = {}
-    for name, extra in (("hdf5", []), ("staged", ["--stage_dir", tmp_path / "stage"])):
+    runs = (("hdf5", data, []), ("staged", data, ["--stage_dir", tmp_path / "stage"]))
+    for name, source, extra in (*runs, ("control", control, [])):
         proc = helpers.run(
             helpers.train_cmd(
                 "deepcam",
                 deepcam_config,
                 "--data_dir_prefix",
-                data,
+                source,
                 "--output_dir",
                 tmp_path / name,
                 "--target_iou",
@@ -266,6 +274,9 @@ def test_staged_raw_run_trains_as_the_hdf5_run(deepcam_data, deepcam_config, tmp
         return [(h["epoch"], h["loss"], h["lr"], h["metric"]) for h in summary["history"]]
 
     assert figures(summaries["staged"]) == figures(summaries["hdf5"])
+    assert figures(summaries["control"]) != figures(
+        summaries["hdf5"]
+    )  # the figures see the samples
 
 
 def test_bad_sample_found_while_staging_is_named(deepcam_data, deepcam_config, tmp_path):
