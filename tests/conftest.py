@@ -115,6 +115,40 @@ def deepcam_config():
     return helpers.REPO / "tests" / "configs" / "deepcam_tiny.yaml"
 
 
+# The 2-rank probes of several test files (tests/two_rank_probes.py), in one horovodrun launch per
+# session: a launch's start-up (TensorFlow imported, Horovod's rendezvous on each rank) costs more
+# than most probes. The first worker to ask launches it; the other waits on its lock and reads it.
+def _launch_two_rank_probes(out: Path) -> None:
+    import json
+
+    from tests.two_rank_probes import PROBES
+
+    if (out / "launch.json").exists():
+        return
+    proc = helpers.horovodrun(
+        2,
+        [helpers.PYTHON, helpers.REPO / "tests" / "two_rank_probes.py", out, *PROBES],
+        timeout=900,
+    )
+    result = {"returncode": proc.returncode, "output": helpers.failure_output(proc)}
+    (out / "launch.json").write_text(json.dumps(result))
+
+
+@pytest.fixture(scope="session")
+def two_rank_probe(tmp_path_factory):
+    """two_rank_probe(name) -> the folder tests/two_rank_probes.py's probe `name` wrote."""
+    import json
+
+    out = _shared(tmp_path_factory, "two_rank_probes", _launch_two_rank_probes)
+    launch = json.loads((out / "launch.json").read_text())
+
+    def folder(name: str) -> Path:
+        assert launch["returncode"] == 0, launch["output"]
+        return out / name
+
+    return folder
+
+
 # A one-node SLURM cluster of this host's own (tools/local_slurm.sh), started once for the pytest
 # process by the first test that asks for it and stopped at its end: tests/test_slurm.py and
 # tests/test_images.py (its image's jobs). One per host at a time (its ports, munged): the scheduler

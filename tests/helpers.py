@@ -410,12 +410,8 @@ def checkpoint_after_epoch(run_dir, epoch: int) -> Path:
     raise AssertionError(f"no checkpoint of the end of epoch {epoch} in {run_dir}/checkpoints")
 
 
-def probe_on_two_ranks(script: str, out) -> list:
-    """Runs tests/<script> on 2 Horovod ranks (Gloo) writing `out`/rank-R.json; returns both ranks' JSON."""
-    import json
-
-    proc = horovodrun(2, [PYTHON, REPO / "tests" / script, out], timeout=240)
-    assert proc.returncode == 0, failure_output(proc)
+def two_ranks_json(out) -> list:
+    """Both ranks' OUT/rank-R.json of a probe of 2 ranks (tests/two_rank_probes.py)."""
     return [json.loads((Path(out) / f"rank-{r}.json").read_text()) for r in (0, 1)]
 
 

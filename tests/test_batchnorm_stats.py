@@ -87,8 +87,8 @@ def _eval_oracle(weights: dict, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    return helpers.probe_on_two_ranks("bn_probe.py", tmp_path_factory.mktemp("bn_probe"))
+def two_ranks(two_rank_probe):
+    return helpers.two_ranks_json(two_rank_probe("bn"))
 
 
 STATS = [

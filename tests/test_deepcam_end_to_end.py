@@ -126,9 +126,10 @@ def _copy_data(src, dst):
 
 
 # A bad input file ends a run however wide its model: the narrow one (helpers.DEEPCAM_NARROW), which
-# traces and steps in less time. Staging comes after the warm-up, which a run that fails while staging
-# skips (train.warmup_steps=0): it ends before any step is compiled.
-BAD_INPUT_RUN = [*helpers.DEEPCAM_NARROW, "--max_epochs", "1"]
+# traces and steps in less time; and with or without warm-up, which runs on synthetic batches before
+# the data is read (train.warmup_steps=0: a run failing while it reads traces no eval step, and one
+# failing while staging, which comes after the warm-up, compiles no step at all).
+BAD_INPUT_RUN = [*helpers.DEEPCAM_NARROW, "--max_epochs", "1", "--set", "train.warmup_steps=0"]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong_shape", "missing_stats"])
@@ -293,8 +294,6 @@ def test_bad_sample_found_while_staging_is_named(deepcam_data, deepcam_config, t
             "--output_dir",
             tmp_path / "run",
             *BAD_INPUT_RUN,
-            "--set",
-            "train.warmup_steps=0",
             "--stage_dir",
             tmp_path / "stage",
         ),

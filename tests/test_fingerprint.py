@@ -63,10 +63,8 @@ def test_one_rank_is_in_sync_with_itself_and_counts_every_value():
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    return helpers.probe_on_two_ranks(
-        "fingerprint_probe.py", tmp_path_factory.mktemp("fingerprint_probe")
-    )
+def two_ranks(two_rank_probe):
+    return helpers.two_ranks_json(two_rank_probe("fingerprint"))
 
 
 def _answers(two_ranks, case):

@@ -1,6 +1,7 @@
 """Gradients averaged as backward produces them (runtime.gradient_allreduce=overlap, the default):
-the order, from a Horovod timeline and TensorFlow's trace of one step on 2 ranks, and the result, equal bit for bit to
-the grouped allreduce after backward (tests/overlap_probe.py runs the three variants in one launch).
+the order, from a Horovod timeline and TensorFlow's trace of one step on 2 ranks, and the result, equal
+bit for bit to the grouped allreduce after backward (tests/overlap_probe.py runs the three variants,
+in the launch of tests/two_rank_probes.py).
 
 Gloo over loopback shares these 2 cores with the backward pass, so what overlap buys in time is
 not judged here (docs/figures.md gives the figure of one CPU)."""
@@ -11,17 +12,11 @@ import numpy as np
 import pytest
 
 from bench.horovod_timeline import activities
-from tests import helpers
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory):
-    out = tmp_path_factory.mktemp("overlap")
-    proc = helpers.horovodrun(
-        2, [helpers.PYTHON, helpers.REPO / "tests" / "overlap_probe.py", "--out", out]
-    )
-    assert proc.returncode == 0, helpers.failure_output(proc)
-    return out
+def probe(two_rank_probe):
+    return two_rank_probe("overlap")
 
 
 def test_allreduces_start_while_backward_still_produces_gradients(probe):

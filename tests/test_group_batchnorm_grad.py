@@ -49,10 +49,8 @@ def test_the_oracle_is_keras_batch_norm():
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    return helpers.probe_on_two_ranks(
-        "group_bn_grad_probe.py", tmp_path_factory.mktemp("group_bn_grad")
-    )
+def two_ranks(two_rank_probe):
+    return helpers.two_ranks_json(two_rank_probe("group_bn_grad"))
 
 
 def _close(got, expected, what):

@@ -1,8 +1,8 @@
 """The halo exchange overlapped with the interior of a split convolution (parallel.halo_overlap):
-a TensorFlow trace of one SpatialConv3D on 2 ranks (tests/halo_overlap_probe.py, one launch),
-its exchange-first path as the control. That both paths compute the unsplit function is
-tests/test_spatial.py's (the layer exactly, the model's step within 1e-5, each with the halo
-switched off as the negative control).
+a TensorFlow trace of one SpatialConv3D on 2 ranks (tests/halo_overlap_probe.py, in the launch of
+tests/two_rank_probes.py), its exchange-first path as the control. That both paths compute the
+unsplit function is tests/test_spatial.py's (the layer exactly, the model's step within 1e-5, each
+with the halo switched off as the negative control).
 
 Gloo over loopback shares these 2 cores with the convolution, so what the overlap buys in time
 is not judged here (bench/spatial.py measures it)."""
@@ -11,16 +11,10 @@ import json
 
 import pytest
 
-from tests import helpers
-
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    out = tmp_path_factory.mktemp("halo_overlap")
-    proc = helpers.horovodrun(
-        2, [helpers.PYTHON, helpers.REPO / "tests" / "halo_overlap_probe.py", "--out", out]
-    )
-    assert proc.returncode == 0, helpers.failure_output(proc)
+def traces(two_rank_probe):
+    out = two_rank_probe("halo_overlap")
     return {v: json.loads((out / f"{v}.json").read_text()) for v in ("overlap", "exchange-first")}
 
 

@@ -18,6 +18,11 @@ def launcher(request):
     return request.param
 
 
+# The same run under mpirun (summary.json's controller "mpi") is the slow tier's repetition: Gloo shows
+# the shards, the weights and the log.
+@pytest.mark.parametrize(
+    "launcher", ["gloo", pytest.param("mpi", marks=pytest.mark.slow)], indirect=True
+)
 def test_two_ranks_disjoint_shards_identical_weights_one_log(
     cosmo_data, tiny_config, tmp_path, launcher
 ):

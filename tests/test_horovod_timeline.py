@@ -10,17 +10,11 @@ import json
 import pytest
 
 from bench.horovod_timeline import activities
-from tests import helpers
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory):
-    out = tmp_path_factory.mktemp("timeline")
-    proc = helpers.horovodrun(
-        2, [helpers.PYTHON, helpers.REPO / "tests" / "timeline_probe.py", out], timeout=240
-    )
-    assert proc.returncode == 0, helpers.failure_output(proc)
-    return out
+def probe(two_rank_probe):
+    return two_rank_probe("timeline")
 
 
 def test_a_collective_another_rank_submitted_first_is_recorded_whole(probe):

@@ -17,12 +17,8 @@ from tests import helpers
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sharded")
-    proc = helpers.horovodrun(
-        2, [helpers.PYTHON, helpers.REPO / "tests" / "sharded_optimizer_probe.py", "--out", out]
-    )
-    assert proc.returncode == 0, helpers.failure_output(proc)
+def probe(two_rank_probe):
+    out = two_rank_probe("sharded_optimizer")
     return (
         [np.load(out / f"rank-{r:05d}.npz") for r in (0, 1)],
         [json.loads((out / f"rank-{r:05d}.json").read_text()) for r in (0, 1)],
