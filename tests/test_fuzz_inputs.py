@@ -334,7 +334,8 @@ def test_train_py_ends_as_the_driver_says(driven):
         case = next(c for c in plan_cases() if c.id.startswith(prefix))
         _, prepared, _, results, _, _ = driven("fast" if case.fast else "slow")
         spec, mine = prepared[case.id], results[case.id]
-        proc = helpers.run(helpers.train_cmd(spec["bench"], *spec["argv"]), timeout=TIMEOUT_S)
+        # A plain list: helpers.run forks a TrainCommand from the driver, which is what is compared.
+        proc = helpers.run([*helpers.train_cmd(spec["bench"], *spec["argv"])], timeout=TIMEOUT_S)
         assert proc.returncode == mine["exit_code"], (
             spec["id"],
             proc.stderr[-2000:],
