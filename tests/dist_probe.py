@@ -1,9 +1,11 @@
 """Run under a launcher by test_horovod.py: exercises Distribution's collectives.
 
-  dist_probe.py OUT_DIR [--no-groups]   # --no-groups: Distribution() declares no group of ranks
+  dist_probe.py OUT_DIR
 
-With --no-groups a group of 2 ranks is refused (unless 2 is the job) and the group is the whole
-job: Horovod's global set, a data-parallel job's plain hvd.init().
+Distribution(group_sizes=(2,)) first, whose hvd.init registers the static sets of groups of 2; then,
+the negative control, a Distribution() of a data-parallel job that declares no group size (its init
+a no-op: Horovod keeps the first), whose group of 2 ranks is refused (unless 2 is the job) and whose
+group is the whole job, Horovod's global set.
 
 Each rank writes its results to OUT_DIR/rank-N.json (ranks' stdout lines can interleave).
 """
@@ -21,18 +23,33 @@ import common  # noqa: E402,F401  (oneDNN on before TensorFlow loads: common/cpu
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.sync_batchnorm import GroupBatchNormalization  # noqa: E402
 
-dist = Distribution(group_sizes=() if "--no-groups" in sys.argv[2:] else (2,))
-# Groups of 2 ranks: a static process set when the job is larger than 2.
-refused = None
-try:
-    group = dist.rank_group(2)
-except RuntimeError as e:  # a job larger than 2 whose Distribution declared no group size
-    refused = str(e)
-    group = dist.rank_group(dist.size)
-# The group's process set as Horovod registered it (the global set's id is 0), asked before any rank
-# can have ended: a rank's exit shuts Horovod down on all, and its sets with it.
-group_set = [group.process_set.process_set_id, group.process_set.ranks, group.process_set.size()]
-group_sum = group.sum(tf.constant([float(dist.rank)]))
+
+def group_of_two(dist: Distribution) -> dict:
+    """Its group of 2 ranks (a static process set when the job is larger than 2), or why not and
+    the whole job's group instead."""
+    refused = None
+    try:
+        group = dist.rank_group(2)
+    except RuntimeError as e:  # a job larger than 2 whose Distribution declared no group size
+        refused = str(e)
+        group = dist.rank_group(dist.size)
+    # The group's process set as Horovod registered it (the global set's id is 0), asked before any
+    # rank can have ended: a rank's exit shuts Horovod down on all, and its sets with it.
+    ps = group.process_set
+    return {
+        "group_set": [ps.process_set_id, ps.ranks, ps.size()],
+        "group_sum": group.sum(tf.constant([float(dist.rank)])).numpy().tolist(),
+        "init": dist.describe(),
+        "refused": refused,
+        "group": group,
+    }
+
+
+dist = Distribution(group_sizes=(2,))
+declared = group_of_two(dist)
+group = declared.pop("group")
+undeclared = group_of_two(Distribution())
+undeclared.pop("group")
 # Every rank feeds a batch filled with its rank: the group's mean is the pair's
 # mean, so the normalized output is -1 on the lower rank and +1 on the upper.
 bn = GroupBatchNormalization(group, epsilon=1e-6)
@@ -62,12 +79,10 @@ Path(sys.argv[1], f"rank-{dist.rank}.json").write_text(
             "object": dist.broadcast_object({"from": dist.rank}),
             "broadcast": v.numpy().tolist(),
             "grad": grads[0].numpy().tolist(),
-            "group_sum": group_sum.numpy().tolist(),
             "group_bn": float(tf.reduce_mean(bn_out)),
             "process_set_refusal": refusal,
-            "group_set": group_set,
-            "init": dist.describe(),
-            "refused": refused,
+            **declared,
+            "undeclared": undeclared,
         }
     )
 )

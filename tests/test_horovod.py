@@ -109,10 +109,10 @@ def test_bad_file_on_one_rank_ends_both_ranks(cosmo_data, tiny_config, tmp_path,
     assert len(errors) == 1 and victim in errors[0], output[-3000:]
 
 
-def run_probe(launcher, ranks, out_dir, *args):
+def run_probe(launcher, ranks, out_dir):
     proc = helpers.LAUNCHERS[launcher](
         ranks,
-        [helpers.PYTHON, helpers.REPO / "tests" / "dist_probe.py", out_dir, *args],
+        [helpers.PYTHON, helpers.REPO / "tests" / "dist_probe.py", out_dir],
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -143,18 +143,13 @@ def test_rank_groups_and_group_batch_norm_over_static_process_sets(launcher, tmp
         assert r["broadcast"] == [1.0, 1.0, 1.0]  # rank 0's initial value everywhere
         assert r["grad"] == [1.5, 1.5]  # average of 0, 1, 2 and 3
         assert r["refused"] is None
-
-
-def test_a_group_size_not_declared_at_init_is_refused(tmp_path):
-    # The negative control of the above: the same 4 ranks, no group size given to Distribution.
-    results = run_probe("gloo", 4, tmp_path, "--no-groups")
-    assert [r["rank"] for r in results] == [0, 1, 2, 3]
-    for r in results:
-        assert "initialised without the process sets of groups of 2 ranks" in r["refused"]
-        # A data-parallel job: its group is the job, Horovod's global set, from a plain hvd.init()
-        # (no static sets), and no dynamic sets either.
-        assert r["group_set"] == [0, [0, 1, 2, 3], 4] and "process sets" not in r["init"]
-        assert r["group_sum"] == [6.0] and r["process_set_refusal"] == "not dynamic"
+        # The negative control, on the same 4 ranks: a Distribution that declares no group size
+        # (a data-parallel job) refuses a group of 2, though Horovod holds their sets; its group is
+        # the job, Horovod's global set, and it names no process sets.
+        u = r["undeclared"]
+        assert "initialised without the process sets of groups of 2 ranks" in u["refused"]
+        assert u["group_set"] == [0, [0, 1, 2, 3], 4] and "process sets" not in u["init"]
+        assert u["group_sum"] == [6.0]
 
 
 @pytest.mark.parametrize(
