@@ -19,7 +19,6 @@ import numpy as np
 
 from common.cli import tool_main
 from common.errors import InputError
-from common.inputs.pipeline import list_files
 from common.reporting.console import Progress
 from deepcam.layout import DATA_KEY, STATS_FILE, SUFFIXES
 
@@ -67,6 +66,10 @@ def compute_stats(data_dir, workers: int = 0, print_fn=None) -> Path:
     `print_fn`: None prints on stdout (a line redrawn on a terminal, else a line every
     30 s, then the summary); a function of one line gets the lines instead.
     """
+    # Here, not at the top: common.inputs.pipeline imports TensorFlow, and the workers, which import
+    # this module for _partial, need only h5py and NumPy.
+    from common.inputs.pipeline import list_files
+
     files = list_files(Path(data_dir) / "train", SUFFIXES)
     workers = min(workers or min(len(os.sched_getaffinity(0)), 16), len(files))
     # One task per file, handed out in chunks: the workers share the files as
