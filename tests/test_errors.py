@@ -76,3 +76,22 @@ def test_atomic_write_replaces_syncs_and_leaves_nothing_behind(tmp_path, monkeyp
     assert target.read_text(encoding="utf-8") == "new ✓"
     assert len(synced) == 2  # the data, then the directory entry
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_a_rank_s_error_line_is_one_write(monkeypatch):
+    """Under horovodrun stderr is unbuffered and Horovod's C++ threads log to it: a line written in two
+    parts (print's text, then its newline) can have theirs between them (seen in CI)."""
+    from common.run import trainer
+
+    writes = []
+
+    class Stderr:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    trainer._error(" [rank 1]", "a bad\n  file")
+    assert writes == ["error: [rank 1] a bad file\n"]

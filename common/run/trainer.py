@@ -707,8 +707,9 @@ def _mean(losses) -> float:
 
 
 def _error(rank_prefix: str, message: str) -> None:
-    """This rank's one `error:` line, the message's line breaks and runs of spaces folded."""
-    print(f"error:{rank_prefix} {' '.join(message.split())}", file=sys.stderr, flush=True)
+    """This rank's one `error:` line, spaces folded, in one write: under horovodrun stderr is
+    unbuffered and Horovod's threads log to it too (print writes the newline apart)."""
+    sys.stderr.write(f"error:{rank_prefix} {' '.join(message.split())}\n")
 
 
 def _fail(rank_prefix: str, message: str, code: int) -> None:
