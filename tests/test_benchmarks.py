@@ -388,8 +388,6 @@ def test_result_set_sbatch_runs_the_tables_script(fake_slurm):
 ONE_BENCHMARK_TOOLS = {
     "bench/deepcam_vs_reference.py": "deepcam",  # our model's step against the PyTorch reference's
     "bench/staging_throughput.py": "cosmoflow",  # its gzip TFRecords are the GUNZIP layout's sources
-    "bench/optimizer_update.py": "deepcam",  # the update of the most variables (301): its kernels
-    "bench/batchnorm_groups.py": "deepcam",  # the one benchmark with batch-norm groups
 }
 # The modules of the projection that rebuild a split network: each takes its benchmark from the table's
 # spatial_split (bench/spatial.py and bench/report.py take their rows from spatial_bench).

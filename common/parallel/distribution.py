@@ -37,7 +37,7 @@ class Distribution:
         `group_sizes`: the sizes of the groups of consecutive ranks the run makes (batch-norm
         groups, spatial splits), whose static process sets hvd.init registers for the job's size as
         its launcher tells it (launched_size). Never dynamic process sets: their bookkeeping made
-        each allreduce of 2 Gloo ranks 1.45x slower (bench/horovod_cycle.py).
+        each allreduce of 2 Gloo ranks 1.45x slower (docs/figures.md).
         """
         first = (
             not hvd.is_initialized()

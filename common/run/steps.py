@@ -60,7 +60,7 @@ class TrainStep:
       on every rank alike, so a NaN loss leaves the last finite weights to checkpoint.
     - The update after the allreduce (finiteness check, global-norm clip, every variable's step)
       is one XLA function where the optimizer asks for XLA: one launch whose small kernels XLA
-      can fuse (bench/results/optimizer_update.md).
+      can fuse (docs/figures.md).
     - With `shard` (common.parallel.sharded_optimizer), the optimizer holds this rank's
       variables' slots only, the clip moves here, and the updated variables are allgathered.
     """
