@@ -232,12 +232,9 @@ def image(engine, roots, context, base_image):
     return IMAGE, proc.stdout, seconds, size
 
 
-def run_in(image_tag, engine, *cmd, volume=None, timeout=900) -> subprocess.CompletedProcess:
+def run_in(image_tag, engine, *cmd, timeout=900) -> subprocess.CompletedProcess:
     # OpenMPI's shared-memory transport needs more than Docker's 64 MB /dev/shm for 2 ranks.
-    mount = ["-v", f"{volume}:/out"] if volume else []
-    return sh(
-        ["docker", "run", "--rm", "--shm-size=1g", *mount, image_tag, *cmd], engine, timeout=timeout
-    )
+    return sh(["docker", "run", "--rm", "--shm-size=1g", image_tag, *cmd], engine, timeout=timeout)
 
 
 def test_the_image_installs_from_the_wheelhouse_alone_and_leaves_it_out(image, engine, context):
