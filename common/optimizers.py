@@ -7,6 +7,7 @@ Garden's OPTIMIZERS_CLS). A schedule's `at_step` (Python, for logs and tests) an
 """
 
 import math
+import types
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -203,6 +204,8 @@ class LAMB(tf_keras.optimizers.Optimizer):
         self.epsilon = epsilon
         self.weight_decay_rate = weight_decay_rate
         self.max_grad_norm = max_grad_norm
+        # A plain object: what is attached to it is not tracked, so checkpoints keep their keys.
+        self._per_step = types.SimpleNamespace(scalars=None)
 
     def build(self, var_list):
         super().build(var_list)
@@ -212,28 +215,59 @@ class LAMB(tf_keras.optimizers.Optimizer):
         self._m = [self.add_variable_from_reference(v, "m") for v in var_list]
         self._v = [self.add_variable_from_reference(v, "v") for v in var_list]
 
-    def update_step(self, gradient, variable):
-        dtype = variable.dtype
-        lr = tf.cast(self.learning_rate, dtype)
+    def _distributed_apply_gradients_fn(self, distribution, grads_and_vars, **kwargs):
+        # What every variable's update shares (the learning rate, the bias corrections, constants)
+        # is made once per step and graph, not once per variable: the same values, in a third fewer
+        # ops to trace and compile. (Under jit_compile, Keras' default where a GPU is, each variable's
+        # update is a function of its own and makes its own.)
+        self._per_step.scalars = {}
+        try:
+            return super()._distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)
+        finally:
+            self._per_step.scalars = None
+
+    def _scalars(self, dtype) -> tuple:
+        cache = self._per_step.scalars
+        key = (tf.compat.v1.get_default_graph(), dtype)
+        if cache is not None and key in cache:
+            return cache[key]
         step = tf.cast(self.iterations + 1, dtype)
         b1, b2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        scalars = (
+            tf.cast(self.learning_rate, dtype),
+            1.0 - b1,
+            1.0 - b2,
+            1.0 - tf.pow(b1, step),  # the bias corrections
+            1.0 - tf.pow(b2, step),
+            tf.cast(self.epsilon, dtype),
+            tf.cast(self.weight_decay_rate, dtype),
+            tf.constant(0, dtype),
+            tf.constant(1, dtype),
+        )
+        if cache is not None:
+            cache[key] = scalars
+        return scalars
+
+    def update_step(self, gradient, variable):
+        dtype = variable.dtype
+        lr, one_minus_b1, one_minus_b2, correction1, correction2, epsilon, decay, zero, one = (
+            self._scalars(dtype)
+        )
         index = self._index_dict[self._var_key(variable)]
         m, v = self._m[index], self._v[index]
         # Every variable-sized term waits for the gradient, so none is held through the forward
         # and backward passes (docs/figures.md).
-        m.assign_add((gradient - m) * (1.0 - b1))  # b1 m + (1 - b1) g
-        v.assign_add((tf.square(gradient) - v) * (1.0 - b2))  # b2 v + (1 - b2) g^2
-        m_hat = m / (1.0 - tf.pow(b1, step))
-        v_hat = v / (1.0 - tf.pow(b2, step))
-        update = m_hat / (tf.sqrt(v_hat) + tf.cast(self.epsilon, dtype))
+        m.assign_add((gradient - m) * one_minus_b1)  # b1 m + (1 - b1) g
+        v.assign_add((tf.square(gradient) - v) * one_minus_b2)  # b2 v + (1 - b2) g^2
+        update = (m / correction1) / (tf.sqrt(v / correction2) + epsilon)
         if self.weight_decay_rate:
             with tf.control_dependencies([update]):
-                update += tf.cast(self.weight_decay_rate, dtype) * variable
+                update += decay * variable
                 w_norm = tf.norm(variable)
             u_norm = tf.norm(update)
-            ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, tf.ones_like(w_norm))
+            ratio = tf.where((w_norm > zero) & (u_norm > zero), w_norm / u_norm, one)
         else:
-            ratio = tf.constant(1.0, dtype)
+            ratio = one
         variable.assign_sub(lr * ratio * update)
 
 
