@@ -100,7 +100,8 @@ def run(cmd, timeout=600, cwd=REPO, environ=None) -> subprocess.CompletedProcess
     """Runs `cmd` to its end. A single-rank train.py run (`train_cmd`) in the tests' own environment
     runs as a child forked from one process that imported TensorFlow once (tests/train_driver.py):
     the same `common.run.trainer.main` train.py runs, its exit code and output, without the 5-10 s
-    of start-up. TESTS_FORKED_TRAIN=0 runs every one as its own process."""
+    of start-up (the ranks of `horovodrun` below likewise). TESTS_FORKED_TRAIN=0 runs every one as its
+    own process."""
     environ = environ or env()
     if (
         isinstance(cmd, TrainCommand)
@@ -203,8 +204,56 @@ def _train_driver() -> _TrainDriver:
     return _driver
 
 
+class _Zygote:
+    """The tests' one `tests/train_driver.py --zygote` process: the ranks of their horovodrun jobs of
+    train.py fork from it (tests/rank_client.py)."""
+
+    def __init__(self):
+        import atexit
+        import tempfile
+
+        self.environ = env()
+        self.socket = Path(tempfile.mkdtemp(prefix="rank-zygote-")) / "socket"
+        self.proc = subprocess.Popen(
+            [PYTHON, REPO / "tests" / "train_driver.py", "--zygote", self.socket],
+            cwd=REPO,
+            env=self.environ,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"tests/train_driver.py --zygote ended (exit {self.proc.wait()})")
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        import shutil
+
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.socket.parent, ignore_errors=True)
+
+
+_zygote = None
+
+
+def _launch(launcher: list, cmd, timeout) -> subprocess.CompletedProcess:
+    """`cmd` under `launcher` (horovodrun); a train.py run's ranks fork from the zygote (see
+    tests/rank_client.py) unless TESTS_FORKED_TRAIN=0."""
+    global _zygote
+    if isinstance(cmd, TrainCommand) and os.environ.get("TESTS_FORKED_TRAIN", "1") != "0":
+        if _zygote is None or _zygote.proc.poll() is not None:
+            _zygote = _Zygote()
+        client = [PYTHON, REPO / "tests" / "rank_client.py", *cmd[1:]]
+        return run(
+            [*launcher, *client],
+            timeout=timeout,
+            environ=_zygote.environ | {"TESTS_RANK_ZYGOTE": str(_zygote.socket)},
+        )
+    return run([*launcher, *cmd], timeout=timeout)
+
+
 def horovodrun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
-    return run([*launchers.horovodrun(np_), *cmd], timeout=timeout)
+    return _launch(launchers.horovodrun(np_), cmd, timeout)
 
 
 def mpirun(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
@@ -218,7 +267,7 @@ def two_nodes(ranks_per_node: int) -> str:
 
 
 def horovodrun_two_nodes(np_: int, cmd, timeout=600) -> subprocess.CompletedProcess:
-    return run([*launchers.horovodrun(np_, hosts=two_nodes(np_ // 2)), *cmd], timeout=timeout)
+    return _launch(launchers.horovodrun(np_, hosts=two_nodes(np_ // 2)), cmd, timeout)
 
 
 @functools.cache

@@ -21,30 +21,27 @@ N_TRAIN, N_VALID = 512, 128
 
 def test_each_node_stages_only_its_ranks_shard(cosmo_data, tiny_config, tmp_path):
     out, stage = tmp_path / "run", tmp_path / "stage"
-    cmd = [
-        *launchers.horovodrun(4, hosts=helpers.two_nodes(2)),
-        *helpers.train_cmd(
-            "cosmoflow",
-            tiny_config,
-            "--data-dir",
-            cosmo_data,
-            "--output-dir",
-            out,
-            "--n-train",
-            str(N_TRAIN),
-            "--n-valid",
-            str(N_VALID),
-            "--n-epochs",
-            "1",
-            "--stage-dir",
-            f"{stage}/node{{node}}",
-            "--set",
-            "runtime.record_shards=true",
-            "--set",
-            "target_mae=100",
-        ),
-    ]  # a target met at once: one epoch, success
-    proc = helpers.run(cmd, timeout=600)
+    cmd = helpers.train_cmd(
+        "cosmoflow",
+        tiny_config,
+        "--data-dir",
+        cosmo_data,
+        "--output-dir",
+        out,
+        "--n-train",
+        str(N_TRAIN),
+        "--n-valid",
+        str(N_VALID),
+        "--n-epochs",
+        "1",
+        "--stage-dir",
+        f"{stage}/node{{node}}",
+        "--set",
+        "runtime.record_shards=true",
+        "--set",
+        "target_mae=100",
+    )  # a target met at once: one epoch, success
+    proc = helpers.horovodrun_two_nodes(4, cmd)
     assert proc.returncode == 0, helpers.failure_output(proc)
     assert "4 rank(s) on 2 node(s), 2 per node" in proc.stdout
     assert "GB/s" in proc.stdout and "[staging]" in proc.stdout

@@ -3,6 +3,7 @@ every single-rank train.py run of the tests through tests.helpers.run).
 
   python tests/train_driver.py CASES.json RESULTS.json
   python tests/train_driver.py --serve WORKDIR     # one case per line on stdin, one result per line on stdout
+  python tests/train_driver.py --zygote SOCKET     # the ranks of horovodrun jobs (tests/rank_client.py)
 
 CASES.json is a list of {"id", "bench", "argv", "timeout"}; RESULTS.json gets, per case,
 {"id", "exit_code", "timed_out", "seconds", "stdout", "stderr"}. With --serve, each line of
@@ -15,16 +16,29 @@ files, and leaves with the exit code train.py would give (main's return value, o
 main's own `os._exit` on an error). Forking after importing TensorFlow is safe as
 long as the parent never runs an op (no eager context, no thread pools) and never
 initializes Horovod: the parent here only imports and waits.
+
+With --zygote, the children are the ranks of a test's `horovodrun ... python tests/rank_client.py
+BENCH/train.py ARGS` job: each rank's client connects to SOCKET with its argv, environment, working
+directory and standard streams; a monitor forked per connection forks the rank, tells the client its
+pid, and sends back how it ended (and kills it if the client goes first). A client whose environment
+differs from this process's (but for what the launcher sets per rank) is told to run as a process
+of its own: TensorFlow here was imported under this environment.
 """
 
 import importlib
+import io
 import json
 import os
+import select
 import signal
+import socket
 import sys
 import time
 import traceback
 from pathlib import Path
+
+# The environment before anything was imported: a rank's must match it (--zygote).
+ENV_AT_START = dict(os.environ)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -128,7 +142,118 @@ def serve(workdir: Path) -> None:
             replies.flush()
 
 
+# What horovodrun sets per rank (its HOROVOD_* wiring, and the four below) and the tests' own keys:
+# not compared between a rank's environment and the zygote's.
+PER_RANK = ("LC_CTYPE", "NCCL_SOCKET_IFNAME", "PWD", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST")
+
+
+def _compared(environ: dict) -> dict:
+    return {
+        k: v
+        for k, v in environ.items()
+        if k not in PER_RANK and not k.startswith(("HOROVOD_", "TESTS_RANK_ZYGOTE"))
+    }
+
+
+def _reply(conn, message: dict) -> None:
+    conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _request(conn) -> tuple[dict, list]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    size = int.from_bytes(data[:8], "big")
+    data = data[8:]
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the client left mid-request")
+        data += chunk
+    return json.loads(data), fds
+
+
+def _rank(task, argv, fds, environ, cwd) -> None:
+    """In the rank's process: the client's streams, directory and environment, then train.py's body."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environ)
+    if environ.get("PYTHONUNBUFFERED"):  # as python -u makes them: no buffer between print and fd
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    sys.argv = argv
+    code = EXIT_UNCAUGHT
+    try:
+        try:
+            code = main(task, argv[1:])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = EXIT_UNCAUGHT
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _monitor(conn, added: dict) -> None:
+    """In a child per connection: runs one rank, reports how it ended; never returns."""
+    try:
+        request, fds = _request(conn)
+        argv, environ = request["argv"], request["env"]
+        script = Path(argv[0]) if argv else Path()
+        if _compared(environ) != _compared(ENV_AT_START) or script.name != "train.py":
+            differs = sorted(set(_compared(environ).items()) ^ set(_compared(ENV_AT_START).items()))
+            _reply(conn, {"fallback": f"not a train.py run or another environment: {differs[:4]}"})
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _rank(TASKS[script.parent.name], argv, fds, environ | added, request["cwd"])
+        for fd in fds:
+            os.close(fd)
+        _reply(conn, {"pid": pid})
+        ended = os.pidfd_open(pid)
+        ready, _, _ = select.select([ended, conn], [], [])
+        if ended not in ready:  # the client is gone (killed): its rank goes too
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        _reply(conn, {"exit": os.waitstatus_to_exitcode(status)})
+    finally:
+        os._exit(0)
+
+
+def zygote(path: Path) -> None:
+    """Serves ranks on the Unix socket `path` (see the module's docstring) until the parent ends."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: end with the test process
+    added = {k: v for k, v in os.environ.items() if ENV_AT_START.get(k) != v}  # what importing set
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the monitors, reaped as they end
+    print("ready", flush=True)
+    while True:
+        conn, _ = server.accept()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _monitor(conn, added)
+        conn.close()
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--zygote":
+        zygote(Path(sys.argv[2]))
     if sys.argv[1] == "--serve":
         serve(Path(sys.argv[2]))
         sys.exit(0)
