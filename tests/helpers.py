@@ -236,19 +236,26 @@ class _Zygote:
 _zygote = None
 
 
+def zygote() -> _Zygote:
+    global _zygote
+    if _zygote is None or _zygote.proc.poll() is not None:
+        _zygote = _Zygote()
+    return _zygote
+
+
+def rank_client(cmd: TrainCommand) -> tuple[list, dict]:
+    """What a launcher runs for `cmd`'s ranks to fork from the zygote, and in which environment."""
+    forks = zygote()
+    client = [PYTHON, REPO / "tests" / "rank_client.py", *cmd[1:]]
+    return client, forks.environ | {"TESTS_RANK_ZYGOTE": str(forks.socket)}
+
+
 def _launch(launcher: list, cmd, timeout) -> subprocess.CompletedProcess:
     """`cmd` under `launcher` (horovodrun); a train.py run's ranks fork from the zygote (see
     tests/rank_client.py) unless TESTS_FORKED_TRAIN=0."""
-    global _zygote
     if isinstance(cmd, TrainCommand) and os.environ.get("TESTS_FORKED_TRAIN", "1") != "0":
-        if _zygote is None or _zygote.proc.poll() is not None:
-            _zygote = _Zygote()
-        client = [PYTHON, REPO / "tests" / "rank_client.py", *cmd[1:]]
-        return run(
-            [*launcher, *client],
-            timeout=timeout,
-            environ=_zygote.environ | {"TESTS_RANK_ZYGOTE": str(_zygote.socket)},
-        )
+        client, environ = rank_client(cmd)
+        return run([*launcher, *client], timeout=timeout, environ=environ)
     return run([*launcher, *cmd], timeout=timeout)
 
 
