@@ -243,7 +243,16 @@ def zygote() -> _Zygote:
     return _zygote
 
 
-def rank_client(cmd: TrainCommand) -> tuple[list, dict]:
+def _forks(cmd) -> bool:
+    """Whether the zygote runs `cmd`'s ranks: a train.py run, or a probe of tests/."""
+    if os.environ.get("TESTS_FORKED_TRAIN", "1") == "0":
+        return False
+    script = Path(cmd[1]) if len(cmd) > 1 and str(cmd[0]) == str(PYTHON) else Path()
+    probe = script.parent == REPO / "tests" and script.name.endswith(("_probe.py", "_probes.py"))
+    return isinstance(cmd, TrainCommand) or probe
+
+
+def rank_client(cmd) -> tuple[list, dict]:
     """What a launcher runs for `cmd`'s ranks to fork from the zygote, and in which environment."""
     forks = zygote()
     client = [PYTHON, REPO / "tests" / "rank_client.py", *cmd[1:]]
@@ -251,9 +260,9 @@ def rank_client(cmd: TrainCommand) -> tuple[list, dict]:
 
 
 def _launch(launcher: list, cmd, timeout) -> subprocess.CompletedProcess:
-    """`cmd` under `launcher` (horovodrun); a train.py run's ranks fork from the zygote (see
-    tests/rank_client.py) unless TESTS_FORKED_TRAIN=0."""
-    if isinstance(cmd, TrainCommand) and os.environ.get("TESTS_FORKED_TRAIN", "1") != "0":
+    """`cmd` under `launcher` (horovodrun); the ranks of a train.py run or a probe fork from the
+    zygote (see tests/rank_client.py) unless TESTS_FORKED_TRAIN=0."""
+    if _forks(cmd):
         client, environ = rank_client(cmd)
         return run([*launcher, *client], timeout=timeout, environ=environ)
     return run([*launcher, *cmd], timeout=timeout)

@@ -18,7 +18,7 @@ long as the parent never runs an op (no eager context, no thread pools) and neve
 initializes Horovod: the parent here only imports and waits.
 
 With --zygote, the children are the ranks of a test's `horovodrun ... python tests/rank_client.py
-BENCH/train.py ARGS` job: each rank's client connects to SOCKET with its argv, environment, working
+BENCH/train.py ARGS` job (or tests/*_probe.py ARGS, run as __main__): each rank's client connects to SOCKET with its argv, environment, working
 directory and standard streams; a monitor forked per connection forks the rank, tells the client its
 pid, and sends back how it ended (and kills it if the client goes first). A client whose environment
 differs from this process's (but for what the launcher sets per rank) is told to run as a process
@@ -29,6 +29,7 @@ import importlib
 import io
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -171,8 +172,9 @@ def _request(conn) -> tuple[dict, list]:
     return json.loads(data), fds
 
 
-def _rank(task, argv, fds, environ, cwd) -> None:
-    """In the rank's process: the client's streams, directory and environment, then train.py's body."""
+def _rank(argv, fds, environ, cwd) -> None:
+    """In the rank's process: the client's streams, directory and environment, then the script's body
+    (train.py's `main`, a probe run as __main__)."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -183,10 +185,16 @@ def _rank(task, argv, fds, environ, cwd) -> None:
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
     sys.argv = argv
+    script = Path(argv[0])
     code = EXIT_UNCAUGHT
     try:
         try:
-            code = main(task, argv[1:])
+            if script.name == "train.py":
+                code = main(TASKS[script.parent.name], argv[1:])
+            else:
+                sys.path.insert(0, str(script.parent))  # as `python SCRIPT` puts it first
+                runpy.run_path(str(script), run_name="__main__")
+                code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if e.code is not None and not isinstance(e.code, int):
@@ -208,14 +216,20 @@ def _monitor(conn, added: dict) -> None:
         request, fds = _request(conn)
         argv, environ = request["argv"], request["env"]
         script = Path(argv[0]) if argv else Path()
-        if _compared(environ) != _compared(ENV_AT_START) or script.name != "train.py":
+        runs = (script.name == "train.py" and script.parent.name in TASKS) or (
+            script.parent == REPO / "tests" and script.name.endswith(("_probe.py", "_probes.py"))
+        )
+        if _compared(environ) != _compared(ENV_AT_START) or not runs:
             differs = sorted(set(_compared(environ).items()) ^ set(_compared(ENV_AT_START).items()))
-            _reply(conn, {"fallback": f"not a train.py run or another environment: {differs[:4]}"})
+            _reply(
+                conn,
+                {"fallback": f"not a train.py or probe, or another environment: {differs[:4]}"},
+            )
             os._exit(0)
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _rank(TASKS[script.parent.name], argv, fds, environ | added, request["cwd"])
+            _rank(argv, fds, environ | added, request["cwd"])
         for fd in fds:
             os.close(fd)
         _reply(conn, {"pid": pid})
