@@ -218,8 +218,8 @@ class LAMB(tf_keras.optimizers.Optimizer):
     def _distributed_apply_gradients_fn(self, distribution, grads_and_vars, **kwargs):
         # What every variable's update shares (the learning rate, the bias corrections, constants)
         # is made once per step and graph, not once per variable: the same values, in a third fewer
-        # ops to trace and compile. (Under jit_compile, Keras' default where a GPU is, each variable's
-        # update is a function of its own and makes its own.)
+        # ops to trace and compile. (Under jit_compile, Keras' default where a GPU is, each
+        # variable's update is a function of its own and makes its own.)
         self._per_step.scalars = {}
         try:
             return super()._distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)

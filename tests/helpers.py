@@ -205,8 +205,8 @@ def _train_driver() -> _TrainDriver:
 
 
 class _Zygote:
-    """The tests' one `tests/train_driver.py --zygote` process: the ranks of their horovodrun jobs of
-    train.py fork from it (tests/rank_client.py)."""
+    """The tests' one `tests/train_driver.py --zygote` process: the ranks of their horovodrun jobs
+    of train.py and of probes fork from it (tests/rank_client.py)."""
 
     def __init__(self):
         import atexit

@@ -2,13 +2,13 @@
 `tests/train_driver.py --zygote`, which imported TensorFlow once:
 `horovodrun -np 2 python tests/rank_client.py BENCH/train.py ARGS...`.
 
-This process imports no TensorFlow. It hands the zygote its argv, environment, working directory and
-standard streams (over the Unix socket TESTS_RANK_ZYGOTE names); a child forked there runs train.py's
-`common.run.trainer.main` (a probe as __main__) with them as this rank, the real Horovod rank of the job (its own process,
-its own Horovod init). Signals this process gets go to that rank; its exit code, or the signal that
-ended it, is this process's. When this process is killed, the zygote kills the rank. Where the zygote
-cannot run the rank as a fresh process would (another environment, no zygote), this process becomes
-`python ARGS...` itself.
+This process imports no TensorFlow. It hands the zygote its argv, environment, working directory
+and standard streams (over the Unix socket TESTS_RANK_ZYGOTE names); a child forked there runs
+train.py's `common.run.trainer.main` (a probe as __main__) with them as this rank, the real Horovod
+rank of the job (its own process, its own Horovod init). Signals this process gets go to that rank;
+its exit code, or the signal that ended it, is this process's. When this process is killed, the
+zygote kills the rank. Where the zygote cannot run the rank as a fresh process would (another
+environment, no zygote), this process becomes `python ARGS...` itself.
 """
 
 import json

@@ -1,6 +1,7 @@
-"""The tests' horovodrun jobs of train.py run their ranks forked from the zygote (tests/rank_client.py,
-tests/train_driver.py --zygote): a job ends there as it ends with a process per rank, and a rank
-whose client is killed (as horovodrun kills the ranks of a failed job) does not outlive it."""
+"""The tests' horovodrun jobs of train.py run their ranks forked from the zygote
+(tests/rank_client.py, tests/train_driver.py --zygote): a job ends there as it ends with a process
+per rank, and a rank whose client is killed (as horovodrun kills the ranks of a failed job) does not
+outlive it."""
 
 import os
 import signal

@@ -18,11 +18,12 @@ long as the parent never runs an op (no eager context, no thread pools) and neve
 initializes Horovod: the parent here only imports and waits.
 
 With --zygote, the children are the ranks of a test's `horovodrun ... python tests/rank_client.py
-BENCH/train.py ARGS` job (or tests/*_probe.py ARGS, run as __main__): each rank's client connects to SOCKET with its argv, environment, working
-directory and standard streams; a monitor forked per connection forks the rank, tells the client its
-pid, and sends back how it ended (and kills it if the client goes first). A client whose environment
-differs from this process's (but for what the launcher sets per rank) is told to run as a process
-of its own: TensorFlow here was imported under this environment.
+BENCH/train.py ARGS` job (or tests/*_probe.py ARGS, run as __main__): each rank's client connects to
+SOCKET with its argv, environment, working directory and standard streams; a monitor forked per
+connection forks the rank, tells the client its pid, and sends back how it ended (and kills it if
+the client goes first). A client whose environment differs from this process's (but for what the
+launcher sets per rank) is told to run as a process of its own: TensorFlow here was imported under
+this environment.
 """
 
 import importlib
@@ -173,8 +174,8 @@ def _request(conn) -> tuple[dict, list]:
 
 
 def _rank(argv, fds, environ, cwd) -> None:
-    """In the rank's process: the client's streams, directory and environment, then the script's body
-    (train.py's `main`, a probe run as __main__)."""
+    """In the rank's process: the client's streams, directory and environment, then the script's
+    body (train.py's `main`, a probe run as __main__)."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
