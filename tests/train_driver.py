@@ -59,17 +59,14 @@ TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}
 EXIT_UNCAUGHT = ExitCode.CRASH
 
 
-def _child(task, argv, stdout_path, stderr_path) -> None:
-    """In the forked child: train.py's body with its output in two files; never returns."""
+def _exit_as_python(setup, body) -> None:
+    """In a forked child: setup(), then body() -> exit code, ended as `python SCRIPT` ends (a
+    SystemExit's code; 1 and the traceback for an uncaught exception); never returns."""
     code = EXIT_UNCAUGHT
     try:
-        for fd, path in ((1, stdout_path), (2, stderr_path)):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
-        sys.argv = [str(REPO / task.name / "train.py"), *argv]
+        setup()
         try:
-            code = main(task, argv)
+            code = body()
         except SystemExit as e:  # argparse's usage errors, as under sys.exit
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if e.code is not None and not isinstance(e.code, int):
@@ -83,6 +80,19 @@ def _child(task, argv, stdout_path, stderr_path) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _child(task, argv, stdout_path, stderr_path) -> None:
+    """In the forked child: train.py's body with its output in two files; never returns."""
+
+    def setup():
+        for fd, path in ((1, stdout_path), (2, stderr_path)):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        sys.argv = [str(REPO / task.name / "train.py"), *argv]
+
+    _exit_as_python(setup, lambda: main(task, argv))
 
 
 def run_case(case: dict, workdir: Path) -> dict:
@@ -175,40 +185,29 @@ def _request(conn) -> tuple[dict, list]:
 
 def _rank(argv, fds, environ, cwd) -> None:
     """In the rank's process: the client's streams, directory and environment, then the script's
-    body (train.py's `main`, a probe run as __main__)."""
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(environ)
-    if environ.get("PYTHONUNBUFFERED"):  # as python -u makes them: no buffer between print and fd
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
-    sys.argv = argv
+    body (train.py's `main`, a probe run as __main__); never returns."""
     script = Path(argv[0])
-    code = EXIT_UNCAUGHT
-    try:
-        try:
-            if script.name == "train.py":
-                code = main(TASKS[script.parent.name], argv[1:])
-            else:
-                sys.path.insert(0, str(script.parent))  # as `python SCRIPT` puts it first
-                runpy.run_path(str(script), run_name="__main__")
-                code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if e.code is not None and not isinstance(e.code, int):
-                print(e.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-            code = EXIT_UNCAUGHT
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+
+    def setup():
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+        if environ.get("PYTHONUNBUFFERED"):  # as python -u makes them: no buffer before the fd
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+        sys.argv = argv
+
+    def body() -> int:
+        if script.name == "train.py":
+            return main(TASKS[script.parent.name], argv[1:])
+        sys.path.insert(0, str(script.parent))  # as `python SCRIPT` puts it first
+        runpy.run_path(str(script), run_name="__main__")
+        return 0
+
+    _exit_as_python(setup, body)
 
 
 def _monitor(conn, added: dict) -> None:
