@@ -1,6 +1,6 @@
 """Runs a benchmark's train.py (`common.run.trainer.main`) with a probe of its initialization order.
 
-  horovodrun -np 4 python tests/init_order_probe.py BENCH [train.py arguments ...]
+  horovodrun -np 4 python tests/init_order_probe.py [--op-first R] BENCH [train.py arguments ...]
 
 The probe wraps common.runtime.configure, which the launcher must call before any TensorFlow
 op, and prints on every rank whether TensorFlow's thread pools could still be set there:
@@ -12,8 +12,8 @@ TensorFlow refuses to resize them once its first op has run (the op made its con
 initialized every visible GPU before the device was pinned. `set_visible_devices` itself is no
 probe here: with an unchanged device list it does not raise on a CPU-only host.
 
-INIT_ORDER_PROBE_OP_FIRST=R (a rank, or "all") makes that rank run an op before train.py's main:
-the negative control, whose probe must say "refused".
+--op-first R (a rank, or "all") makes that rank run an op before train.py's main: the negative
+control, whose probe must say "refused".
 """
 
 import os
@@ -47,8 +47,12 @@ def _rank() -> str:
 
 
 if __name__ == "__main__":
+    op_first = None
+    if sys.argv[1] == "--op-first":
+        op_first = sys.argv[2]
+        del sys.argv[1:3]
     bench, argv = sys.argv[1], sys.argv[2:]
-    if os.environ.get("INIT_ORDER_PROBE_OP_FIRST") in ("all", _rank()):
+    if op_first in ("all", _rank()):
         import tensorflow as tf
 
         float(tf.constant(1.0) + 1.0)  # an op before main: TensorFlow's context exists from here on

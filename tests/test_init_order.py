@@ -6,7 +6,6 @@ can no longer be set."""
 
 import re
 
-from common import launchers
 from tests import helpers
 
 PROBE = re.compile(r"init-order probe: rank (\d+) device (\w+) thread pools (set|refused)")
@@ -22,6 +21,8 @@ def test_no_op_runs_before_the_runtime_is_configured_on_a_spatial_run(
     cmd = [
         helpers.PYTHON,
         helpers.REPO / "tests" / "init_order_probe.py",
+        "--op-first",
+        "3",
         "cosmoflow",
         tiny_config,
         "--data-dir",
@@ -41,11 +42,7 @@ def test_no_op_runs_before_the_runtime_is_configured_on_a_spatial_run(
         "--set",
         "train.benchmark_warmup_steps=0",
     ]
-    proc = helpers.run(
-        [*launchers.horovodrun(4), *cmd],
-        timeout=600,
-        environ={**helpers.env(), "INIT_ORDER_PROBE_OP_FIRST": "3"},
-    )
+    proc = helpers.horovodrun(4, cmd, timeout=600)
     assert proc.returncode == 0, helpers.failure_output(proc)
     probes = {int(rank): (device, pools) for rank, device, pools in PROBE.findall(proc.stdout)}
     assert probes == {
