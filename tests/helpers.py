@@ -244,12 +244,13 @@ def zygote() -> _Zygote:
 
 
 def _forks(cmd) -> bool:
-    """Whether the zygote runs `cmd`'s ranks: a train.py run, or a probe of tests/."""
+    """Whether the zygote runs `cmd`'s ranks: a train.py run, a probe of tests/, or the preflight
+    (what tests/train_driver.py's `forks` takes)."""
     if os.environ.get("TESTS_FORKED_TRAIN", "1") == "0":
         return False
-    script = Path(cmd[1]) if len(cmd) > 1 and str(cmd[0]) == str(PYTHON) else Path()
-    probe = script.parent == REPO / "tests" and script.name.endswith(("_probe.py", "_probes.py"))
-    return isinstance(cmd, TrainCommand) or probe
+    args = [str(c) for c in cmd[1:]] if len(cmd) > 1 and str(cmd[0]) == str(PYTHON) else [""]
+    probe = Path(args[0]).parent == REPO / "tests" and args[0].endswith(("_probe.py", "_probes.py"))
+    return isinstance(cmd, TrainCommand) or probe or args[:2] == ["-m", "offline.preflight"]
 
 
 def rank_client(cmd) -> tuple[list, dict]:

@@ -26,12 +26,10 @@ def preflight(args, environ=None, timeout=300) -> subprocess.CompletedProcess:
 
 
 def test_two_gloo_ranks_report_sweep_benchmark_and_verdict(tmp_path):
-    from common import launchers
-
     out = tmp_path / "pf"
-    proc = subprocess.run(
+    proc = helpers.horovodrun(
+        2,
         [
-            *launchers.horovodrun(2),
             *PREFLIGHT,
             "--tiny",
             "--sweep-sizes",
@@ -41,12 +39,7 @@ def test_two_gloo_ranks_report_sweep_benchmark_and_verdict(tmp_path):
             "--output-dir",
             out,
         ],
-        cwd=helpers.REPO,
-        env=helpers.env(),
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=False,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
