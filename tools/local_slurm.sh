@@ -38,6 +38,10 @@ AuthType=auth/munge
 # every 5 s (60 and 30 s by default), keep the wait short.
 AuthInfo=cred_expire=10
 SchedulerParameters=bf_interval=5,sched_interval=5
+# sbatch --wait polls its job after 2, 8, then every 32 s (its wait grows while under MinJobAge/2):
+# with the default 300 a 12 s job returns at 42 s. 4 keeps the wait at 2 s; a finished job stays
+# visible 4 s or more (slurmctld purges once a minute).
+MinJobAge=4
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
