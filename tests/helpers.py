@@ -100,17 +100,18 @@ def run(cmd, timeout=600, cwd=REPO, environ=None) -> subprocess.CompletedProcess
     """Runs `cmd` to its end. A single-rank train.py run (`train_cmd`) in the tests' own environment
     runs as a child forked from one process that imported TensorFlow once (tests/train_driver.py):
     the same `common.run.trainer.main` train.py runs, its exit code and output, without the 5-10 s
-    of start-up (the ranks of `horovodrun` below likewise). TESTS_FORKED_TRAIN=0 runs every one as its
-    own process."""
+    of start-up; a probe of tests/ forks from the zygote, as the ranks of `horovodrun` below do.
+    TESTS_FORKED_TRAIN=0 runs every one as its own process."""
     environ = environ or env()
-    if (
-        isinstance(cmd, TrainCommand)
-        and cwd == REPO
-        and os.environ.get("TESTS_FORKED_TRAIN", "1") != "0"
-    ):
-        driver = _train_driver()
-        if _comparable(driver.environ) == _comparable(environ):
-            return driver.run(cmd, timeout)
+    if cwd == REPO and _forks(cmd):
+        if isinstance(cmd, TrainCommand):
+            driver = _train_driver()
+            if _comparable(driver.environ) == _comparable(environ):
+                return driver.run(cmd, timeout)
+        else:  # a probe or the preflight: its client hands it to the zygote (its own process if
+            # the environment differs from the zygote's)
+            cmd, forked = rank_client(cmd)
+            environ = environ | {"TESTS_RANK_ZYGOTE": forked["TESTS_RANK_ZYGOTE"]}
     return subprocess.run(
         [str(c) for c in cmd], cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout
     )
