@@ -18,10 +18,11 @@ long as the parent never runs an op (no eager context, no thread pools) and neve
 initializes Horovod: the parent here only imports and waits.
 
 With --zygote, the children are the ranks of a test's `horovodrun ... python tests/rank_client.py
-BENCH/train.py ARGS` job (or tests/*_probe.py ARGS, or -m offline.preflight ARGS, run as __main__): each rank's client connects to
-SOCKET with its argv, environment, working directory and standard streams; a monitor forked per
-connection forks the rank, tells the client its pid, and sends back how it ended (and kills it if
-the client goes first). A client whose environment differs from this process's (but for what the
+BENCH/train.py ARGS` job (or tests/*_probe.py ARGS, or -m offline.preflight ARGS, run as __main__),
+and the tests' single-rank probes: each rank's client connects to SOCKET with its argv,
+environment, working directory and standard streams; a monitor forked per connection forks the
+rank, tells the client its pid, and sends back how it ended (and kills it if the client goes
+first). A client whose environment differs from this process's (but for what the
 launcher sets per rank) is told to run as a process of its own: TensorFlow here was imported under
 this environment.
 """
@@ -183,7 +184,7 @@ def _request(conn) -> tuple[dict, list]:
     return json.loads(data), fds
 
 
-def forks(argv) -> bool:
+def _forks(argv) -> bool:
     """Whether a rank of `python ARGV` forks from the zygote: a benchmark's train.py, a probe of
     tests/, or `-m offline.preflight`."""
     script = Path(argv[0]) if argv else Path()
@@ -196,7 +197,7 @@ def forks(argv) -> bool:
 
 def _rank(argv, fds, environ, cwd) -> None:
     """In the rank's process: the client's streams, directory and environment, then the script's
-    body (train.py's `main`, a probe run as __main__); never returns."""
+    body (train.py's `main`, a probe or module run as __main__); never returns."""
     script = Path(argv[0])
 
     def setup():
@@ -214,9 +215,7 @@ def _rank(argv, fds, environ, cwd) -> None:
     def body() -> int:
         if script.name == "train.py":
             return main(TASKS[script.parent.name], argv[1:])
-        if (
-            argv[0] == "-m"
-        ):  # `python -m MODULE ARGS`: the working directory first, argv[0] its file
+        if argv[0] == "-m":  # python -m MODULE ARGS: the working directory first, argv[0] its file
             sys.argv = argv[1:]
             sys.path.insert(0, cwd)
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
@@ -233,7 +232,7 @@ def _monitor(conn, added: dict) -> None:
     try:
         request, fds = _request(conn)
         argv, environ = request["argv"], request["env"]
-        runs = forks(argv)
+        runs = _forks(argv)
         if _compared(environ) != _compared(ENV_AT_START) or not runs:
             differs = sorted(set(_compared(environ).items()) ^ set(_compared(ENV_AT_START).items()))
             _reply(
