@@ -108,8 +108,9 @@ def run(cmd, timeout=600, cwd=REPO, environ=None) -> subprocess.CompletedProcess
             driver = _train_driver()
             if _comparable(driver.environ) == _comparable(environ):
                 return driver.run(cmd, timeout)
-        else:  # a probe or the preflight: its client hands it to the zygote (its own process if
-            # the environment differs from the zygote's)
+        else:
+            # A probe or the preflight: its client hands it to the zygote, which runs it as its own
+            # process where the environment differs from the zygote's.
             cmd, forked = rank_client(cmd)
             environ = environ | {"TESTS_RANK_ZYGOTE": forked["TESTS_RANK_ZYGOTE"]}
     return subprocess.run(
