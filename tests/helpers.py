@@ -246,8 +246,8 @@ def zygote() -> _Zygote:
 
 
 def _forks(cmd) -> bool:
-    """Whether the zygote runs `cmd`'s ranks: a train.py run, a probe of tests/, or the preflight
-    (what tests/train_driver.py's `_forks` takes)."""
+    """Whether the zygote runs `cmd`'s ranks (the one place that decides): a train.py run, a probe
+    of tests/, or the preflight."""
     if os.environ.get("TESTS_FORKED_TRAIN", "1") == "0":
         return False
     args = [str(c) for c in cmd[1:]] if len(cmd) > 1 and str(cmd[0]) == str(PYTHON) else [""]
