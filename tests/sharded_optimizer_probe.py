@@ -31,13 +31,11 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from common import optimizers  # noqa: E402
-from common.checkpoints import (
-    CheckpointSaver,  # noqa: E402
-    resume_point,  # noqa: E402
-)
+from common.checkpoints import CheckpointSaver  # noqa: E402
 from common.config import load_config  # noqa: E402
 from common.parallel.distribution import Distribution  # noqa: E402
 from common.parallel.sharded_optimizer import ShardedUpdate  # noqa: E402
+from common.resume import resume_point  # noqa: E402
 from common.run.steps import TrainStep  # noqa: E402
 from cosmoflow.task import CosmoFlowTask  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""common.checkpoints.Checkpointer: pruning to the newest `keep`, removing partial saves, restoring."""
+"""common.checkpoints.Checkpointer and common.resume.resume_point: pruning to the newest `keep`,
+removing partial saves, restoring."""
 
 import types
 
@@ -7,8 +8,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common.checkpoints import Checkpointer, read_state, resume_point
+from common.checkpoints import Checkpointer, read_state
 from common.errors import InputError
+from common.resume import resume_point
 
 
 def _model_and_optimizer(seed: int = 0):

@@ -26,7 +26,7 @@ import tensorflow as tf
 import tf_keras
 
 from common import runtime as runtime_lib
-from common.checkpoints import CheckpointSaver, ResumePoint, resume_point
+from common.checkpoints import CheckpointSaver, ResumePoint
 from common.config import dump_config, load_run_config, parse_overrides, peek, yaml_text
 from common.errors import ExitCode, InputError, write_text_atomic
 from common.inputs.pipeline import (
@@ -534,6 +534,8 @@ class Trainer:
         t = self.cfg.train
         if not (t.resume or t.resume_from):
             return ResumePoint()
+        from common.resume import resume_point  # a run that resumes only
+
         source = t.resume_from or saver.checkpointer.latest()
         # Rank 0 chooses for all: ranks that see the file system differently
         # must not resume from different epochs (and hang in the first collective).
