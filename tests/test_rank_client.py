@@ -58,6 +58,8 @@ def test_a_job_of_forked_ranks_ends_as_a_job_of_processes(cosmo_data, tiny_confi
 
     assert said(forked, "forked") == said(own, "own") and said(own, "own"), own.stdout[-2000:]
     assert "rank_client" not in forked.stdout + forked.stderr  # no traceback of the client
+    # Each rank's temporary directory (autograph's files) went with it, though it ended by os._exit.
+    assert [p.name for p in helpers.zygote().socket.parent.iterdir()] == ["socket"]
 
 
 def test_a_killed_client_takes_its_rank_with_it(cosmo_data, tiny_config, tmp_path):

@@ -33,9 +33,11 @@ import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -58,13 +60,25 @@ importlib.import_module("matplotlib.pyplot")
 TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}
 # What `sys.exit(main(Task))` in train.py turns an uncaught exception into.
 EXIT_UNCAUGHT = ExitCode.CRASH
+# Where the children's temporary directories go: the serving process's own folder (set below).
+SCRATCH = None
+
+
+def _scratch(pid: int) -> Path:
+    """A forked child's temporary directory. TensorFlow's autograph writes a file per converted
+    function there and leaves its removal to an atexit hook, which os._exit skips: the child's
+    parent removes the directory once the child has ended."""
+    return Path(SCRATCH or tempfile.gettempdir()) / f"child-{pid}"
 
 
 def _exit_as_python(setup, body) -> None:
     """In a forked child: setup(), then body() -> exit code, ended as `python SCRIPT` ends (a
-    SystemExit's code; 1 and the traceback for an uncaught exception); never returns."""
+    SystemExit's code; 1 and the traceback for an uncaught exception), its temporary files in
+    _scratch(its pid); never returns."""
     code = EXIT_UNCAUGHT
     try:
+        tempfile.tempdir = str(_scratch(os.getpid()))
+        os.makedirs(tempfile.tempdir, exist_ok=True)
         setup()
         try:
             code = body()
@@ -122,6 +136,7 @@ def run_case(case: dict, workdir: Path) -> dict:
             _, status = os.waitpid(pid, 0)
             break
         time.sleep(0.05)
+    shutil.rmtree(_scratch(pid), ignore_errors=True)
     code = os.waitstatus_to_exitcode(status)
     return {
         "id": case["id"],
@@ -238,6 +253,7 @@ def _monitor(conn, added: dict) -> None:
         if ended not in ready:  # the client is gone (killed): its rank goes too
             os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
+        shutil.rmtree(_scratch(pid), ignore_errors=True)
         _reply(conn, {"exit": os.waitstatus_to_exitcode(status)})
     finally:
         os._exit(0)
@@ -267,10 +283,13 @@ def zygote(path: Path) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--zygote":
+        SCRATCH = Path(sys.argv[2]).parent
         zygote(Path(sys.argv[2]))
     if sys.argv[1] == "--serve":
-        serve(Path(sys.argv[2]))
+        SCRATCH = Path(sys.argv[2])
+        serve(SCRATCH)
         sys.exit(0)
     cases_path, results_path = Path(sys.argv[1]), Path(sys.argv[2])
-    results = run_cases(json.loads(cases_path.read_text()), results_path.parent / "fuzz_output")
+    SCRATCH = results_path.parent / "fuzz_output"
+    results = run_cases(json.loads(cases_path.read_text()), SCRATCH)
     results_path.write_text(json.dumps(results, indent=1))
