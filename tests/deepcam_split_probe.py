@@ -137,6 +137,9 @@ def main() -> int:
         "order), into this DIR, by a child forked before TensorFlow starts its runtime",
     )
     args = parser.parse_args()
+    # No grappler rewrites: the split and unsplit steps compared as traced (a whole run's comparison,
+    # grappler on, is tests/test_deepcam_split.py's slow test); the 1-rank launch a third shorter.
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     out = Path(args.out)
     if (
         args.control_out
