@@ -26,6 +26,11 @@ try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:   # the layers of the splits and the sharded optimizer, offline/ and bench/: not a data-parallel run's
     print("SPLIT-MODULES", sorted(m for m in sys.modules if m.startswith(SPLIT_MODULES)), flush=True)
+    import json, os
+    files = {os.path.relpath(os.path.realpath(m.__file__)) for m in list(sys.modules.values())
+             if getattr(m, "__file__", None)} | {os.path.relpath(os.path.realpath(sys.argv[0]))}
+    own = [f for f in files if not f.startswith((".", "/")) and "site-packages" not in f]
+    print("OWN-FILES", json.dumps({f: len(open(f).readlines()) for f in own}), flush=True)
 """
 # What a data-parallel run must not import (issue: the split is a layer a run asks for).
 SPLIT_MODULES = (
@@ -37,6 +42,10 @@ SPLIT_MODULES = (
     "bench",
 )
 WRAPPER = f"SPLIT_MODULES = {SPLIT_MODULES!r}\n" + WRAPPER
+
+# What a vendor reads to follow a run: at most this many of the repository's files (a package's
+# __init__.py of at most 10 lines not counted) and lines (all of them counted) imported by a run.
+READ_BUDGET = {"cosmoflow": (25, 5000), "deepcam": (28, 6000)}
 
 TEST_DATA_SHAPE = {
     "cosmoflow": [
@@ -84,6 +93,15 @@ def test_train_py_trains_after_tensorflow_was_imported_and_tf_keras_used(name, r
     assert proc.returncode in (0, 3), helpers.failure_output(proc)
     assert f"Keras {metadata.version('tf-keras')} (tf_keras)" in proc.stdout, proc.stdout[-3000:]
     assert "SPLIT-MODULES []" in proc.stdout, proc.stdout[-3000:]
+    own = json.loads(proc.stdout.split("OWN-FILES ", 1)[1].splitlines()[0])
+    files = [f for f, n in own.items() if not (f.endswith("__init__.py") and n <= 10)]
+    assert f"{name}/train.py" in own and "common/run/trainer.py" in own, sorted(own)
+    most_files, most_lines = READ_BUDGET[name]
+    assert len(files) <= most_files and sum(own.values()) <= most_lines, (
+        len(files),
+        sum(own.values()),
+        sorted(own.items()),
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert [h["epoch"] for h in summary["history"]] == [1]
     assert math.isfinite(summary["history"][0]["loss"])
