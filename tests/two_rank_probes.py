@@ -28,11 +28,13 @@ PROBES = {
     "sharded_optimizer": ("sharded_optimizer_probe.py", ["--out"]),
 }
 
-os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
-os.environ["HOROVOD_CYCLE_TIME"] = "1"
-
 
 def main() -> int:
+    # Here, not at import: tests.conftest imports PROBES into the pytest worker, whose later runs
+    # would inherit them (and its single-rank train.py runs would stop forking from the driver,
+    # whose environment would no longer be theirs).
+    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+    os.environ["HOROVOD_CYCLE_TIME"] = "1"
     out = Path(sys.argv[1])
     for name in sys.argv[2:]:
         script, args = PROBES[name]
