@@ -12,6 +12,7 @@ from importlib import metadata
 import pytest
 
 from common import benchmarks
+from common.parallel.distribution import CYCLE_VARIABLES
 from tests import conftest, helpers
 
 # Run as `python -c WRAPPER TRAIN_PY ARGS...`: the wrapper's own tf.keras first, then train.py as
@@ -71,6 +72,9 @@ def test_train_py_trains_after_tensorflow_was_imported_and_tf_keras_used(name, r
     environ = helpers.env()
     # Set before TensorFlow's first use of tf.keras, it would make tf.keras Keras 2 and hide the case.
     environ.pop("TF_USE_LEGACY_KERAS", None)
+    # As `make run` on a fresh machine: a cycle time set would have the run read it (cycle_time.py).
+    for key in CYCLE_VARIABLES:
+        environ.pop(key, None)
     train_py = [
         helpers.REPO / bench.train_script,
         helpers.REPO / bench.synthetic_config,
@@ -111,6 +115,9 @@ def test_the_project_imported_first_keeps_keras_3_out_of_the_process():
     probe = "import sys, common, tensorflow; print('keras' in sys.modules)"
     environ = helpers.env()
     environ.pop("TF_USE_LEGACY_KERAS", None)
+    # As `make run` on a fresh machine: a cycle time set would have the run read it (cycle_time.py).
+    for key in CYCLE_VARIABLES:
+        environ.pop(key, None)
     loaded = subprocess.run(
         [helpers.PYTHON, "-c", probe],
         cwd=helpers.REPO,
@@ -141,6 +148,9 @@ def test_control_the_split_modules_are_seen_when_imported():
     )
     environ = helpers.env()
     environ.pop("TF_USE_LEGACY_KERAS", None)
+    # As `make run` on a fresh machine: a cycle time set would have the run read it (cycle_time.py).
+    for key in CYCLE_VARIABLES:
+        environ.pop(key, None)
     proc = subprocess.run(
         [helpers.PYTHON, "-c", code, "-c"],
         cwd=helpers.REPO,
