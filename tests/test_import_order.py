@@ -115,9 +115,6 @@ def test_the_project_imported_first_keeps_keras_3_out_of_the_process():
     probe = "import sys, common, tensorflow; print('keras' in sys.modules)"
     environ = helpers.env()
     environ.pop("TF_USE_LEGACY_KERAS", None)
-    # As `make run` on a fresh machine: a cycle time set would have the run read it (cycle_time.py).
-    for key in CYCLE_VARIABLES:
-        environ.pop(key, None)
     loaded = subprocess.run(
         [helpers.PYTHON, "-c", probe],
         cwd=helpers.REPO,
@@ -148,9 +145,6 @@ def test_control_the_split_modules_are_seen_when_imported():
     )
     environ = helpers.env()
     environ.pop("TF_USE_LEGACY_KERAS", None)
-    # As `make run` on a fresh machine: a cycle time set would have the run read it (cycle_time.py).
-    for key in CYCLE_VARIABLES:
-        environ.pop(key, None)
     proc = subprocess.run(
         [helpers.PYTHON, "-c", code, "-c"],
         cwd=helpers.REPO,
