@@ -61,14 +61,14 @@ TASKS = {name: benchmarks.task_class(name) for name in benchmarks.names()}
 # What `sys.exit(main(Task))` in train.py turns an uncaught exception into.
 EXIT_UNCAUGHT = ExitCode.CRASH
 # Where the children's temporary directories go: the serving process's own folder (set below).
-SCRATCH = None
+SCRATCH = Path(tempfile.gettempdir())
 
 
 def _scratch(pid: int) -> Path:
     """A forked child's temporary directory. TensorFlow's autograph writes a file per converted
     function there and leaves its removal to an atexit hook, which os._exit skips: the child's
     parent removes the directory once the child has ended."""
-    return Path(SCRATCH or tempfile.gettempdir()) / f"child-{pid}"
+    return SCRATCH / f"child-{pid}"
 
 
 def _exit_as_python(setup, body) -> None:
