@@ -264,10 +264,12 @@ def rank_client(cmd) -> tuple[list, dict]:
 
 def _launch(launcher: list, cmd, timeout) -> subprocess.CompletedProcess:
     """`cmd` under `launcher` (horovodrun); the ranks of a train.py run or a probe fork from the
-    zygote (see tests/rank_client.py) unless TESTS_FORKED_TRAIN=0."""
+    zygote (see tests/rank_client.py) unless TESTS_FORKED_TRAIN=0, and so does horovodrun itself:
+    its check that Horovod was built with Gloo imports TensorFlow, 3 s of a 2-rank job's start."""
     if _forks(cmd):
         client, environ = rank_client(cmd)
-        return run([*launcher, *client], timeout=timeout, environ=environ)
+        forked_launcher, _ = rank_client([PYTHON, *launcher])
+        return run([*forked_launcher, *client], timeout=timeout, environ=environ)
     return run([*launcher, *cmd], timeout=timeout)
 
 

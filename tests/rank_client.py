@@ -1,6 +1,7 @@
 """One rank of a test's horovodrun job of train.py (or of a tests/*_probe.py), run by a child of
 `tests/train_driver.py --zygote`, which imported TensorFlow once:
-`horovodrun -np 2 python tests/rank_client.py BENCH/train.py ARGS...`.
+`horovodrun -np 2 python tests/rank_client.py BENCH/train.py ARGS...`. The job's horovodrun is one
+too (`python tests/rank_client.py .venv/bin/horovodrun -np 2 ...`, tests.helpers._launch).
 
 This process imports no TensorFlow. It hands the zygote its argv, environment, working directory
 and standard streams (over the Unix socket TESTS_RANK_ZYGOTE names); a child forked there runs
