@@ -66,6 +66,7 @@ def test_cosmoflow_benchmark_mode_on_two_ranks(cosmo_data, tiny_config, tmp_path
     assert b["global_batch_size"] == 16  # 2 ranks x the tiny config's batch 8
 
 
+@pytest.mark.slow  # the mode CosmoFlow's test shows on two ranks, after a DeepCAM trace
 def test_deepcam_benchmark_mode_on_one_rank(deepcam_data, deepcam_config, tmp_path):
     out = tmp_path / "run"
     proc = helpers.run(

@@ -13,8 +13,8 @@ from common.run.report import check_log
 from tests import helpers
 
 
-# Slow: ~50 s of learning alone, six epochs to the target (the quick tier's run that learns is
-# DeepCAM's, tests/test_deepcam_end_to_end.py).
+# Slow: ~50 s of learning alone, six or seven epochs to the target (the quick tier's run that
+# learns is DeepCAM's, tests/test_deepcam_end_to_end.py).
 @pytest.mark.slow
 def test_single_rank_run_reaches_target_and_log_passes_checker(cosmo_data, tiny_config, tmp_path):
     out = tmp_path / "run"

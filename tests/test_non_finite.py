@@ -115,8 +115,11 @@ def _run_stop(log_path) -> dict:
 
 
 # NaN read from HDF5 and -Inf read staged show both readers and both kinds of value (the other two
-# pairs would repeat them: the same count of NaN and Inf).
-@pytest.mark.parametrize("value, staged", [(np.nan, False), (-np.inf, True)])
+# pairs would repeat them: the same count of NaN and Inf); the staged reader's in the slow tier (the
+# same count, after another DeepCAM trace).
+@pytest.mark.parametrize(
+    "value, staged", [(np.nan, False), pytest.param(-np.inf, True, marks=pytest.mark.slow)]
+)
 def test_a_non_finite_deepcam_field_is_named(deepcam_data, deepcam_config, tmp_path, value, staged):
     data = _copy_deepcam(deepcam_data, tmp_path / "data")
     victim = sorted((data / "train").glob("*.h5"))[3]
