@@ -203,7 +203,7 @@ class DeepCAMTask(Task):
             )
         n_valid = d.n_valid or len(valid)
         # Read with the file lists, before the steps are traced (preprocess_batch uses it): an
-        # InputError raised while tracing would reach the user wrapped in autograph's trace.
+        # InputError raised while tracing would reach the user inside TensorFlow's trace.
         self.normalization()
         seed = cfg.train.seed
         train_files = select_and_shard(train, n_train, rank, size, seed, "data.n_train")

@@ -1,11 +1,17 @@
 """The compiled train and eval steps, shared by the trainer and the benchmarks in bench/."""
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
+
+# The steps are traced as written: their control flow on tensors is explicit (tf.cond), so
+# autograph's rewrite of their source would add only its own time (about 2 s of a DeepCAM run's
+# start, tracing before run_start) and rewritten tracebacks.
+step_function = functools.partial(tf.function, autograph=False)
 
 
 class StepResult(NamedTuple):
@@ -104,25 +110,25 @@ class TrainStep:
                 shard.owned_variables() if shard is not None else model.trainable_variables
             )
         update = self._update_sharded_py if shard is not None else self._update_py
-        self._update = tf.function(update, jit_compile=True) if inner.jit_compile else update
+        self._update = step_function(update, jit_compile=True) if inner.jit_compile else update
         # With XLA, forward and backward are one compiled function, the allreduce outside it. Without,
         # they are traced into the step's own graph, not called as a nested function: a function call
         # hands back all its outputs at once, at its end, which would hold each gradient's allreduce
         # until backward is done (no overlap; seen in Horovod's timeline, tests/test_gradient_overlap.py).
         self._loss_and_grads = (
-            tf.function(self._loss_and_grads_py, jit_compile=True)
+            step_function(self._loss_and_grads_py, jit_compile=True)
             if xla
             else self._loss_and_grads_py
         )
         if self.accumulation == 1:
-            self._fused = tf.function(self._fused_py)
+            self._fused = step_function(self._fused_py)
         else:
             self._sums = [
                 tf.Variable(tf.zeros_like(v), trainable=False, name="grad_sum")
                 for v in model.trainable_variables
             ]
-            self._accumulate = tf.function(self._accumulate_py)
-            self._apply_sums = tf.function(self._apply_sums_py)
+            self._accumulate = step_function(self._accumulate_py)
+            self._apply_sums = step_function(self._apply_sums_py)
 
     def _loss_and_grads_py(self, x, y):
         x, y = self._preprocess(x, y)
@@ -245,7 +251,7 @@ def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=No
         return x, y, model(x, training=False)
 
     if xla:  # compiled at the batch's shape; the samples that count are cut outside, at run time
-        forward = tf.function(forward, jit_compile=True)
+        forward = step_function(forward, jit_compile=True)
 
     def eval_step(x, y, n):
         x, y, pred = forward(x, y)
@@ -261,4 +267,4 @@ def make_eval_step(model, metric, xla: bool = False, preprocess=None, loss_fn=No
         non_finite = 1.0 - tf.cast(all_finite([x, y]), tf.float64)
         return tf.concat([sums, tf.stack([loss, samples if loss_fn else 0.0, non_finite])], axis=0)
 
-    return tf.function(eval_step)
+    return step_function(eval_step)
